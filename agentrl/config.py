@@ -1,0 +1,150 @@
+"""Configuration: `TrainConfig` for the knobs a user tunes per step; LoRA and server settings per model.
+
+Every default lives here and nowhere else. Sentinels are spelled out in the field docs ("0 = off").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- policy losses: one small config per loss; `agentrl.rl.losses.POLICY_LOSSES` maps names to code ---
+
+
+class ImportanceSamplingLoss(_Frozen):
+    """REINFORCE with a per-token importance ratio against the sampler, no clipping."""
+
+    name: Literal["importance_sampling"] = "importance_sampling"
+
+
+class PPOLoss(_Frozen):
+    """PPO's clipped surrogate, with asymmetric clip bounds (DAPO's clip-higher)."""
+
+    name: Literal["ppo"] = "ppo"
+    clip_low: float = 0.2
+    """Ratio floor is 1 - clip_low."""
+    clip_high: float = 0.28
+    """Ratio ceiling is 1 + clip_high."""
+
+
+class CISPOLoss(_Frozen):
+    """CISPO: the clipped importance weight, without gradient, scales the log-probability gradient."""
+
+    name: Literal["cispo"] = "cispo"
+    clip_low: float = 1.0
+    """Weight floor is 1 - clip_low (1.0 = no floor, as in MiniMax-M1)."""
+    clip_high: float = 4.0
+    """Weight ceiling is 1 + clip_high."""
+
+
+class DROLoss(_Frozen):
+    """DRO: advantage-weighted log-probability minus a quadratic penalty on drift from the sampler."""
+
+    name: Literal["dro"] = "dro"
+    beta: float = 0.05
+    """Weight of 0.5 * (logprob - sampler_logprob)^2."""
+
+
+class GSPOLoss(_Frozen):
+    """GSPO: PPO clipping on the sequence-level ratio (geometric mean of token ratios)."""
+
+    name: Literal["gspo"] = "gspo"
+    clip_low: float = 3e-4
+    """Sequence-ratio floor is 1 - clip_low (GSPO's ranges are far tighter than PPO's)."""
+    clip_high: float = 4e-4
+    """Sequence-ratio ceiling is 1 + clip_high."""
+
+
+LossConfig = Annotated[ImportanceSamplingLoss | PPOLoss | CISPOLoss | DROLoss | GSPOLoss, Field(discriminator="name")]
+LOSS_CONFIGS: dict[str, type[BaseModel]] = {
+    cls.model_fields["name"].default: cls for cls in (ImportanceSamplingLoss, PPOLoss, CISPOLoss, DROLoss, GSPOLoss)
+}
+
+
+class TrainConfig(BaseModel):
+    """What one `model.train(groups, config)` step does."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # optimiser
+    learning_rate: float = Field(default=1e-5, gt=0)
+    """AdamW learning rate for the LoRA weights."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(default=1.0, ge=0)
+    """Clip the global gradient norm to this (0 = no clipping)."""
+
+    # advantages
+    scale_advantages_by_std: bool = True
+    """Divide `r - mean(r)` by the group's std (GRPO); False keeps the raw difference (Dr. GRPO)."""
+
+    # loss
+    loss: LossConfig = Field(default_factory=PPOLoss)
+    """The policy loss: a loss config, or its name ("ppo", "cispo", ...) for its defaults."""
+    loss_normalization: Literal["tokens", "constant"] = "tokens"
+    """"tokens": divide the summed token losses by the step's trained tokens (DAPO);
+    "constant": divide by sequences x `normalization_constant` (Dr. GRPO)."""
+    normalization_constant: int = Field(default=1024, gt=0)
+    """Tokens per sequence assumed by "constant" normalisation (e.g. the generation budget)."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the KL penalty to the base model (LoRA disabled); 0 = off (no reference pass)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Estimator of KL(policy || base) per token (Schulman's k1/k2/k3)."""
+    truncated_importance_sampling: float = Field(default=0.0, ge=0)
+    """Cap C of the sampler->trainer importance weight min(p_trainer/p_sampler, C); 0 = off.
+    When on, the trainer's own detached logprobs are the loss's old policy."""
+
+    # batching
+    micro_batch_tokens: int = Field(default=4096, gt=0)
+    """Tokens per forward/backward pass (padded); bounds memory whatever the group sizes."""
+    allow_training_without_logprobs: bool = False
+    """Skip (and count) trajectories whose assistant turns lack sampled token ids, instead of failing."""
+
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _loss_from_name(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value not in LOSS_CONFIGS:
+                raise ValueError(f"unknown loss {value!r}; choose one of {sorted(LOSS_CONFIGS)}")
+            return LOSS_CONFIGS[value]()
+        return value
+
+
+class LoRAConfig(_Frozen):
+    """The adapter trained on top of the frozen base model."""
+
+    rank: int = Field(default=8, gt=0)
+    """LoRA rank r."""
+    alpha: int = Field(default=16, gt=0)
+    """LoRA scaling numerator (scale = alpha / rank)."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the LoRA input."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Modules that get an adapter: all attention and MLP projections by default."""
+
+
+class ServerConfig(_Frozen):
+    """The inference server (vLLM) that serves the model's current LoRA."""
+
+    max_model_len: int = Field(default=4096, gt=0)
+    """Longest prompt + completion, in tokens."""
+    max_loras: int = Field(default=2, gt=0)
+    """Adapters resident at once (the current one, plus the previous during a swap)."""
+    kv_cache_gib: int = Field(default=2, gt=0)
+    """KV cache on CPU, in GiB (`VLLM_CPU_KVCACHE_SPACE`)."""
+    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
+    """Share of GPU memory vLLM may take (GPU only; the trainer shares the card)."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Weights and activations in the server."""
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+    """How long to wait for the server to answer its health check."""
+    tool_call_parser: str = "hermes"
+    """vLLM tool-call parser; "hermes" reads <tool_call>{json}</tool_call>, which the packaged template asks for."""
+    extra_args: tuple[str, ...] = ()
+    """Further `vllm serve` arguments, passed verbatim."""

@@ -1,0 +1,159 @@
+"""Concurrent rollout collection with a progress bar and an explicit exception budget.
+
+A failed rollout is recorded in its group (`TrajectoryGroup.exceptions`) and counted; once the
+failures exceed the budget, the remaining rollouts are cancelled and `RolloutError` is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from tqdm.auto import tqdm
+
+from agentrl.errors import RolloutError
+from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup, reward_stats
+
+logger = logging.getLogger(__name__)
+
+AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None]]
+
+
+@dataclass(frozen=True)
+class ExceptionBudget:
+    """How many rollout failures a gather tolerates before it gives up.
+
+    `max_exceptions` is a count, `max_exception_rate` a fraction of all rollouts; when both are
+    set, the tighter one applies. Neither set: no failure is tolerated.
+    """
+
+    max_exceptions: int | None = None
+    max_exception_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_exceptions is not None and self.max_exceptions < 0:
+            raise ValueError(f"max_exceptions is a count and must be >= 0, got {self.max_exceptions}")
+        if self.max_exception_rate is not None and not 0.0 <= self.max_exception_rate <= 1.0:
+            raise ValueError(f"max_exception_rate is a fraction in [0, 1], got {self.max_exception_rate}")
+
+    def allowed(self, total_rollouts: int) -> int:
+        limits = [0] if self.max_exceptions is None and self.max_exception_rate is None else []
+        if self.max_exceptions is not None:
+            limits.append(self.max_exceptions)
+        if self.max_exception_rate is not None:
+            limits.append(int(self.max_exception_rate * total_rollouts))
+        return min(limits)
+
+
+class _Progress:
+    """One tqdm bar over all rollouts, showing the running mean reward and failures."""
+
+    def __init__(self, total: int, desc: str, enabled: bool) -> None:
+        self.bar = tqdm(total=total, desc=desc, disable=not enabled, unit="rollout")
+        self.rewards: list[float] = []
+        self.exceptions = 0
+
+    def update(self, reward: float | None) -> None:
+        if reward is None:
+            self.exceptions += 1
+        else:
+            self.rewards.append(reward)
+        mean, _ = reward_stats(self.rewards)
+        self.bar.set_postfix(reward=f"{mean:.3f}", exceptions=self.exceptions, refresh=False)
+        self.bar.update(1)
+
+
+async def _run_rollouts(
+    groups: list[TrajectoryGroup], budget: ExceptionBudget, progress: _Progress, after_each: AfterEach | None
+) -> list[TrajectoryGroup | None]:
+    total = sum(len(g.pending) for g in groups)
+    allowed = budget.allowed(total)
+    failures: list[BaseException] = []
+
+    async def run_one(rollout: Awaitable[Trajectory]) -> Trajectory | BaseException:
+        try:
+            trajectory = await rollout
+            if not isinstance(trajectory, Trajectory):
+                raise TypeError(f"a rollout returned {type(trajectory).__name__}; it must return an agentrl.Trajectory")
+        except Exception as error:  # noqa: BLE001 - a rollout's failure is data, judged by the budget
+            logger.warning("rollout failed: %s: %s", type(error).__name__, error)
+            progress.update(None)
+            failures.append(error)
+            if len(failures) > allowed:
+                raise RolloutError(
+                    f"{len(failures)} of {total} rollouts failed, more than the {allowed} allowed "
+                    "(raise max_exceptions / max_exception_rate to tolerate more); first failure: "
+                    f"{type(failures[0]).__name__}: {failures[0]}"
+                ) from failures[0]
+            return error
+        progress.update(trajectory.reward)
+        return trajectory
+
+    async def run_group(group: TrajectoryGroup) -> TrajectoryGroup | None:
+        results = await asyncio.gather(*(run_one(r) for r in group.pending))
+        resolved = TrajectoryGroup(
+            [*group.trajectories, *(r for r in results if isinstance(r, Trajectory))],
+            exceptions=[
+                *group.exceptions,
+                *(RolloutException.from_exception(r) for r in results if not isinstance(r, Trajectory)),
+            ],
+            metadata=group.metadata,
+        )
+        return resolved if after_each is None else await after_each(resolved)
+
+    tasks = [asyncio.ensure_future(run_group(g)) for g in groups]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def gather_trajectory_groups(
+    groups: Iterable[TrajectoryGroup],
+    *,
+    max_exceptions: int | None = None,
+    max_exception_rate: float | None = None,
+    after_each: AfterEach | None = None,
+    desc: str = "rollouts",
+    show_progress: bool = True,
+) -> list[TrajectoryGroup]:
+    """Run every group's rollouts concurrently and return the resolved groups, in input order.
+
+    `after_each` is awaited on each group as soon as it completes (e.g. a judge); it returns the
+    group to keep (possibly a new one) or None to drop it.
+    """
+    groups = list(groups)
+    budget = ExceptionBudget(max_exceptions, max_exception_rate)
+    progress = _Progress(sum(len(g.pending) for g in groups), desc, show_progress)
+    try:
+        finished = await _run_rollouts(groups, budget, progress, after_each)
+    finally:
+        progress.bar.close()
+    kept = [g for g in finished if g is not None]
+    if len(kept) < len(finished):
+        logger.info("after_each dropped %d of %d groups", len(finished) - len(kept), len(finished))
+    return kept
+
+
+async def gather_trajectories(
+    rollouts: Iterable[Awaitable[Trajectory]],
+    *,
+    max_exceptions: int | None = None,
+    max_exception_rate: float | None = None,
+    desc: str = "rollouts",
+    show_progress: bool = True,
+) -> list[Trajectory]:
+    """Run rollouts concurrently (no grouping, e.g. for evaluation) and return those that finished."""
+    (group,) = await gather_trajectory_groups(
+        [TrajectoryGroup(rollouts)],
+        max_exceptions=max_exceptions,
+        max_exception_rate=max_exception_rate,
+        desc=desc,
+        show_progress=show_progress,
+    )
+    return group.trajectories

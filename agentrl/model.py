@@ -1,0 +1,143 @@
+"""Models: `Model` is any OpenAI-compatible endpoint; `TrainableModel` is one we train with a backend.
+
+A `TrainableModel` is served by its backend under `inference_name` = "{name}@{step}", the LoRA of
+its latest checkpoint. Its `openai_client()` asks the server for the sampled token ids and
+logprobs on every chat completion, so the Choices a rollout keeps are ready for training.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import openai
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from agentrl.config import LoRAConfig, ServerConfig, TrainConfig
+from agentrl.errors import AgentRLError
+
+if TYPE_CHECKING:
+    from agentrl.backend.local import LocalBackend, TrainResult
+    from agentrl.trajectory import TrajectoryGroup
+
+
+class Model(BaseModel):
+    """An OpenAI-compatible model: a judge, a prompted baseline, or (subclassed) a trainable agent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    """The model's name; sent as `model=` unless `inference_model_name` is set."""
+    project: str = "default"
+    """Groups runs; the run folder is {base_path}/{project}/{name}."""
+    inference_model_name: str | None = None
+    """The name the endpoint knows the model by, when it differs from `name`."""
+    base_url: str | None = None
+    """Endpoint root, e.g. "http://127.0.0.1:8000/v1" (None: the provider's default)."""
+    api_key: str | None = None
+    """API key for the endpoint (None: the provider's environment variable)."""
+    litellm_provider: str = "openai"
+    """litellm route prefix for this endpoint: "openai", "hosted_vllm", "anthropic", ..."""
+
+    @property
+    def inference_name(self) -> str:
+        """The `model=` to send in chat-completion requests."""
+        return self.inference_model_name or self.name
+
+    def openai_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
+        """An `openai.AsyncOpenAI` pointed at this model's endpoint."""
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY", **kwargs)
+
+    def litellm_params(self) -> dict[str, Any]:
+        """Keyword arguments for `litellm.acompletion` that reach this model."""
+        params: dict[str, Any] = {"model": f"{self.litellm_provider}/{self.inference_name}"}
+        if self.base_url:
+            params["api_base"] = self.base_url
+        if self.api_key:
+            params["api_key"] = self.api_key
+        return params
+
+
+class _AskForTokenData(httpx.AsyncBaseTransport):
+    """Adds `logprobs` and vLLM's `return_token_ids` to chat completions, unless the caller set them."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path.endswith("/chat/completions"):
+            body = json.loads(request.content)
+            body.setdefault("logprobs", True)
+            body.setdefault("return_token_ids", True)
+            headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
+            request = httpx.Request(request.method, request.url, headers=headers, content=json.dumps(body).encode())
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class TrainableModel(Model):
+    """A model trained with LoRA by a backend, and served by it at its latest checkpoint."""
+
+    base_model: str = "smollm2-135m-instruct"
+    """The packaged default, a Hugging Face id, or a local folder."""
+    base_path: str = ".agentrl"
+    """Root folder for runs: checkpoints, logs, metrics."""
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    """The adapter's shape."""
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    """The inference server's settings."""
+
+    _backend: LocalBackend | None = PrivateAttr(default=None)
+    _step: int = PrivateAttr(default=0)
+
+    @property
+    def run_dir(self) -> Path:
+        """{base_path}/{project}/{name}: everything this model writes."""
+        return Path(self.base_path) / self.project / self.name
+
+    @property
+    def inference_name(self) -> str:
+        """ "{name}@{step}": the adapter the server serves for the current step."""
+        return f"{self.name}@{self._step}"
+
+    def openai_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
+        """An `openai.AsyncOpenAI` at the backend's server that always returns sampled token ids and logprobs."""
+        backend = self._require_backend()
+        transport = _AskForTokenData(httpx.AsyncHTTPTransport())
+        http_client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(600.0, connect=10.0))
+        return openai.AsyncOpenAI(base_url=backend.base_url, api_key="EMPTY", http_client=http_client, **kwargs)
+
+    def litellm_params(self) -> dict[str, Any]:
+        backend = self._require_backend()
+        return {"model": f"hosted_vllm/{self.inference_name}", "api_base": backend.base_url, "api_key": "EMPTY"}
+
+    async def register(self, backend: LocalBackend) -> None:
+        """Attach a backend: it resumes from the latest checkpoint (or creates step 0) and serves it."""
+        self._step = await backend.register(self)
+        self._backend = backend
+
+    async def get_step(self) -> int:
+        """The step of the latest complete checkpoint (0 before any training)."""
+        self._step = await self._require_backend().get_step(self)
+        return self._step
+
+    async def train(self, groups: list[TrajectoryGroup], config: TrainConfig | None = None) -> TrainResult:
+        """One GRPO step on these groups; the server then serves the new checkpoint."""
+        result = await self._require_backend().train(self, groups, config or TrainConfig())
+        self._step = result.step
+        return result
+
+    async def delete_checkpoints(self, *, keep_last: int = 1, best_by: str | None = None) -> list[int]:
+        """Delete old checkpoints, keeping the last `keep_last` and the best by a metric; returns deleted steps."""
+        return await self._require_backend().delete_checkpoints(self, keep_last=keep_last, best_by=best_by)
+
+    def _require_backend(self) -> LocalBackend:
+        if self._backend is None:
+            raise AgentRLError(
+                f"model {self.name!r} has no backend yet; call `await model.register(agentrl.LocalBackend())` first"
+            )
+        return self._backend

@@ -1,0 +1,52 @@
+"""Group-relative advantages (GRPO). Pure Python, no I/O.
+
+`_P` indexes groups (problems), `_G` the members of one group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def group_advantages(rewards_G: Sequence[float], *, scale_by_std: bool, eps: float = 1e-6) -> list[float]:
+    """`r - mean(r)` for each member, divided by the group's std when `scale_by_std` (GRPO).
+
+    The std is the population std; `eps` keeps a near-constant group from exploding. Without the
+    division (Dr. GRPO) easy and hard scenarios are not re-weighted by their reward spread.
+    """
+    if not rewards_G:
+        return []
+    mean = sum(rewards_G) / len(rewards_G)
+    centred_G = [r - mean for r in rewards_G]
+    if not scale_by_std:
+        return centred_G
+    std = math.sqrt(sum(c * c for c in centred_G) / len(centred_G))
+    return [c / (std + eps) for c in centred_G]
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """Advantages for the groups that carry a learning signal."""
+
+    advantages_P_G: list[list[float]]
+    """One list per kept group, aligned with that group's trajectories."""
+    kept_group_indices: list[int]
+    """Index (into the input) of each kept group."""
+    num_dropped_groups: int
+    """Groups dropped because all their rewards were equal (or they had under two members)."""
+
+
+def compute_group_advantages(
+    rewards_P_G: Sequence[Sequence[float]], *, scale_by_std: bool, atol: float = 1e-9
+) -> GroupAdvantages:
+    """Advantages for each group; groups whose rewards are all equal carry no signal and are dropped."""
+    advantages_P_G: list[list[float]] = []
+    kept: list[int] = []
+    for index, rewards_G in enumerate(rewards_P_G):
+        if len(rewards_G) < 2 or max(rewards_G) - min(rewards_G) <= atol:
+            continue
+        advantages_P_G.append(group_advantages(rewards_G, scale_by_std=scale_by_std))
+        kept.append(index)
+    return GroupAdvantages(advantages_P_G, kept, num_dropped_groups=len(rewards_P_G) - len(kept))

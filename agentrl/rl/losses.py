@@ -1,0 +1,166 @@
+"""Policy losses and KL estimators, per token. Pure torch, no I/O.
+
+Shapes: `_B` sequences in a micro-batch, `_T` token positions. Every `*_BT` tensor is aligned so
+that position t holds the log-probability of token t given tokens < t; `mask_BT` is 1 on tokens
+that carry loss (sampled assistant tokens) and 0 elsewhere. `advantages_BT` repeats each
+trajectory's advantage over its tokens.
+
+Each policy loss returns the per-token loss (before normalisation) and which tokens its clipping
+touched. `policy_loss` adds the optional KL penalty and truncated importance sampling, then
+normalises by tokens (DAPO) or by a constant (Dr. GRPO).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from agentrl.config import CISPOLoss, DROLoss, GSPOLoss, ImportanceSamplingLoss, LossConfig, PPOLoss
+
+
+@dataclass(frozen=True)
+class TokenLoss:
+    """A policy loss per token, and where clipping changed the objective."""
+
+    loss_BT: torch.Tensor
+    clipped_BT: torch.Tensor  # bool
+
+
+def masked_log_ratio(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """log(p / p_old) on loss tokens, 0 elsewhere (so exp() of padding never overflows)."""
+    return torch.where(mask_BT.bool(), logprobs_BT - old_logprobs_BT, torch.zeros_like(logprobs_BT))
+
+
+def importance_sampling_loss(
+    cfg: ImportanceSamplingLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT
+) -> TokenLoss:
+    ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT).exp()
+    return TokenLoss(-ratio_BT * advantages_BT, torch.zeros_like(mask_BT, dtype=torch.bool))
+
+
+def ppo_loss(cfg: PPOLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT) -> TokenLoss:
+    ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT).exp()
+    unclipped_BT = ratio_BT * advantages_BT
+    clipped_BT = ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * advantages_BT
+    # The pessimistic bound: clipping only ever removes incentive, never adds it.
+    return TokenLoss(-torch.minimum(unclipped_BT, clipped_BT), clipped_BT < unclipped_BT)
+
+
+def cispo_loss(cfg: CISPOLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT) -> TokenLoss:
+    ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT).exp()
+    weight_BT = ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high).detach()
+    # Unlike PPO, a clipped token still gets a gradient, just a bounded one.
+    is_clipped_BT = (ratio_BT < 1 - cfg.clip_low) | (ratio_BT > 1 + cfg.clip_high)
+    return TokenLoss(-weight_BT * advantages_BT * logprobs_BT, is_clipped_BT)
+
+
+def dro_loss(cfg: DROLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT) -> TokenLoss:
+    log_ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT)
+    objective_BT = logprobs_BT * advantages_BT - 0.5 * cfg.beta * log_ratio_BT.square()
+    return TokenLoss(-objective_BT, torch.zeros_like(mask_BT, dtype=torch.bool))
+
+
+def gspo_loss(cfg: GSPOLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT) -> TokenLoss:
+    log_ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT)
+    tokens_B = mask_BT.sum(dim=1).clamp(min=1)
+    # Sequence ratio = geometric mean of token ratios, so long and short answers clip alike.
+    seq_ratio_B1 = (log_ratio_BT.sum(dim=1) / tokens_B).exp().unsqueeze(1)
+    unclipped_BT = seq_ratio_B1 * advantages_BT
+    clipped_BT = seq_ratio_B1.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * advantages_BT
+    return TokenLoss(-torch.minimum(unclipped_BT, clipped_BT), clipped_BT < unclipped_BT)
+
+
+PolicyLossFn = Callable[..., TokenLoss]
+POLICY_LOSSES: dict[str, PolicyLossFn] = {
+    "importance_sampling": importance_sampling_loss,
+    "ppo": ppo_loss,
+    "cispo": cispo_loss,
+    "dro": dro_loss,
+    "gspo": gspo_loss,
+}
+
+
+# --- KL(policy || reference) per token, from samples of the policy (Schulman, "Approximating KL") ---
+
+
+def kl_k1(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor) -> torch.Tensor:
+    """log(p / p_ref): unbiased, high variance, can be negative."""
+    return logprobs_BT - ref_logprobs_BT
+
+
+def kl_k2(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor) -> torch.Tensor:
+    """0.5 * log(p_ref / p)^2: biased, low variance, never negative."""
+    return 0.5 * (ref_logprobs_BT - logprobs_BT).square()
+
+
+def kl_k3(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor) -> torch.Tensor:
+    """p_ref/p - 1 - log(p_ref/p): unbiased, low variance, never negative."""
+    log_ratio_BT = ref_logprobs_BT - logprobs_BT
+    return log_ratio_BT.exp() - 1 - log_ratio_BT
+
+
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def loss_denominator(
+    mode: Literal["tokens", "constant"], *, num_tokens: int, num_sequences: int, constant: int
+) -> float:
+    """What the summed token losses of a whole step are divided by.
+
+    "tokens" (DAPO): every trained token weighs the same. "constant" (Dr. GRPO): sequences x a
+    fixed budget, so a response's length does not change how much each of its tokens counts.
+    Computed once per step, so gradient accumulation over micro-batches gives the same update.
+    """
+    if mode == "tokens":
+        return float(max(num_tokens, 1))
+    return float(max(num_sequences, 1) * constant)
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """A micro-batch's share of the step loss, and sums for the step's metrics."""
+
+    loss: torch.Tensor  # scalar, already divided by the step's denominator
+    num_clipped: float  # loss tokens where clipping changed the objective
+    kl_sum: float  # summed KL penalty estimate over loss tokens (0 when off)
+
+
+def policy_loss(
+    loss_cfg: LossConfig,
+    logprobs_BT: torch.Tensor,
+    sampler_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    denominator: float,
+    ref_logprobs_BT: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3",
+    truncated_importance_sampling: float = 0.0,
+) -> LossOutput:
+    """The full per-micro-batch loss: policy loss, optional TIS and KL penalty, normalised.
+
+    With `truncated_importance_sampling` = C > 0 the old policy is the trainer itself (detached)
+    and each token is weighted by min(p_trainer / p_sampler, C), correcting sampler/trainer
+    mismatch without letting rare tokens blow up the update.
+    """
+    mask_BT = mask_BT.to(logprobs_BT.dtype)
+    old_logprobs_BT = logprobs_BT.detach() if truncated_importance_sampling > 0 else sampler_logprobs_BT
+    token_loss = POLICY_LOSSES[loss_cfg.name](loss_cfg, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    loss_BT = token_loss.loss_BT
+    if truncated_importance_sampling > 0:
+        tis_weight_BT = masked_log_ratio(logprobs_BT.detach(), sampler_logprobs_BT, mask_BT).exp()
+        loss_BT = loss_BT * tis_weight_BT.clamp(max=truncated_importance_sampling)
+    kl_sum = 0.0
+    if kl_coef > 0:
+        if ref_logprobs_BT is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs_BT (the base model's logprobs)")
+        kl_BT = KL_ESTIMATORS[kl_estimator](logprobs_BT, ref_logprobs_BT) * mask_BT
+        loss_BT = loss_BT + kl_coef * kl_BT
+        kl_sum = float(kl_BT.detach().sum())
+    loss = (loss_BT * mask_BT).sum() / denominator
+    num_clipped = float((token_loss.clipped_BT & mask_BT.bool()).sum())
+    return LossOutput(loss=loss, num_clipped=num_clipped, kl_sum=kl_sum)

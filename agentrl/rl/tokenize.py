@@ -1,0 +1,231 @@
+"""Trajectories -> token tensors for training. Pure: takes a tokenizer, does no I/O.
+
+The contract: assistant turns that the server sampled enter the sequence as exactly the token
+ids it sampled (never a re-tokenization of their text), with the sampler's logprobs, and they
+alone carry loss. Everything else (system, user, tool turns, the template's role markers) is
+rendered with the model's chat template and masked.
+
+How: each sampled turn is rendered as a unique placeholder string; the rendered conversation is
+split at the placeholders; text pieces are tokenized, placeholders replaced by the sampled ids.
+If the sampled ids already end with the template's end-of-turn token, the template's copy of it
+is not added twice.
+
+Shapes: `_T` tokens of one sequence, `_B` sequences of a micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from openai.types.chat.chat_completion import Choice
+
+from agentrl.errors import TokenizationError
+from agentrl.trajectory import History, TrajectoryGroup
+
+_PLACEHOLDER = "<<agentrl-sampled-turn-{}>>"
+
+
+class ChatTokenizer(Protocol):
+    """The part of a Hugging Face tokenizer that tokenization needs."""
+
+    all_special_ids: list[int]
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> Any: ...
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], **kwargs: Any) -> str: ...
+
+
+@dataclass(frozen=True)
+class SampledTokens:
+    """What the server sampled for one assistant turn."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+def sampled_tokens(choice: Choice) -> SampledTokens:
+    """The token ids and logprobs a Choice was sampled with.
+
+    vLLM gives the ids as `choice.token_ids` (with `return_token_ids`) or as logprob tokens spelled
+    `token_id:N` (with `return_tokens_as_token_ids`); `model.openai_client()` asks for both.
+    """
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    if not content:
+        raise TokenizationError(
+            "an assistant turn has no sampled logprobs; sample with `model.openai_client()` (which asks the "
+            "server for token ids and logprobs), or set TrainConfig(allow_training_without_logprobs=True) to skip it"
+        )
+    logprobs = [entry.logprob for entry in content]
+    token_ids = (choice.model_extra or {}).get("token_ids")
+    if token_ids is None:
+        try:
+            token_ids = [int(entry.token.removeprefix("token_id:")) for entry in content]
+        except ValueError as error:
+            raise TokenizationError(
+                "an assistant turn's logprob tokens are text, not ids: ask the server for "
+                "`return_token_ids` or `return_tokens_as_token_ids` (model.openai_client() does)"
+            ) from error
+    if len(token_ids) != len(logprobs):
+        raise TokenizationError(f"an assistant turn has {len(token_ids)} token ids but {len(logprobs)} logprobs")
+    return SampledTokens(list(token_ids), logprobs)
+
+
+@dataclass(frozen=True)
+class TokenizedSequence:
+    """One conversation as training tokens; position t's logprob is that of token t given tokens < t."""
+
+    input_ids_T: list[int]
+    loss_mask_T: list[bool]
+    sampler_logprobs_T: list[float]  # 0.0 where the mask is False
+    advantage: float
+    group_index: int
+
+    def __len__(self) -> int:
+        return len(self.input_ids_T)
+
+
+def _render_with_placeholders(history: History, tokenizer: ChatTokenizer) -> tuple[str, list[SampledTokens]]:
+    messages: list[dict[str, Any]] = []
+    sampled: list[SampledTokens] = []
+    for item in history.messages_and_choices:
+        if isinstance(item, Choice):
+            sampled.append(sampled_tokens(item))
+            # The sampled ids already spell any tool call, so the template must not render it again.
+            messages.append({"role": "assistant", "content": _PLACEHOLDER.format(len(sampled) - 1)})
+        elif item.get("content") is None:
+            messages.append({**item, "content": ""})
+        else:
+            messages.append(item)
+    text = tokenizer.apply_chat_template(messages, tools=history.tools, tokenize=False, add_generation_prompt=False)
+    return text, sampled
+
+
+def tokenize_history(
+    history: History, tokenizer: ChatTokenizer, *, advantage: float = 0.0, group_index: int = 0
+) -> TokenizedSequence:
+    """One conversation -> tokens, loss mask and sampler logprobs (see the module docstring)."""
+    text, sampled = _render_with_placeholders(history, tokenizer)
+    special_ids = set(tokenizer.all_special_ids)
+    input_ids: list[int] = []
+    loss_mask: list[bool] = []
+    logprobs: list[float] = []
+    cursor = 0
+    duplicate_end: str | None = None
+    for index, turn in enumerate(sampled):
+        placeholder = _PLACEHOLDER.format(index)
+        at = text.find(placeholder, cursor)
+        if at < 0 or text.count(placeholder) != 1:
+            raise TokenizationError(f"the chat template dropped or repeated sampled assistant turn {index}")
+        piece = text[cursor:at]
+        if duplicate_end and piece.startswith(duplicate_end):
+            piece = piece[len(duplicate_end) :]
+        prompt_ids = tokenizer.encode(piece, add_special_tokens=False)
+        input_ids += prompt_ids + turn.token_ids
+        loss_mask += [False] * len(prompt_ids) + [True] * len(turn.token_ids)
+        logprobs += [0.0] * len(prompt_ids) + turn.logprobs
+        last = turn.token_ids[-1] if turn.token_ids else None
+        duplicate_end = tokenizer.decode([last], skip_special_tokens=False) if last in special_ids else None
+        cursor = at + len(placeholder)
+    tail = text[cursor:]
+    if duplicate_end and tail.startswith(duplicate_end):
+        tail = tail[len(duplicate_end) :]
+    tail_ids = tokenizer.encode(tail, add_special_tokens=False) if tail else []
+    input_ids += tail_ids
+    loss_mask += [False] * len(tail_ids)
+    logprobs += [0.0] * len(tail_ids)
+    return TokenizedSequence(input_ids, loss_mask, logprobs, advantage, group_index)
+
+
+@dataclass(frozen=True)
+class TokenizedGroups:
+    """Training sequences for a step, and how many trajectories were skipped for lacking token data."""
+
+    sequences: list[TokenizedSequence]
+    num_skipped_trajectories: int
+
+
+def tokenize_groups(
+    groups: Sequence[TrajectoryGroup],
+    advantages_P_G: Sequence[Sequence[float]],
+    tokenizer: ChatTokenizer,
+    *,
+    allow_missing_logprobs: bool = False,
+) -> TokenizedGroups:
+    """Every history with a sampled turn, of every trajectory, tagged with its advantage and group."""
+    sequences: list[TokenizedSequence] = []
+    skipped = 0
+    for group_index, (group, advantages_G) in enumerate(zip(groups, advantages_P_G, strict=True)):
+        for member, (trajectory, advantage) in enumerate(zip(group.trajectories, advantages_G, strict=True)):
+            try:
+                tokenized = [
+                    tokenize_history(h, tokenizer, advantage=advantage, group_index=group_index)
+                    for h in trajectory.histories()
+                    if h.choices()
+                ]
+            except TokenizationError as error:
+                if not allow_missing_logprobs:
+                    raise TokenizationError(f"group {group_index}, trajectory {member}: {error}") from error
+                skipped += 1
+                continue
+            sequences += tokenized
+    return TokenizedGroups(sequences, skipped)
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Padded tensors for one forward/backward pass. Padding is on the right and carries no loss."""
+
+    input_ids_BT: torch.Tensor  # long
+    attention_mask_BT: torch.Tensor  # long, 1 on real tokens
+    loss_mask_BT: torch.Tensor  # float, 1 on sampled assistant tokens
+    sampler_logprobs_BT: torch.Tensor  # float32
+    advantages_BT: torch.Tensor  # float32, each sequence's advantage on every position
+    group_ids_B: torch.Tensor  # long
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask_BT.sum())
+
+
+def collate(sequences: Sequence[TokenizedSequence], pad_token_id: int) -> TokenBatch:
+    """Right-pad sequences into one batch."""
+    if not sequences:
+        raise ValueError("collate needs at least one sequence")
+    width = max(len(s) for s in sequences)
+    shape = (len(sequences), width)
+    input_ids_BT = torch.full(shape, pad_token_id, dtype=torch.long)
+    attention_mask_BT = torch.zeros(shape, dtype=torch.long)
+    loss_mask_BT = torch.zeros(shape, dtype=torch.float32)
+    sampler_logprobs_BT = torch.zeros(shape, dtype=torch.float32)
+    for row, seq in enumerate(sequences):
+        n = len(seq)
+        input_ids_BT[row, :n] = torch.tensor(seq.input_ids_T, dtype=torch.long)
+        attention_mask_BT[row, :n] = 1
+        loss_mask_BT[row, :n] = torch.tensor(seq.loss_mask_T, dtype=torch.float32)
+        sampler_logprobs_BT[row, :n] = torch.tensor(seq.sampler_logprobs_T, dtype=torch.float32)
+    advantages_BT = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)[:, None].expand(shape).clone()
+    group_ids_B = torch.tensor([s.group_index for s in sequences], dtype=torch.long)
+    return TokenBatch(input_ids_BT, attention_mask_BT, loss_mask_BT, sampler_logprobs_BT, advantages_BT, group_ids_B)
+
+
+def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Split sequence indices into micro-batches whose padded size (rows x longest) fits `max_tokens`.
+
+    Sorting by length keeps padding small. A sequence longer than the budget gets a batch of its own.
+    """
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        # Sorted ascending, so the newcomer is the longest of the batch it joins.
+        if current and (len(current) + 1) * lengths[index] > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches

@@ -1,0 +1,211 @@
+"""Trajectories: what rollouts produce and what training consumes.
+
+- `History`: one conversation, a list that mixes plain message dicts (system, user, tool results,
+  assistant turns written by hand) with the `openai` `Choice` objects the server returned. A Choice
+  keeps the sampled token ids and logprobs, which training needs; a plain assistant dict has none.
+- `Trajectory`: one attempt at a scenario. A `History` plus the reward, float metrics, scalar
+  metadata, free-text logs, and `additional_histories` for agents that branch or summarise their
+  context (every history of a trajectory is trained with the trajectory's advantage).
+- `TrajectoryGroup`: the attempts at one scenario, the unit GRPO compares within, plus the
+  exceptions of the rollouts that failed. Built from trajectories, or from awaitables that
+  `gather_trajectory_groups` resolves.
+
+All three are pydantic models and round-trip through JSON, Choices included (token ids and
+logprobs survive).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import traceback
+from collections.abc import Awaitable, Iterable
+from typing import Annotated, Any
+
+from openai.types.chat.chat_completion import Choice
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Scalar = str | int | float | bool | None
+
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _check_tool_calls(tool_calls: Any) -> None:
+    if not isinstance(tool_calls, list):
+        raise ValueError(f"'tool_calls' must be a list of tool-call dicts, got {type(tool_calls).__name__}")
+    for j, call in enumerate(tool_calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(f"tool_calls[{j}] needs a 'function' dict with a string 'name'")
+        if not isinstance(function.get("arguments"), str):
+            raise ValueError(f"tool_calls[{j}].function.arguments must be a JSON string (use json.dumps)")
+
+
+def _check_message(message: dict[str, Any]) -> dict[str, Any]:
+    """Validate the fields that rendering and training rely on; raise ValueError naming the field."""
+    role = message.get("role")
+    if role is None:
+        raise ValueError(f"message has no 'role'; give it one of {MESSAGE_ROLES}")
+    if role not in MESSAGE_ROLES:
+        raise ValueError(f"'role' is {role!r}; it must be one of {MESSAGE_ROLES}")
+    content = message.get("content")
+    content_optional = role == "assistant" and message.get("tool_calls")
+    if content is None and not content_optional:
+        raise ValueError(f"a {role} message needs 'content' (a string or a list of content parts)")
+    if content is not None and not isinstance(content, (str, list)):
+        raise ValueError(f"'content' must be a string or a list of content parts, got {type(content).__name__}")
+    if "tool_calls" in message and message["tool_calls"] is not None:
+        if role != "assistant":
+            raise ValueError(f"only assistant messages may have 'tool_calls', this one has role {role!r}")
+        _check_tool_calls(message["tool_calls"])
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise ValueError("a tool message needs 'tool_call_id' (the id of the call it answers)")
+    return message
+
+
+def _to_message_or_choice(item: Any) -> dict[str, Any] | Choice:
+    if isinstance(item, Choice):
+        return item
+    if isinstance(item, BaseModel):  # e.g. a ChatCompletionMessage passed instead of its Choice
+        item = item.model_dump(exclude_none=True)
+    if not isinstance(item, dict):
+        raise ValueError(f"expected a message dict or an openai Choice, got {type(item).__name__}")
+    if "message" in item and "finish_reason" in item:  # a Choice serialised to JSON
+        return Choice.model_validate(item)
+    return _check_message(item)
+
+
+MessageOrChoice = Annotated[Any, BeforeValidator(_to_message_or_choice)]
+
+
+def choice_to_message(choice: Choice) -> dict[str, Any]:
+    """The assistant message dict that a Choice stands for, as the chat API expects it back."""
+    message: dict[str, Any] = {"role": "assistant", "content": choice.message.content}
+    if choice.message.tool_calls:
+        message["tool_calls"] = [
+            call.model_dump(include={"id", "type", "function"}) for call in choice.message.tool_calls
+        ]
+    return message
+
+
+class History(BaseModel):
+    """One conversation: message dicts and sampled Choices, and the tools offered to the model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages_and_choices: list[MessageOrChoice] = Field(default_factory=list)
+    """The conversation in order; Choices are assistant turns sampled by the server."""
+    tools: list[dict[str, Any]] | None = None
+    """OpenAI tool schemas offered to the model, or None when the agent has no tools."""
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation as plain message dicts, ready to send to a chat-completions endpoint."""
+        return [choice_to_message(m) if isinstance(m, Choice) else m for m in self.messages_and_choices]
+
+    def choices(self) -> list[Choice]:
+        """The sampled assistant turns (the ones training uses)."""
+        return [m for m in self.messages_and_choices if isinstance(m, Choice)]
+
+
+class Trajectory(History):
+    """One rollout: its conversation, its reward, and what was observed along the way."""
+
+    reward: FiniteFloat = 0.0
+    """Scalar reward; GRPO compares it with the other trajectories of the same group."""
+    metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
+    """Numbers to average and plot (e.g. max tile, turns); never used as the reward itself."""
+    metadata: dict[str, Scalar] = Field(default_factory=dict)
+    """Scalars that identify the rollout (scenario id, seed); logged, not averaged."""
+    logs: list[str] = Field(default_factory=list)
+    """Free-text notes (judge explanations, errors the agent recovered from)."""
+    additional_histories: list[History] = Field(default_factory=list)
+    """Further conversations of the same rollout (branches, summarised contexts), trained alike."""
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _bools_to_floats(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: float(v) if isinstance(v, bool) else v for k, v in value.items()}
+        return value
+
+    def histories(self) -> list[History]:
+        """The main conversation followed by the additional ones."""
+        return [History(messages_and_choices=self.messages_and_choices, tools=self.tools), *self.additional_histories]
+
+
+class RolloutException(BaseModel):
+    """An exception that a rollout raised, kept with its group for inspection."""
+
+    type: str
+    message: str
+    traceback: str = ""
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> RolloutException:
+        return cls(
+            type=type(error).__name__,
+            message=str(error),
+            traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)),
+        )
+
+
+class TrajectoryGroup(BaseModel):
+    """Attempts at one scenario. GRPO's advantages are computed within a group.
+
+    `TrajectoryGroup(rollout(model, s) for _ in range(8))` holds the awaitables unresolved; pass
+    such groups to `gather_trajectory_groups`, which runs them and returns resolved groups.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    """The rollouts that finished."""
+    exceptions: list[RolloutException] = Field(default_factory=list)
+    """What the failed rollouts raised."""
+    metadata: dict[str, Scalar] = Field(default_factory=dict)
+    """Scalars about the scenario (its id, split)."""
+
+    _pending: list[Awaitable[Trajectory]] = PrivateAttr(default_factory=list)
+
+    def __init__(
+        self,
+        trajectories: Iterable[Trajectory | Awaitable[Trajectory]] = (),
+        **data: Any,
+    ) -> None:
+        items = list(trajectories)
+        super().__init__(trajectories=[t for t in items if not inspect.isawaitable(t)], **data)
+        self._pending = [t for t in items if inspect.isawaitable(t)]
+
+    @property
+    def pending(self) -> list[Awaitable[Trajectory]]:
+        """Awaitables not yet run; `gather_trajectory_groups` runs them."""
+        return list(self._pending)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        self._require_resolved()
+        return super().model_dump(**kwargs)
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        self._require_resolved()
+        return super().model_dump_json(**kwargs)
+
+    def _require_resolved(self) -> None:
+        if self._pending:
+            raise ValueError(
+                f"this TrajectoryGroup still holds {len(self._pending)} unawaited rollouts; "
+                "run it through `await agentrl.gather_trajectory_groups([...])` first"
+            )
+
+
+def reward_stats(rewards: Iterable[float]) -> tuple[float, float]:
+    """Mean and population std of some rewards ((nan, nan) for none)."""
+    values = list(rewards)
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))

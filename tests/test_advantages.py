@@ -1,0 +1,28 @@
+"""rl/advantages.py against hand-computed values."""
+
+import math
+
+import pytest
+
+from agentrl.rl.advantages import compute_group_advantages, group_advantages
+
+
+def test_centred_and_std_scaled_by_hand():
+    # rewards [1, 0, 0, 1]: mean 0.5, population std 0.5
+    assert group_advantages([1, 0, 0, 1], scale_by_std=False) == [0.5, -0.5, -0.5, 0.5]
+    assert group_advantages([1, 0, 0, 1], scale_by_std=True) == pytest.approx([1, -1, -1, 1], abs=1e-5)
+    # rewards [3, 1, 2]: mean 2, std sqrt(2/3)
+    std = math.sqrt(2 / 3)
+    assert group_advantages([3, 1, 2], scale_by_std=True) == pytest.approx([1 / std, -1 / std, 0], abs=1e-5)
+
+
+def test_zero_variance_groups_are_dropped_and_counted():
+    result = compute_group_advantages([[1, 1, 1], [0, 1], [0.5], [2, 2]], scale_by_std=False)
+    assert result.kept_group_indices == [1]
+    assert result.num_dropped_groups == 3
+    assert result.advantages_P_G == [[-0.5, 0.5]]
+
+
+def test_advantages_sum_to_zero_within_a_group():
+    result = compute_group_advantages([[0.1, 0.7, 0.3, 0.9]], scale_by_std=True)
+    assert sum(result.advantages_P_G[0]) == pytest.approx(0, abs=1e-9)

@@ -1,0 +1,185 @@
+"""Each loss and KL estimator against values worked out by hand, plus property tests.
+
+The reference case (one sequence, four loss tokens, sampler probability 0.5 each):
+    ratios r     = [1.5, 0.5, 1.1, 0.7]      (trainer / sampler)
+    advantages A = [ 1,   1,  -1,  -1 ]
+With PPO clip [0.8, 1.28]: token 0 is clipped from above (A > 0), token 3 from below (A < 0).
+"""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentrl.config import CISPOLoss, DROLoss, GSPOLoss, ImportanceSamplingLoss, PPOLoss
+from agentrl.rl.losses import KL_ESTIMATORS, loss_denominator, policy_loss
+
+RATIOS = [1.5, 0.5, 1.1, 0.7]
+ADVANTAGES = [1.0, 1.0, -1.0, -1.0]
+SAMPLER_P = 0.5
+
+
+def reference_case():
+    # float64, so hand-computed sums with cancellation compare at pytest.approx's default tolerance
+    old_BT = torch.full((1, 4), math.log(SAMPLER_P), dtype=torch.float64)
+    logprobs_BT = torch.tensor([[math.log(r * SAMPLER_P) for r in RATIOS]], dtype=torch.float64, requires_grad=True)
+    advantages_BT = torch.tensor([ADVANTAGES], dtype=torch.float64)
+    mask_BT = torch.ones(1, 4, dtype=torch.float64)
+    return logprobs_BT, old_BT, advantages_BT, mask_BT
+
+
+def run(loss_cfg, denominator=4.0, **kwargs):
+    logprobs_BT, old_BT, advantages_BT, mask_BT = reference_case()
+    out = policy_loss(loss_cfg, logprobs_BT, old_BT, advantages_BT, mask_BT, denominator=denominator, **kwargs)
+    out.loss.backward()
+    return out, logprobs_BT.grad[0].tolist()
+
+
+def test_importance_sampling_by_hand():
+    out, grad = run(ImportanceSamplingLoss())
+    # loss_t = -r_t A_t ; d/dlogp = -r_t A_t
+    assert out.loss.item() == pytest.approx((-1.5 - 0.5 + 1.1 + 0.7) / 4)
+    assert grad == pytest.approx([-1.5 / 4, -0.5 / 4, 1.1 / 4, 0.7 / 4])
+    assert out.num_clipped == 0
+
+
+def test_ppo_by_hand_including_both_clipped_branches():
+    out, grad = run(PPOLoss(clip_low=0.2, clip_high=0.28))
+    # t0: min(1.5, 1.28) = 1.28 (clipped high, no grad); t1: min(0.5, 0.8) = 0.5 (unclipped)
+    # t2: min(-1.1, -1.1) (inside); t3: min(-0.7, -0.8) = -0.8 (clipped low, no grad)
+    assert out.loss.item() == pytest.approx((-1.28 - 0.5 + 1.1 + 0.8) / 4)
+    assert grad == pytest.approx([0.0, -0.5 / 4, 1.1 / 4, 0.0])
+    assert out.num_clipped == 2
+
+
+def test_cispo_by_hand_clipped_tokens_keep_a_bounded_gradient():
+    out, grad = run(CISPOLoss(clip_low=0.2, clip_high=0.28))
+    weights = [1.28, 0.8, 1.1, 0.8]  # clamp(r, 0.8, 1.28), no gradient through it
+    logps = [math.log(r * SAMPLER_P) for r in RATIOS]
+    expected_loss = -sum(w * a * lp for w, a, lp in zip(weights, ADVANTAGES, logps)) / 4
+    assert out.loss.item() == pytest.approx(expected_loss)
+    assert grad == pytest.approx([-1.28 / 4, -0.8 / 4, 1.1 / 4, 0.8 / 4])
+    assert out.num_clipped == 3  # 1.5, 0.5 and 0.7 fall outside [0.8, 1.28]
+
+
+def test_dro_by_hand():
+    beta = 0.1
+    out, grad = run(DROLoss(beta=beta))
+    logps = [math.log(r * SAMPLER_P) for r in RATIOS]
+    # objective_t = logp_t A_t - beta/2 (log r_t)^2 ; d(-objective)/dlogp = -A_t + beta log r_t
+    expected = -sum(lp * a - 0.5 * beta * math.log(r) ** 2 for lp, a, r in zip(logps, ADVANTAGES, RATIOS)) / 4
+    assert out.loss.item() == pytest.approx(expected)
+    assert grad == pytest.approx([(-a + beta * math.log(r)) / 4 for a, r in zip(ADVANTAGES, RATIOS)])
+
+
+def test_gspo_by_hand_sequence_ratio_is_geometric_mean_and_padding_is_ignored():
+    # Sequence 0: token ratios 1.2, 1.2 -> s = 1.2 > 1.1 ceiling, A = 1: clipped, no gradient.
+    # Sequence 1: token ratios 0.81, 1.0 -> s = 0.9 inside [0.8, 1.1], A = 1: loss -0.9 on each of its
+    #   2 tokens; ds/dlogp_t = s / 2, so d(-2s)/dlogp_t = -s = -0.9. Its third position is padding
+    #   holding a huge logprob. Everything is divided by the denominator 4.
+    old_BT = torch.zeros(2, 3)
+    logprobs_BT = torch.tensor([[math.log(1.2), math.log(1.2), 0.0], [math.log(0.81), 0.0, 100.0]], requires_grad=True)
+    mask_BT = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    advantages_BT = torch.ones(2, 3)
+    out = policy_loss(
+        GSPOLoss(clip_low=0.2, clip_high=0.1), logprobs_BT, old_BT, advantages_BT, mask_BT, denominator=4.0
+    )
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx((-1.1 * 2 - 0.9 * 2) / 4)
+    torch.testing.assert_close(logprobs_BT.grad, torch.tensor([[0.0, 0.0, 0.0], [-0.9 / 4, -0.9 / 4, 0.0]]))
+    assert out.num_clipped == 2
+
+
+def test_kl_estimators_by_hand():
+    logprobs_BT = torch.tensor([[math.log(0.5)]])
+    ref_BT = torch.tensor([[math.log(0.25)]])
+    # log(p_ref / p) = log(0.5) = -0.693147
+    assert KL_ESTIMATORS["k1"](logprobs_BT, ref_BT).item() == pytest.approx(math.log(2))
+    assert KL_ESTIMATORS["k2"](logprobs_BT, ref_BT).item() == pytest.approx(0.5 * math.log(2) ** 2)
+    assert KL_ESTIMATORS["k3"](logprobs_BT, ref_BT).item() == pytest.approx(0.5 - 1 + math.log(2))
+
+
+def test_kl_penalty_is_added_to_the_loss():
+    logprobs_BT, old_BT, advantages_BT, mask_BT = reference_case()
+    ref_BT = old_BT.clone()  # reference = sampler here, so KL_t is k3 of log(1/r_t)
+    out = policy_loss(
+        ImportanceSamplingLoss(),
+        logprobs_BT,
+        old_BT,
+        advantages_BT,
+        mask_BT,
+        denominator=4.0,
+        ref_logprobs_BT=ref_BT,
+        kl_coef=0.5,
+        kl_estimator="k3",
+    )
+    k3 = [1 / r - 1 + math.log(r) for r in RATIOS]
+    assert out.kl_sum == pytest.approx(sum(k3))
+    assert out.loss.item() == pytest.approx(((-1.5 - 0.5 + 1.1 + 0.7) + 0.5 * sum(k3)) / 4)
+
+
+def test_kl_without_reference_is_a_clear_error():
+    logprobs_BT, old_BT, advantages_BT, mask_BT = reference_case()
+    with pytest.raises(ValueError, match="ref_logprobs_BT"):
+        policy_loss(PPOLoss(), logprobs_BT, old_BT, advantages_BT, mask_BT, denominator=1.0, kl_coef=0.1)
+
+
+def test_truncated_importance_sampling_by_hand():
+    # The trainer's own detached logprobs are the old policy (ratio 1 in value), and each token is
+    # weighted by min(p_trainer / p_sampler, 2): weights [1.5, 0.5, 1.1, 0.7] (none above the cap of 2)
+    # -> except we pick a cap of 1.2 so token 0 is truncated: [1.2, 0.5, 1.1, 0.7].
+    out, grad = run(ImportanceSamplingLoss(), truncated_importance_sampling=1.2)
+    weights = [1.2, 0.5, 1.1, 0.7]
+    assert out.loss.item() == pytest.approx(-sum(w * a for w, a in zip(weights, ADVANTAGES)) / 4)
+    assert grad == pytest.approx([-w * a / 4 for w, a in zip(weights, ADVANTAGES)])
+
+
+def test_normalisation_tokens_versus_constant():
+    assert loss_denominator("tokens", num_tokens=37, num_sequences=4, constant=1024) == 37
+    assert loss_denominator("constant", num_tokens=37, num_sequences=4, constant=10) == 40
+    assert loss_denominator("tokens", num_tokens=0, num_sequences=0, constant=10) == 1  # never divides by 0
+    out, grad = run(ImportanceSamplingLoss(), denominator=40.0)
+    assert out.loss.item() == pytest.approx((-1.5 - 0.5 + 1.1 + 0.7) / 40)
+
+
+def test_masked_tokens_carry_no_loss_or_gradient():
+    logprobs_BT, old_BT, advantages_BT, _ = reference_case()
+    mask_BT = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
+    out = policy_loss(PPOLoss(), logprobs_BT, old_BT, advantages_BT, mask_BT, denominator=2.0)
+    out.loss.backward()
+    assert logprobs_BT.grad[0, 1].item() == 0 and logprobs_BT.grad[0, 3].item() == 0
+
+
+ALL_LOSSES = [ImportanceSamplingLoss(), PPOLoss(), CISPOLoss(), DROLoss(), GSPOLoss()]
+logprob_lists = st.lists(st.floats(min_value=-8, max_value=-0.01), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(logps=logprob_lists, shift=st.floats(min_value=-0.5, max_value=0.5), loss_index=st.integers(0, 4))
+def test_zero_advantage_gives_zero_gradient(logps, shift, loss_index):
+    loss_cfg = ALL_LOSSES[loss_index]
+    logprobs_BT = torch.tensor([logps], requires_grad=True)
+    # DRO's drift penalty has a gradient of its own unless trainer == sampler, so it is checked there.
+    old_BT = logprobs_BT.detach() + (0.0 if loss_cfg.name == "dro" else shift)
+    zeros_BT = torch.zeros_like(old_BT)
+    out = policy_loss(loss_cfg, logprobs_BT, old_BT, zeros_BT, torch.ones_like(old_BT), denominator=len(logps))
+    out.loss.backward()
+    assert torch.all(logprobs_BT.grad == 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(logps=logprob_lists, advantage=st.floats(min_value=-3, max_value=3))
+def test_at_ratio_one_ppo_cispo_and_is_agree_in_gradient(logps, advantage):
+    grads = []
+    for loss_cfg in (ImportanceSamplingLoss(), PPOLoss(), CISPOLoss()):
+        logprobs_BT = torch.tensor([logps], requires_grad=True)
+        advantages_BT = torch.full_like(logprobs_BT, advantage)
+        out = policy_loss(
+            loss_cfg, logprobs_BT, logprobs_BT.detach(), advantages_BT, torch.ones_like(advantages_BT), denominator=3.0
+        )
+        out.loss.backward()
+        grads.append(logprobs_BT.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
+    torch.testing.assert_close(grads[0], grads[2])
