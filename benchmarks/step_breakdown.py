@@ -1,0 +1,152 @@
+"""Step-time breakdown and throughput of the closed loop on this machine.
+
+    .venv/bin/python -m benchmarks.step_breakdown [--steps 5]
+
+Runs the main job's task (larger_number, 8 groups x 8 rollouts a step) and measures, per step:
+rollouts (wall), tokenize, train, save and adapter-swap seconds; sampled tokens per second
+(completion tokens / rollout wall time); trained tokens per second (all tokens through forward and
+backward / train time); peak RSS of the trainer process and of the vLLM server processes.
+Writes benchmarks/results/step_breakdown.json and the table between the markers in README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+import agentrl
+from agentrl.backend.checkpoints import write_json_atomic
+from environments.larger_number.task import rollout, scenarios
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "step_breakdown.json"
+README = ROOT / "README.md"
+START, END = "<!-- benchmark:step_breakdown:start -->", "<!-- benchmark:step_breakdown:end -->"
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def peak_rss_gib(pid: int) -> float:
+    """Peak resident memory (VmHWM) of a process and its children, in GiB."""
+    total_kib = 0
+    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                total_kib += int(line.split()[1])
+    return total_kib / 2**20
+
+
+async def run(steps: int, groups_per_step: int, group_size: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        model = agentrl.TrainableModel(name="bench", project="bench", base_path=tmp)
+        backend = agentrl.LocalBackend()
+        try:
+            started = time.perf_counter()
+            await model.register(backend)
+            register_s = time.perf_counter() - started
+            train = scenarios("train", steps * groups_per_step, seed=3)
+            rows = []
+            for step in range(steps):
+                started = time.perf_counter()
+                groups = await agentrl.gather_trajectory_groups(
+                    (agentrl.TrajectoryGroup(rollout(model, s) for _ in range(group_size))
+                     for s in train[step * groups_per_step : (step + 1) * groups_per_step]),
+                    desc=f"step {step + 1} rollouts",
+                )  # fmt: skip
+                rollout_s = time.perf_counter() - started
+                sampled = sum(t.metrics["completion_tokens"] for g in groups for t in g.trajectories)
+                result = await model.train(groups, agentrl.TrainConfig(learning_rate=5e-4))
+                m = result.metrics
+                rows.append({
+                    "step": step + 1, "skipped": result.skipped, "rollout_s": rollout_s, "sampled_tokens": sampled,
+                    "tokenize_s": m.get("tokenize_s", 0.0), "train_s": m.get("train_s", 0.0),
+                    "save_s": m.get("save_s", 0.0), "swap_s": m.get("swap_s", 0.0),
+                    "total_tokens": m.get("total_tokens", 0.0), "trained_tokens": m.get("trained_tokens", 0.0),
+                    "step_s": time.perf_counter() - started,
+                })  # fmt: skip
+                print(json.dumps(rows[-1]))
+            trainer_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+            server_peak = peak_rss_gib(backend.server.process.pid)
+        finally:
+            await backend.close()
+    measured = [r for r in rows[1:] if not r["skipped"]] or rows  # step 1 warms up kernels; report it apart
+
+    def mean(key: str) -> float:
+        return statistics.fmean(r[key] for r in measured)
+
+    return {
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "date": datetime.date.today().isoformat(),
+        "config": {"steps": steps, "groups_per_step": groups_per_step, "group_size": group_size, "max_tokens": 16},
+        "register_s": register_s,
+        "first_step_s": rows[0]["step_s"],
+        "mean_over_steps": {k: mean(k) for k in ("step_s", "rollout_s", "tokenize_s", "train_s", "save_s", "swap_s")},
+        "sampled_tok_per_s": sum(r["sampled_tokens"] for r in measured) / sum(r["rollout_s"] for r in measured),
+        "trained_tok_per_s": sum(r["total_tokens"] for r in measured) / max(sum(r["train_s"] for r in measured), 1e-9),
+        "loss_tok_per_s": sum(r["trained_tokens"] for r in measured) / max(sum(r["train_s"] for r in measured), 1e-9),
+        "peak_rss_gib": {"trainer_process": trainer_peak, "vllm_server": server_peak},
+        "steps": rows,
+    }
+
+
+def readme_table(result: dict) -> str:
+    means = result["mean_over_steps"]
+    lines = [
+        START,
+        f"Measured by `benchmarks/step_breakdown.py` on {result['machine']}, {result['date']} "
+        f"({result['config']['groups_per_step']} groups x {result['config']['group_size']} rollouts per step, "
+        f"max 16 new tokens; means over steps 2-{result['config']['steps']}):",
+        "",
+        "| step | rollouts | tokenize | train | save | adapter swap | sampled tok/s | trained tok/s (all / loss) | peak RSS trainer / vLLM |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {means['step_s']:.1f} s | {means['rollout_s']:.1f} s | {means['tokenize_s']:.2f} s | {means['train_s']:.1f} s "
+        f"| {means['save_s']:.2f} s | {means['swap_s']:.2f} s | {result['sampled_tok_per_s']:.0f} "
+        f"| {result['trained_tok_per_s']:.0f} / {result['loss_tok_per_s']:.0f} "
+        f"| {result['peak_rss_gib']['trainer_process']:.1f} / {result['peak_rss_gib']['vllm_server']:.1f} GiB |",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def update_readme(result: dict) -> None:
+    text = README.read_text()
+    if START not in text:
+        raise SystemExit(f"README.md lacks the markers {START} ... {END}")
+    before, rest = text.split(START, 1)
+    after = rest.split(END, 1)[1]
+    tmp = README.with_name(".README.md.tmp")
+    tmp.write_text(before + readme_table(result) + after)
+    os.replace(tmp, README)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--groups-per-step", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    args = parser.parse_args()
+    result = asyncio.run(run(args.steps, args.groups_per_step, args.group_size))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(RESULTS, result)
+    update_readme(result)
+    print(f"wrote {RESULTS} and the README table")
+
+
+if __name__ == "__main__":
+    main()

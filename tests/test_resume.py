@@ -1,0 +1,69 @@
+"""Resume: kill a training process (SIGKILL) after a checkpoint; a new one resumes at that step with the same weights."""
+
+import asyncio
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from peft import get_peft_model_state_dict
+from safetensors.torch import load_file
+
+import agentrl
+from tests.test_server import group_processes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path):
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.resume_child", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    report = None
+    deadline = time.monotonic() + 600
+    lines = []
+    while time.monotonic() < deadline:
+        line = await asyncio.to_thread(child.stdout.readline)
+        lines.append(line)
+        if line.startswith("CHECKPOINTED") or not line:
+            report = line.split() if line else None
+            break
+    assert report, "the child never checkpointed:\n" + "".join(lines[-40:])
+    _, step, digest, server_pgid = report
+    child.send_signal(signal.SIGKILL)  # no cleanup code runs in the child
+    child.wait(timeout=30)
+
+    # Its vLLM server is told of its parent's death and goes too: no orphans.
+    deadline = time.monotonic() + 60
+    while group_processes(int(server_pgid)) and time.monotonic() < deadline:
+        await asyncio.sleep(1)
+    assert group_processes(int(server_pgid)) == []
+
+    model = agentrl.TrainableModel(name="resumable", project="tests", base_path=str(tmp_path))
+    backend = agentrl.LocalBackend()
+    try:
+        await model.register(backend)
+        assert await model.get_step() == int(step) == 1
+        assert model.inference_name == "resumable@1"
+        checkpoint = model.run_dir / "checkpoints" / "0001" / "adapter_model.safetensors"
+        assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() == digest
+        saved = load_file(checkpoint)
+        live = get_peft_model_state_dict(backend.trainer.model)
+        assert saved.keys() == live.keys()
+        for key in saved:
+            torch.testing.assert_close(live[key].float(), saved[key].float(), rtol=0, atol=0)
+        assert backend.trainer.optimizer.state  # AdamW's moments came back too
+        completion = await model.openai_client().chat.completions.create(
+            model=model.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert completion.choices[0].message.content is not None
+    finally:
+        await backend.close()
+    assert os.path.isdir(model.run_dir / "checkpoints" / "0000")

@@ -1,0 +1,108 @@
+"""The vLLM server process: failed start, crash, stop without orphans, and the GPU sleep path's requests."""
+
+import asyncio
+import json
+import os
+import signal
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agentrl import ServerConfig, ServerError
+from agentrl.backend.server import VLLMServer, server_command, server_env
+
+
+def group_processes(pgid: int) -> list[psutil.Process]:
+    alive = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return alive
+
+
+async def test_a_failed_start_raises_with_the_log_tail(tmp_path: Path):
+    broken = tmp_path / "not-a-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{ this is not json")
+    server = VLLMServer(str(broken), tmp_path / "vllm.log", ServerConfig(startup_timeout_s=240), max_lora_rank=8)
+    with pytest.raises(ServerError) as info:
+        await server.start()
+    message = str(info.value)
+    assert "exited with code" in message and str(tmp_path / "vllm.log") in message
+    assert "Traceback" in message or "Error" in message  # the log's tail is quoted
+    assert server.process is None
+
+
+@pytest.mark.slow
+async def test_stop_leaves_no_process_and_a_crash_is_reported(tmp_path: Path, base_model_path: str):
+    server = VLLMServer(base_model_path, tmp_path / "vllm.log", ServerConfig(), max_lora_rank=8)
+    await server.start()
+    pgid = server.process.pid
+    assert len(group_processes(pgid)) >= 2  # the API server and its engine process
+    # A crash: the server dies under us; the next request says so and quotes the log.
+    os.killpg(pgid, signal.SIGKILL)
+    await asyncio.sleep(1)
+    with pytest.raises(ServerError, match="not running"):
+        await server.unload_adapter("anything")
+    server.stop()
+    await asyncio.sleep(1)
+    assert group_processes(pgid) == []
+
+
+def test_gpu_command_and_env_enable_sleep_mode_and_runtime_lora():
+    config = ServerConfig(gpu_memory_utilization=0.4, extra_args=("--enforce-eager",))
+    gpu = server_command("/m", "base", 1234, config, max_lora_rank=16, gpu=True)
+    cpu = server_command("/m", "base", 1234, config, max_lora_rank=16, gpu=False)
+    assert "--enable-sleep-mode" in gpu and "--enable-sleep-mode" not in cpu
+    assert gpu[gpu.index("--gpu-memory-utilization") + 1] == "0.4"
+    assert cpu[cpu.index("--max-lora-rank") + 1] == "16" and cpu[-1] == "--enforce-eager"
+    assert cpu[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert server_env(config, gpu=True)["VLLM_SERVER_DEV_MODE"] == "1"
+    env = server_env(config, gpu=False)
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    requests: list[tuple[str, str]] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        length = int(self.headers.get("content-length", 0))
+        body = self.rfile.read(length).decode()
+        _Recorder.requests.append((self.path, body))
+        self.send_response(200)
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+async def test_gpu_sleep_and_wake_send_the_right_requests(tmp_path: Path):
+    """Real HTTP against a local recorder standing in for a GPU vLLM (no GPU here)."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    sleeper = VLLMServer("/m", tmp_path / "log", ServerConfig(), max_lora_rank=8)
+    sleeper.gpu, sleeper.port = True, httpd.server_address[1]
+    sleeper.process = psutil.Popen(["sleep", "30"])  # something alive, so requests are allowed
+    try:
+        _Recorder.requests.clear()
+        await sleeper.sleep(level=1)
+        await sleeper.wake_up()
+        await sleeper.load_adapter("m@3", Path("/ckpt/0003"))
+        paths = [p for p, _ in _Recorder.requests]
+        assert paths == ["/sleep?level=1", "/wake_up", "/v1/load_lora_adapter"]
+        assert json.loads(_Recorder.requests[2][1]) == {"lora_name": "m@3", "lora_path": "/ckpt/0003"}
+        sleeper.gpu = False  # on a CPU sleep and wake are no-ops
+        _Recorder.requests.clear()
+        await sleeper.sleep()
+        assert _Recorder.requests == []
+    finally:
+        sleeper.process.kill()
+        httpd.shutdown()
