@@ -9,6 +9,7 @@ from agentrl.config import (
     LoRAConfig,
     PPOLoss,
     ServerConfig,
+    SFTConfig,
     TrainConfig,
 )
 from agentrl.errors import (
@@ -23,6 +24,29 @@ from agentrl.errors import (
 from agentrl.gather import ExceptionBudget, gather_trajectories, gather_trajectory_groups
 from agentrl.model import Model, TrainableModel
 from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
+
+# Judges load litellm (2.5 s to import): they are loaded on first use, not with `import agentrl`.
+_LAZY = {
+    name: "agentrl.judges"
+    for name in (
+        "JudgeLimiter",
+        "RubricTask",
+        "judge_rubrics",
+        "load_rubric_tasks",
+        "rubric_rollout",
+        "ruler",
+        "ruler_score_group",
+    )
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
+
 
 __all__ = [
     "AgentRLError",
@@ -43,6 +67,7 @@ __all__ = [
     "RolloutException",
     "ServerConfig",
     "ServerError",
+    "SFTConfig",
     "TokenizationError",
     "TrainConfig",
     "TrainResult",
@@ -51,4 +76,11 @@ __all__ = [
     "TrajectoryGroup",
     "gather_trajectories",
     "gather_trajectory_groups",
+    "JudgeLimiter",
+    "RubricTask",
+    "judge_rubrics",
+    "load_rubric_tasks",
+    "rubric_rollout",
+    "ruler",
+    "ruler_score_group",
 ]

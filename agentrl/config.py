@@ -116,6 +116,21 @@ class TrainConfig(BaseModel):
         return value
 
 
+class SFTConfig(BaseModel):
+    """What one `model.train_sft(demonstrations, config)` call does (a warm start before RL)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: float = Field(default=5e-4, gt=0)
+    """AdamW learning rate for the LoRA weights."""
+    epochs: int = Field(default=2, gt=0)
+    """Passes over the demonstrations."""
+    batch_size: int = Field(default=8, gt=0)
+    """Demonstrations per optimizer step."""
+    micro_batch_tokens: int = Field(default=4096, gt=0)
+    """Tokens per forward/backward pass (padded)."""
+
+
 class LoRAConfig(_Frozen):
     """The adapter trained on top of the frozen base model."""
 

@@ -18,14 +18,14 @@ import httpx
 import openai
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from agentrl.config import LoRAConfig, ServerConfig, TrainConfig
+from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError
 
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from agentrl.backend.local import LocalBackend, TrainResult
-    from agentrl.trajectory import TrajectoryGroup
+    from agentrl.trajectory import History, TrajectoryGroup
 
 
 class Model(BaseModel):
@@ -179,6 +179,12 @@ class TrainableModel(Model):
     async def train(self, groups: list[TrajectoryGroup], config: TrainConfig | None = None) -> TrainResult:
         """One GRPO step on these groups; the server then serves the new checkpoint."""
         result = await self._require_backend().train(self, groups, config or TrainConfig())
+        self._step = result.step
+        return result
+
+    async def train_sft(self, demonstrations: list[History], config: SFTConfig | None = None) -> TrainResult:
+        """Supervised LoRA training on demonstrations (a warm start); checkpointed and served like a step."""
+        result = await self._require_backend().train_sft(self, list(demonstrations), config or SFTConfig())
         self._step = result.step
         return result
 

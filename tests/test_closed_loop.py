@@ -13,10 +13,12 @@ import agentrl
 from agentrl.rl.tokenize import tokenize_history
 from environments.larger_number.task import evaluate, rollout, scenarios
 
-# Measured here: mean |sampler - trainer| logprob over loss tokens was ~0.02 (vLLM bf16 kernels vs
-# torch bf16 autocast; they round differently). 0.1 leaves room for CPU kernel variation while still
-# failing on any misalignment (an off-by-one shift gives differences of several nats).
-MAX_MEAN_ABS_LOGPROB_GAP = 0.1
+# Measured here (2026-11-21, 8 prompts): mean |sampler - trainer| logprob 0.049 nats on single turns
+# (median 0.034, p95 0.14), 0.055 on second turns (rare outliers up to 1.16: the server conditions a
+# second turn on its own re-rendering of the first turn's text); 0.074 over this test's mix in one
+# suite run. That is bf16 rounding (vLLM's kernels vs torch autocast), not misalignment: tokens
+# shifted by one position differ by several nats on average (the policy's entropy is ~1.9 nats).
+MAX_MEAN_ABS_LOGPROB_GAP = 0.15
 
 
 async def sample(model, messages, *, temperature=1.0, max_tokens=32):
@@ -128,3 +130,17 @@ async def test_after_a_step_the_server_serves_the_new_adapter(served_model):
         "swap_s",
     ):
         assert math.isfinite(result.metrics[key]), key
+
+
+async def test_kl_to_the_base_model_and_other_losses_run_for_real(served_model):
+    """A step with the KL penalty (a reference pass with the adapter disabled) and a non-default loss."""
+    groups = await agentrl.gather_trajectory_groups(
+        [agentrl.TrajectoryGroup(rollout(served_model, s) for _ in range(8)) for s in scenarios("train", 4, seed=13)],
+        show_progress=False,
+    )
+    config = agentrl.TrainConfig(learning_rate=1e-4, loss="cispo", kl_coef=0.05, truncated_importance_sampling=2.0)
+    result = await served_model.train(groups, config)
+    if result.skipped:
+        pytest.skip("no group carried a signal in this draw")
+    assert result.metrics["kl_penalty"] > 0  # the adapter has moved away from the base by now
+    assert math.isfinite(result.metrics["loss"])

@@ -21,6 +21,7 @@ EXPECTED = {
     "RolloutException",
     "ServerConfig",
     "ServerError",
+    "SFTConfig",
     "TokenizationError",
     "TrainConfig",
     "TrainResult",
@@ -29,6 +30,13 @@ EXPECTED = {
     "TrajectoryGroup",
     "gather_trajectories",
     "gather_trajectory_groups",
+    "JudgeLimiter",
+    "RubricTask",
+    "judge_rubrics",
+    "load_rubric_tasks",
+    "rubric_rollout",
+    "ruler",
+    "ruler_score_group",
 }
 
 
@@ -59,3 +67,11 @@ def test_inference_name_is_name_at_step():
     model = agentrl.TrainableModel(name="agent-001", project="p")
     assert model.inference_name == "agent-001@0"
     assert str(model.run_dir).endswith("p/agent-001")
+
+
+def test_import_agentrl_does_not_load_litellm_until_a_judge_is_used():
+    import subprocess
+    import sys
+
+    code = "import sys, agentrl; assert 'litellm' not in sys.modules; agentrl.ruler_score_group; assert 'litellm' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.server import VLLMServer
-from agentrl.backend.trainer import Trainer
+from agentrl.backend.trainer import StepOutcome, Trainer
 from agentrl.base_models import resolve_base_model
-from agentrl.config import TrainConfig
+from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError
 
 if TYPE_CHECKING:
     from agentrl.model import TrainableModel
-    from agentrl.trajectory import TrajectoryGroup
+    from agentrl.trajectory import History, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -111,16 +111,38 @@ class LocalBackend:
             outcome = await self._on_trainer_thread(self.trainer.train_step, groups, config)
         finally:
             await self.server.wake_up()
-        metrics = dict(outcome.metrics)
         if not outcome.updated:
             logger.warning(
                 "step %d skipped: none of the %d groups carried a signal (all rewards equal within each group); "
                 "the step counter stays at %d. Vary the scenarios or the reward, or use more rollouts per group.",
                 self.step + 1, len(groups), self.step,
             )  # fmt: skip
-            self._record(metrics, step=self.step, skipped=True)
-            return TrainResult(step=self.step, metrics=metrics, skipped=True)
+        return await self._commit(outcome, split="train")
 
+    async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:
+        """Supervised steps on demonstrations (their assistant messages are the targets), then one checkpoint."""
+        assert self.trainer is not None and self.server is not None
+        metrics: dict[str, float] = {}
+        await self.server.sleep()
+        try:
+            for epoch in range(config.epochs):
+                for start in range(0, len(histories), config.batch_size):
+                    outcome = await self._on_trainer_thread(
+                        self.trainer.sft_step, histories[start : start + config.batch_size],
+                        learning_rate=config.learning_rate, micro_batch_tokens=config.micro_batch_tokens,
+                    )  # fmt: skip
+                    metrics = {**outcome.metrics, "epoch": float(epoch)}
+        finally:
+            await self.server.wake_up()
+        return await self._commit(StepOutcome(updated=bool(metrics), metrics=metrics), split="sft")
+
+    async def _commit(self, outcome: StepOutcome, *, split: str) -> TrainResult:
+        """Checkpoint the trainer's weights as the next step and serve them; or record a skipped step."""
+        assert self.trainer is not None and self.server is not None and self.store is not None
+        metrics = dict(outcome.metrics)
+        if not outcome.updated:
+            self._record(metrics, step=self.step, split=split, skipped=True)
+            return TrainResult(step=self.step, metrics=metrics, skipped=True)
         new_step, old_step = self.step + 1, self.step
         started = time.perf_counter()
         await self._on_trainer_thread(self.store.save, new_step, self.trainer.save, {"metrics": metrics})
@@ -130,12 +152,12 @@ class LocalBackend:
         await self.server.unload_adapter(self._adapter_name(old_step))
         metrics["swap_s"] = time.perf_counter() - started
         self.step = new_step
-        self._record(metrics, step=new_step, skipped=False)
+        self._record(metrics, step=new_step, split=split, skipped=False)
         return TrainResult(step=new_step, metrics=metrics)
 
-    def _record(self, metrics: dict[str, float], *, step: int, skipped: bool) -> None:
+    def _record(self, metrics: dict[str, float], *, step: int, split: str, skipped: bool) -> None:
         assert self.model is not None
-        line = json.dumps({"step": step, "split": "train", "skipped": skipped, "time": time.time(), **metrics})
+        line = json.dumps({"step": step, "split": split, "skipped": skipped, "time": time.time(), **metrics})
         with open(self.model.run_dir / "metrics.jsonl", "a") as f:
             f.write(line + "\n")  # one write per line: a crash never leaves a half line behind a whole one
 

@@ -20,8 +20,8 @@ import torch
 from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.losses import loss_denominator, policy_loss
-from agentrl.rl.tokenize import TokenBatch, collate, plan_micro_batches, tokenize_groups
-from agentrl.trajectory import TrajectoryGroup, reward_stats
+from agentrl.rl.tokenize import TokenBatch, collate, plan_micro_batches, tokenize_groups, tokenize_history
+from agentrl.trajectory import History, TrajectoryGroup, reward_stats
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -190,6 +190,34 @@ class Trainer:
             sums.sampler_minus_trainer += float(gap_BT.sum())
             sums.sampler_minus_trainer_sq += float(gap_BT.square().sum())
         return sums
+
+    def sft_step(self, histories: Sequence[History], *, learning_rate: float, micro_batch_tokens: int) -> StepOutcome:
+        """One supervised step: mean negative log-likelihood of the demonstrated assistant turns."""
+        started = time.perf_counter()
+        sequences = [tokenize_history(h, self.tokenizer, train_on_written_assistant=True) for h in histories]
+        sequences = [s for s in sequences if any(s.loss_mask_T)]
+        if not sequences:
+            return StepOutcome(updated=False, metrics={"tokenize_s": time.perf_counter() - started})
+        num_loss_tokens = sum(sum(s.loss_mask_T[1:]) for s in sequences)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+        tokenize_s = time.perf_counter() - started
+        self.model.train()
+        total_nll = 0.0
+        for indices in plan_micro_batches([len(s) for s in sequences], micro_batch_tokens):
+            batch = collate([sequences[i] for i in indices], self.pad_token_id).to(self.device)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                logprobs_BT, _ = token_logprobs(self.model, batch)
+            nll = -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens
+            nll.backward()
+            total_nll += float(nll.detach())
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, 1.0))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOutcome(updated=True, metrics={
+            "sft_loss": total_nll, "trained_tokens": float(num_loss_tokens), "num_sequences": float(len(sequences)),
+            "grad_norm": grad_norm, "tokenize_s": tokenize_s, "train_s": time.perf_counter() - started - tokenize_s,
+        })  # fmt: skip
 
     @torch.no_grad()
     def logprobs_of(self, sequences) -> list[list[float]]:

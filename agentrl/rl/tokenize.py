@@ -89,27 +89,68 @@ class TokenizedSequence:
         return len(self.input_ids_T)
 
 
-def _render_with_placeholders(history: History, tokenizer: ChatTokenizer) -> tuple[str, list[SampledTokens]]:
+def demonstrated_tokens(messages: list[dict[str, Any]], index: int, tools, tokenizer: ChatTokenizer) -> SampledTokens:
+    """Token ids of the hand-written assistant message `messages[index]` as the template renders it.
+
+    For supervised warm starts: the ids run from after the generation prompt through the end-of-turn
+    token, so the model learns both what to say (tool-call tags included) and when to stop.
+    """
+    before = tokenizer.apply_chat_template(messages[:index], tools=tools, tokenize=False, add_generation_prompt=True)
+    through = tokenizer.apply_chat_template(messages[: index + 1], tools=tools, tokenize=False)
+    if not through.startswith(before):
+        raise TokenizationError(f"the chat template renders message {index} in a way that changes the text before it")
+    token_ids = tokenizer.encode(through[len(before) :], add_special_tokens=False)
+    special = [i for i, t in enumerate(token_ids) if t in set(tokenizer.all_special_ids)]
+    if special:  # keep the end-of-turn token; what follows it belongs to the next turn
+        token_ids = token_ids[: special[0] + 1]
+    return SampledTokens(token_ids, [0.0] * len(token_ids))
+
+
+def _render_with_placeholders(
+    history: History, tokenizer: ChatTokenizer, *, train_on_written_assistant: bool = False
+) -> tuple[str, list[SampledTokens]]:
     messages: list[dict[str, Any]] = []
-    sampled: list[SampledTokens] = []
+    turns: list[tuple[int, Choice | None]] = []  # (position, sampled choice or None for a written turn)
     for item in history.messages_and_choices:
         if isinstance(item, Choice):
-            sampled.append(sampled_tokens(item))
-            # The sampled ids already spell any tool call, so the template must not render it again.
-            messages.append({"role": "assistant", "content": _PLACEHOLDER.format(len(sampled) - 1)})
+            turns.append((len(messages), item))
+            messages.append({"role": "assistant", "content": None})
         elif item.get("content") is None:
             messages.append({**item, "content": ""})
         else:
             messages.append(item)
-    text = tokenizer.apply_chat_template(messages, tools=history.tools, tokenize=False, add_generation_prompt=False)
+        if train_on_written_assistant and not isinstance(item, Choice) and item["role"] == "assistant":
+            turns.append((len(messages) - 1, None))
+    plain = [m if m["content"] is not None else {**m, "content": ""} for m in messages]
+    sampled = [
+        sampled_tokens(choice) if choice is not None else demonstrated_tokens(plain, position, history.tools, tokenizer)
+        for position, choice in turns
+    ]
+    # Each trained turn is rendered as a placeholder; its ids replace it after tokenization.
+    # The sampled ids already spell any tool call, so the template must not render it again.
+    for number, (position, _) in enumerate(turns):
+        messages[position] = {"role": "assistant", "content": _PLACEHOLDER.format(number)}
+    text = tokenizer.apply_chat_template(
+        [m if m["content"] is not None else {**m, "content": ""} for m in messages],
+        tools=history.tools, tokenize=False, add_generation_prompt=False,
+    )  # fmt: skip
     return text, sampled
 
 
 def tokenize_history(
-    history: History, tokenizer: ChatTokenizer, *, advantage: float = 0.0, group_index: int = 0
+    history: History,
+    tokenizer: ChatTokenizer,
+    *,
+    advantage: float = 0.0,
+    group_index: int = 0,
+    train_on_written_assistant: bool = False,
 ) -> TokenizedSequence:
-    """One conversation -> tokens, loss mask and sampler logprobs (see the module docstring)."""
-    text, sampled = _render_with_placeholders(history, tokenizer)
+    """One conversation -> tokens, loss mask and sampler logprobs (see the module docstring).
+
+    With `train_on_written_assistant` (supervised demonstrations), hand-written assistant messages
+    carry loss too, as the chat template renders them; otherwise they are context.
+    """
+    text, sampled = _render_with_placeholders(history, tokenizer, train_on_written_assistant=train_on_written_assistant)
     special_ids = set(tokenizer.all_special_ids)
     input_ids: list[int] = []
     loss_mask: list[bool] = []

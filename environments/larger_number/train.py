@@ -1,67 +1,57 @@
 """README's main job: train the packaged model on the larger-number task and compare held-out reward.
 
 python -m environments.larger_number.train [--steps 20]
+agentrl train larger-number
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import time
 
 import agentrl
 from environments.larger_number.task import evaluate, rollout, scenarios
+from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
+
+GROUPS_PER_STEP, GROUP_SIZE, LEARNING_RATE, DEFAULT_STEPS = 8, 8, 5e-4, 20
+TEST = scenarios("test", 128)
 
 
-async def main(
-    steps: int, groups_per_step: int, group_size: int, learning_rate: float, name: str, base_path: str
-) -> None:
+async def held_out(model: agentrl.Model) -> dict[str, float]:
+    return {"reward": await evaluate(model, TEST)}
+
+
+async def run(preset: str = "cpu", steps: int | None = None, base_model: str | None = None,
+              name: str = "main-job", base_path: str = ".agentrl") -> RunSummary:  # fmt: skip
+    """Train on the larger-number task (one preset: it is small enough for any machine)."""
+    steps = steps if steps is not None else DEFAULT_STEPS
+    model = agentrl.TrainableModel(name=name, project="larger-number", base_path=base_path,
+                                   **({"base_model": base_model} if base_model else {}))  # fmt: skip
+    train = scenarios("train", steps * GROUPS_PER_STEP, seed=1)
+
+    def make_groups(model: agentrl.TrainableModel, step: int):
+        batch = train[(step * GROUPS_PER_STEP) % len(train) :][:GROUPS_PER_STEP]
+        return (agentrl.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE)) for s in batch)
+
+    return await train_and_evaluate(
+        model, make_groups=make_groups, evaluate=held_out, steps=steps,
+        config=agentrl.TrainConfig(learning_rate=LEARNING_RATE),
+    )  # fmt: skip
+
+
+async def evaluate_run(preset: str = "cpu", name: str = "main-job", base_path: str = ".agentrl") -> dict:
     model = agentrl.TrainableModel(name=name, project="larger-number", base_path=base_path)
-    backend = agentrl.LocalBackend()
-    try:
-        print(f"Starting the vLLM server and trainer for {model.base_model} ...")
-        await model.register(backend)
-        test = scenarios("test", 128)
-        start_step = await model.get_step()
-        reward_before = await evaluate(model, test)
-        print(f"held-out reward at step {start_step}: {reward_before:.3f}")
-        train = scenarios("train", steps * groups_per_step, seed=1)
-        config = agentrl.TrainConfig(learning_rate=learning_rate)
-        for step in range(start_step, start_step + steps):
-            started = time.perf_counter()
-            batch = train[(step - start_step) * groups_per_step : (step - start_step + 1) * groups_per_step]
-            groups = await agentrl.gather_trajectory_groups(
-                (agentrl.TrajectoryGroup(rollout(model, s) for _ in range(group_size)) for s in batch),
-                desc=f"step {step + 1} rollouts",
-            )
-            result = await model.train(groups, config)
-            m = result.metrics
-            print(
-                f"step {result.step}: reward {m['reward_mean']:.3f} ± {m['reward_std']:.3f}, "
-                f"zero-variance groups {m['frac_zero_variance_groups']:.0%}, trained tokens {m.get('trained_tokens', 0):.0f}, "
-                f"kl(sampler||trainer) {m.get('kl_sampler_trainer', 0):.4f}, {time.perf_counter() - started:.1f} s"
-                + (" (skipped: no signal)" if result.skipped else "")
-            )
-        reward_after = await evaluate(model, test)
-        print(
-            f"\nheld-out reward: step {start_step} {reward_before:.3f} -> step {await model.get_step()} {reward_after:.3f}"
-        )
-        print(f"run folder: {model.run_dir.resolve()}")
-    finally:
-        await backend.close()
+    return await evaluate_base_and_checkpoint(model, held_out)
 
 
-def cli() -> None:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--groups-per-step", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--name", default="main-job")
     parser.add_argument("--base-path", default=".agentrl")
     args = parser.parse_args()
-    asyncio.run(main(args.steps, args.groups_per_step, args.group_size, args.learning_rate, args.name, args.base_path))
+    asyncio.run(run(steps=args.steps, name=args.name, base_path=args.base_path))
 
 
 if __name__ == "__main__":
-    cli()
+    main()

@@ -1,0 +1,155 @@
+"""One structured judge call through litellm, validated, retried a bounded number of times.
+
+Both judges ask for JSON that matches a pydantic model's schema. Where the judge is served by vLLM,
+`response_format` with a JSON schema makes the output parse by construction (constrained decoding);
+any other provider that honours it gets the same. Whatever comes back is still validated, and an
+answer that fails validation is retried like a failed request, up to `max_attempts`; then
+`JudgeError`. No default answer is ever substituted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from agentrl.errors import JudgeError
+from agentrl.model import Model
+
+# litellm downloads a model price list at import unless told to use its bundled copy; judging
+# needs no prices, and a machine without internet would wait for the download to time out.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+import litellm  # noqa: E402
+
+logger = logging.getLogger(__name__)
+AnswerT = TypeVar("AnswerT", bound=BaseModel)
+JudgeModel = str | Model
+"""A litellm model id ("openai/o4-mini", "hosted_vllm/qwen", "ollama/qwen2.5") or an agentrl Model."""
+
+
+class InvalidJudgeAnswer(ValueError):
+    """The judge answered, but not with something usable (malformed JSON, wrong ids, bad scores)."""
+
+
+@dataclass
+class JudgeLimiter:
+    """Caps concurrent judge calls (shared by every group judged with it) and counts what happened.
+
+    Judges use `DEFAULT_LIMITER` unless given one, so by default all judge calls of a process
+    share one cap of 8.
+    """
+
+    max_concurrent: int = 8
+    calls: int = 0
+    attempts: int = 0
+    failures: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+    _semaphores: dict[int, asyncio.Semaphore] = field(default_factory=dict, repr=False)
+
+    def semaphore(self) -> asyncio.Semaphore:
+        # One per event loop: a semaphore is bound to the loop it first waits in.
+        return self._semaphores.setdefault(id(asyncio.get_running_loop()), asyncio.Semaphore(self.max_concurrent))
+
+
+DEFAULT_LIMITER = JudgeLimiter()
+
+
+@dataclass(frozen=True)
+class JudgeCall:
+    """A validated answer and what it cost."""
+
+    answer: Any
+    attempts: int
+    latency_s: float
+
+
+def litellm_params(judge_model: JudgeModel) -> dict[str, Any]:
+    return {"model": judge_model} if isinstance(judge_model, str) else judge_model.litellm_params()
+
+
+def response_format(schema_model: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": schema_model.__name__, "schema": schema_model.model_json_schema(), "strict": True},
+    }
+
+
+def _content_of(response: Any) -> str:
+    content = response.choices[0].message.content
+    if not content:
+        raise InvalidJudgeAnswer("the judge returned an empty message")
+    return content
+
+
+def parse_json_object(text: str) -> Any:
+    """JSON from a judge's text; tolerates a ```json fence around it, nothing else."""
+    stripped = text.strip()
+    if stripped.startswith("```"):
+        stripped = stripped.split("\n", 1)[1] if "\n" in stripped else ""
+        stripped = stripped.rsplit("```", 1)[0]
+    try:
+        return json.loads(stripped)
+    except json.JSONDecodeError as error:
+        raise InvalidJudgeAnswer(f"the judge's answer is not valid JSON ({error.msg}): {text[:200]!r}") from error
+
+
+async def structured_judge_call(
+    judge_model: JudgeModel,
+    messages: list[dict[str, Any]],
+    schema_model: type[AnswerT],
+    validate: Callable[[AnswerT], Any],
+    *,
+    limiter: JudgeLimiter | None = None,
+    max_attempts: int = 3,
+    timeout_s: float = 120.0,
+    extra_litellm_params: dict[str, Any] | None = None,
+) -> JudgeCall:
+    """Ask, parse into `schema_model`, `validate` (which may repair or raise InvalidJudgeAnswer); retry."""
+    params = {
+        **litellm_params(judge_model),
+        "messages": messages,
+        "response_format": response_format(schema_model),
+        "timeout": timeout_s,
+        "temperature": 0.0,
+        "max_retries": 0,  # retries are ours alone: bounded, and counted in the limiter
+        **(extra_litellm_params or {}),
+    }
+    limiter = limiter or DEFAULT_LIMITER
+    limiter.calls += 1
+    started = time.perf_counter()
+    attempts = 0
+    try:
+        async with limiter.semaphore():
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(max_attempts),
+                wait=wait_exponential(multiplier=0.5, max=8),
+                retry=retry_if_exception_type((InvalidJudgeAnswer, litellm.APIError, litellm.Timeout,
+                                               litellm.APIConnectionError, litellm.RateLimitError,
+                                               litellm.InternalServerError, litellm.ServiceUnavailableError)),
+                reraise=True,
+            ):  # fmt: skip
+                with attempt:
+                    attempts += 1
+                    limiter.attempts += 1
+                    response = await litellm.acompletion(**params)
+                    try:
+                        parsed = schema_model.model_validate(parse_json_object(_content_of(response)))
+                    except ValidationError as error:
+                        raise InvalidJudgeAnswer(f"the judge's answer does not match the schema: {error}") from error
+                    answer = validate(parsed)
+    except Exception as error:
+        limiter.failures += 1
+        raise JudgeError(
+            f"judge {params['model']} gave no valid answer in {attempts} attempt(s): {type(error).__name__}: {error}"
+        ) from error
+    latency = time.perf_counter() - started
+    limiter.latencies_s.append(latency)
+    return JudgeCall(answer=answer, attempts=attempts, latency_s=latency)

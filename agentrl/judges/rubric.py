@@ -1,0 +1,148 @@
+"""Rubric judge: several yes/no rubrics about one response, checked in one judge call.
+
+Reinforcement learning with verifiable rubrics: each task comes with statements a good response
+satisfies ("The response should compute the total correctly"). The judge returns Yes/No and a
+rationale per rubric; the reward is the pass rate. A judgement that fails after its retries raises
+`JudgeError`, so the rollout that owns it fails and is counted by the gather's exception budget:
+no default score is ever given.
+
+Data: JSONL, one task a line, `{"task_id": ..., "prompt": ..., "rubrics": [...]}`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+import agentrl
+from agentrl.judges.call import JudgeLimiter, JudgeModel, structured_judge_call
+
+RUBRIC_INSTRUCTIONS = """\
+You are a strict grader. Read the task and the response, then decide for each rubric whether the
+response satisfies it: "Yes" or "No", with a one-sentence rationale. Judge each rubric on its own.
+Answer with JSON only, one entry per rubric id."""
+
+
+class RubricTask(BaseModel):
+    """One task: a prompt and the rubrics a good response satisfies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    prompt: str = Field(min_length=1)
+    rubrics: list[str] = Field(min_length=1)
+
+
+class RubricVerdict(BaseModel):
+    """The judge's decision on one rubric."""
+
+    rubric: str
+    passed: bool
+    rationale: str
+
+
+class RubricJudgement(BaseModel):
+    """All verdicts for one response, and the reward they imply."""
+
+    verdicts: list[RubricVerdict]
+
+    @property
+    def pass_rate(self) -> float:
+        return sum(v.passed for v in self.verdicts) / len(self.verdicts)
+
+
+class _RubricAnswer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rationale: str
+    verdict: Literal["Yes", "No"]
+
+
+def load_rubric_tasks(path: str | Path) -> list[RubricTask]:
+    """Read a JSONL file of rubric tasks; a bad line is an error naming its line number."""
+    tasks = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            tasks.append(RubricTask.model_validate(json.loads(line)))
+        except (json.JSONDecodeError, ValidationError) as error:
+            raise ValueError(f"{path}:{number}: not a rubric task ({{task_id, prompt, rubrics}}): {error}") from error
+    return tasks
+
+
+def rubric_prompt(prompt: str, response: str, rubrics: list[str]) -> list[dict[str, str]]:
+    listed = "\n".join(f'<rubric id="rubric_{i}">{r}</rubric>' for i, r in enumerate(rubrics, start=1))
+    ids = ", ".join(f'"rubric_{i}"' for i in range(1, len(rubrics) + 1))
+    user = (
+        f"<task>\n{prompt}\n</task>\n<response>\n{response}\n</response>\n<rubrics>\n{listed}\n</rubrics>\n"
+        f'Answer with a JSON object with exactly these keys: {ids}; each maps to {{"rationale": ..., "verdict": "Yes" or "No"}}.'
+    )
+    return [{"role": "system", "content": RUBRIC_INSTRUCTIONS}, {"role": "user", "content": user}]
+
+
+async def judge_rubrics(
+    prompt: str,
+    response: str,
+    rubrics: list[str],
+    judge_model: JudgeModel,
+    *,
+    limiter: JudgeLimiter | None = None,
+    max_attempts: int = 3,
+    extra_litellm_params: dict[str, Any] | None = None,
+) -> RubricJudgement:
+    """Check every rubric about `response` in one judge call. Raises `JudgeError` when it cannot."""
+    if not rubrics:
+        raise ValueError("judge_rubrics needs at least one rubric")
+    fields: dict[str, Any] = {f"rubric_{i}": (_RubricAnswer, ...) for i in range(1, len(rubrics) + 1)}
+    schema = create_model("RubricAnswers", __config__=ConfigDict(extra="forbid"), **fields)
+
+    def validate(answer: BaseModel) -> RubricJudgement:
+        entries = [getattr(answer, f"rubric_{i}") for i in range(1, len(rubrics) + 1)]
+        return RubricJudgement(
+            verdicts=[
+                RubricVerdict(rubric=r, passed=e.verdict == "Yes", rationale=e.rationale)
+                for r, e in zip(rubrics, entries)
+            ]
+        )
+
+    call = await structured_judge_call(
+        judge_model, rubric_prompt(prompt, response, rubrics), schema, validate,
+        limiter=limiter, max_attempts=max_attempts, extra_litellm_params=extra_litellm_params,
+    )  # fmt: skip
+    return call.answer
+
+
+async def rubric_rollout(
+    model: agentrl.Model,
+    task: RubricTask,
+    judge_model: JudgeModel,
+    *,
+    max_tokens: int = 512,
+    temperature: float = 1.0,
+    limiter: JudgeLimiter | None = None,
+) -> agentrl.Trajectory:
+    """A ready rollout for rubric tasks: answer the prompt, judge it, reward = pass rate.
+
+    Use with `gather_trajectory_groups(..., max_exception_rate=...)`: a failed judgement raises and
+    the rollout is skipped and counted.
+    """
+    trajectory = agentrl.Trajectory(
+        messages_and_choices=[{"role": "user", "content": task.prompt}], metadata={"task_id": task.task_id}
+    )
+    completion = await model.openai_client().chat.completions.create(
+        model=model.inference_name, messages=trajectory.messages(), max_tokens=max_tokens, temperature=temperature
+    )
+    choice = completion.choices[0]
+    trajectory.messages_and_choices.append(choice)
+    judgement = await judge_rubrics(
+        task.prompt, choice.message.content or "", task.rubrics, judge_model, limiter=limiter
+    )
+    trajectory.reward = judgement.pass_rate
+    for index, verdict in enumerate(judgement.verdicts, start=1):
+        trajectory.metrics[f"rubric_{index}_passed"] = float(verdict.passed)
+        trajectory.logs.append(f"rubric {index} ({'Yes' if verdict.passed else 'No'}): {verdict.rationale}")
+    return trajectory

@@ -1,0 +1,192 @@
+"""RULER: an LLM judge ranks all trajectories of a group in one call.
+
+Comparing attempts side by side is easier for a judge than scoring each alone, and GRPO only needs
+rewards that are right relative to each other within a group. The prompt gives the context the
+trajectories share once (their longest common prefix), then each one's remaining messages under
+its id, the tools, and the rubric. The answer is constrained to a JSON schema with one required
+entry per trajectory id, validated, and retried (bounded) when unusable.
+
+Layered: `ruler(message_lists, ...)` scores plain message lists; `ruler_score_group(group, ...)`
+returns a new group whose rewards are the judge's scores, the old ones kept as
+`metrics["independent_reward"]`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from agentrl.errors import JudgeError
+from agentrl.judges.call import InvalidJudgeAnswer, JudgeLimiter, JudgeModel, structured_judge_call
+from agentrl.trajectory import TrajectoryGroup
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RUBRIC = """\
+- A trajectory that achieves its goal always scores far higher than one that does not.
+- Among trajectories that achieve the goal, the one that gets there more efficiently (fewer steps, no needless detours or errors) scores higher.
+- Make score gaps proportional: two nearly equal trajectories get nearly equal scores; a much better one gets a much higher score.
+- Give partial credit for real progress toward the goal, even when the goal is not reached."""
+
+JUDGE_INSTRUCTIONS = """\
+You are an impartial judge. Several AI agents attempted the same task; each attempt is a trajectory.
+Compare them against each other and the rubric, then give each trajectory a score between 0 and 1
+and a one-sentence explanation. Answer with JSON only, one entry per trajectory id."""
+
+# A judge's 1.0000001 is a rounding slip and is clamped; anything further out is a wrong answer.
+SCORE_TOLERANCE = 1e-3
+
+
+class TrajectoryScore(BaseModel):
+    """The judge's verdict on one trajectory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    explanation: str
+    score: float = Field(json_schema_extra={"minimum": 0, "maximum": 1})
+
+
+@dataclass(frozen=True)
+class RulerResult:
+    """Scores in [0, 1] and explanations, aligned with the input message lists."""
+
+    scores: list[float]
+    explanations: list[str]
+    attempts: int
+    latency_s: float
+
+
+def common_prefix_length(message_lists: list[list[dict[str, Any]]]) -> int:
+    """How many leading messages every list shares."""
+    shortest = min(len(m) for m in message_lists)
+    for index in range(shortest):
+        if any(m[index] != message_lists[0][index] for m in message_lists[1:]):
+            return index
+    return shortest
+
+
+def _render(messages: list[dict[str, Any]]) -> str:
+    return "\n".join(json.dumps(m, ensure_ascii=False) for m in messages)
+
+
+def ruler_prompt(
+    message_lists: list[list[dict[str, Any]]], rubric: str, tools: list[dict[str, Any]] | None
+) -> list[dict[str, str]]:
+    """The judge's messages: shared context once, then each trajectory's own messages by id."""
+    shared = common_prefix_length(message_lists)
+    parts = [f"<context>\n{_render(message_lists[0][:shared])}\n</context>"]
+    if tools:
+        parts.append(f"<tools>\n{json.dumps(tools, ensure_ascii=False)}\n</tools>")
+    parts.append("<trajectories>")
+    for index, messages in enumerate(message_lists, start=1):
+        parts.append(f'<trajectory id="trajectory_{index}">\n{_render(messages[shared:])}\n</trajectory>')
+    parts.append("</trajectories>")
+    parts.append(f"<rubric>\n{rubric}\n</rubric>")
+    ids = ", ".join(f'"trajectory_{i}"' for i in range(1, len(message_lists) + 1))
+    parts.append(
+        f'Answer with a JSON object with exactly these keys: {ids}; each maps to {{"explanation": ..., "score": ...}}.'
+    )
+    return [{"role": "system", "content": JUDGE_INSTRUCTIONS}, {"role": "user", "content": "\n".join(parts)}]
+
+
+def scores_schema(count: int) -> type[BaseModel]:
+    """A schema with one required entry per trajectory id, so the count is fixed by construction."""
+    fields: dict[str, Any] = {f"trajectory_{i}": (TrajectoryScore, ...) for i in range(1, count + 1)}
+    return create_model("RulerScores", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def _valid_score(trajectory_id: str, score: float) -> float:
+    if not math.isfinite(score):
+        raise InvalidJudgeAnswer(f"{trajectory_id}: score {score} is not finite")
+    if -SCORE_TOLERANCE <= score < 0 or 1 < score <= 1 + SCORE_TOLERANCE:
+        return min(max(score, 0.0), 1.0)
+    if not 0 <= score <= 1:
+        raise InvalidJudgeAnswer(f"{trajectory_id}: score {score} is outside [0, 1]")
+    return score
+
+
+async def ruler(
+    message_lists: list[list[dict[str, Any]]],
+    judge_model: JudgeModel,
+    *,
+    rubric: str = DEFAULT_RUBRIC,
+    tools: list[dict[str, Any]] | None = None,
+    limiter: JudgeLimiter | None = None,
+    max_attempts: int = 3,
+    extra_litellm_params: dict[str, Any] | None = None,
+    debug: bool = False,
+) -> RulerResult:
+    """Score message lists relative to each other in one judge call. Raises `JudgeError` when it cannot."""
+    if not message_lists:
+        raise ValueError("ruler needs at least one message list")
+    if all(m == message_lists[0] for m in message_lists[1:]) and len(message_lists) > 1:
+        # Identical attempts deserve identical scores: judge one, copy it.
+        single = await ruler(message_lists[:1], judge_model, rubric=rubric, tools=tools, limiter=limiter,
+                             max_attempts=max_attempts, extra_litellm_params=extra_litellm_params, debug=debug)  # fmt: skip
+        n = len(message_lists)
+        return RulerResult(single.scores * n, single.explanations * n, single.attempts, single.latency_s)
+    schema = scores_schema(len(message_lists))
+
+    def validate(answer: BaseModel) -> list[tuple[float, str]]:
+        entries = [getattr(answer, f"trajectory_{i}") for i in range(1, len(message_lists) + 1)]
+        return [(_valid_score(f"trajectory_{i}", e.score), e.explanation) for i, e in enumerate(entries, start=1)]
+
+    messages = ruler_prompt(message_lists, rubric, tools)
+    if debug:
+        logger.info("RULER prompt:\n%s", messages[1]["content"])
+    call = await structured_judge_call(
+        judge_model, messages, schema, validate, limiter=limiter,
+        max_attempts=max_attempts, extra_litellm_params=extra_litellm_params,
+    )  # fmt: skip
+    if debug:
+        logger.info("RULER answer: %s", call.answer)
+    return RulerResult([s for s, _ in call.answer], [e for _, e in call.answer], call.attempts, call.latency_s)
+
+
+async def ruler_score_group(
+    group: TrajectoryGroup,
+    judge_model: JudgeModel,
+    *,
+    rubric: str = DEFAULT_RUBRIC,
+    extra_litellm_params: dict[str, Any] | None = None,
+    swallow_exceptions: bool = False,
+    debug: bool = False,
+    limiter: JudgeLimiter | None = None,
+    max_attempts: int = 3,
+) -> TrajectoryGroup | None:
+    """A copy of `group` whose rewards are RULER's scores (old rewards kept as `independent_reward`).
+
+    With `swallow_exceptions=True` a failed judgement returns None, so `gather_trajectory_groups`'
+    `after_each` drops the group instead of training on invented rewards.
+    """
+    if not group.trajectories:
+        return group
+    try:
+        result = await ruler(
+            [t.messages() for t in group.trajectories], judge_model, rubric=rubric, tools=group.trajectories[0].tools,
+            limiter=limiter, max_attempts=max_attempts, extra_litellm_params=extra_litellm_params, debug=debug,
+        )  # fmt: skip
+    except JudgeError as error:
+        if not swallow_exceptions:
+            raise
+        logger.warning("RULER failed for a group of %d; dropping the group: %s", len(group.trajectories), error)
+        return None
+    judged = []
+    for trajectory, score, explanation in zip(group.trajectories, result.scores, result.explanations):
+        judged.append(
+            trajectory.model_copy(
+                deep=True,
+                update={
+                    "reward": score,
+                    "metrics": {**trajectory.metrics, "independent_reward": trajectory.reward, "ruler_score": score,
+                                "ruler_latency_s": result.latency_s, "ruler_attempts": float(result.attempts)},
+                    "logs": [*trajectory.logs, f"RULER: {explanation}"],
+                },
+            )
+        )  # fmt: skip
+    return TrajectoryGroup(judged, exceptions=group.exceptions, metadata=group.metadata)

@@ -1,0 +1,73 @@
+"""Train the email agent: measure tool use, warm-start with demonstrations if needed, then RL.
+
+python -m environments.email_agent.train [--preset cpu|gpu] [--steps N] [--model ...]
+agentrl train email [--preset cpu|gpu] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import replace
+
+import agentrl
+from environments.email_agent.env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
+from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
+
+
+async def warm_start(model: agentrl.TrainableModel, env: EmailEnvironment, examples: int) -> None:
+    """Supervised training on correct tool-using conversations, on a registered model at step 0."""
+    demos = [demonstration(q, env) for q in env.data.split("train")[:examples]]
+    result = await model.train_sft(demos, agentrl.SFTConfig())
+    print(
+        f"warm start: {len(demos)} demonstrations -> step {result.step}, sft loss {result.metrics.get('sft_loss', 0):.3f}"
+    )
+
+
+async def run(preset_name: str = "cpu", steps: int | None = None, base_model: str | None = None,
+              name: str = "email-agent", base_path: str = ".agentrl", test_questions: int = 18) -> RunSummary:  # fmt: skip
+    preset = PRESETS[preset_name]
+    preset = replace(
+        preset, steps=steps if steps is not None else preset.steps, base_model=base_model or preset.base_model
+    )
+    env = EmailEnvironment.load()
+    train, test = env.data.split("train"), env.data.split("test")[:test_questions]
+    model = agentrl.TrainableModel(name=name, project="email-agent", base_model=preset.base_model, base_path=base_path)
+
+    async def held_out(m: agentrl.Model) -> dict[str, float]:
+        return await evaluate(m, test, env, preset)
+
+    def make_groups(model: agentrl.TrainableModel, step: int):
+        batch = train[(step * preset.groups_per_step) % len(train) :][: preset.groups_per_step]
+        return (
+            agentrl.TrajectoryGroup(rollout(model, q, env, max_turns=preset.max_turns, max_tokens=preset.max_tokens)
+                                    for _ in range(preset.group_size))
+            for q in batch
+        )  # fmt: skip
+
+    return await train_and_evaluate(
+        model, make_groups=make_groups, evaluate=held_out, steps=preset.steps,
+        config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
+        warm_start=(lambda m: warm_start(m, env, preset.sft_examples)) if preset.sft_examples else None,
+    )  # fmt: skip
+
+
+async def evaluate_run(preset_name: str = "cpu", name: str = "email-agent", base_path: str = ".agentrl") -> dict:
+    preset = PRESETS[preset_name]
+    env = EmailEnvironment.load()
+    model = agentrl.TrainableModel(name=name, project="email-agent", base_model=preset.base_model, base_path=base_path)
+    return await evaluate_base_and_checkpoint(model, lambda m: evaluate(m, env.data.split("test"), env, preset))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--base-path", default=".agentrl")
+    args = parser.parse_args()
+    asyncio.run(run(args.preset, args.steps, args.model, base_path=args.base_path))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The loop every environment's training entry point runs: evaluate, train N steps, evaluate again.
+
+An environment supplies three things: how to make a step's groups, how to evaluate a model on its
+held-out set, and the sizes. Everything else (serving, progress, resuming) is agentrl's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+import agentrl
+
+MakeGroups = Callable[[agentrl.TrainableModel, int], Iterable[agentrl.TrajectoryGroup]]
+Evaluate = Callable[[agentrl.Model], Awaitable[dict[str, float]]]
+WarmStart = Callable[[agentrl.TrainableModel], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Held-out metrics before and after, and where the run lives."""
+
+    start_step: int
+    end_step: int
+    before: dict[str, float]
+    after: dict[str, float]
+    after_warm_start: dict[str, float] | None
+    run_dir: str
+    seconds: float
+
+
+def fmt_metrics(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+
+
+async def train_and_evaluate(
+    model: agentrl.TrainableModel,
+    *,
+    make_groups: MakeGroups,
+    evaluate: Evaluate,
+    steps: int,
+    config: agentrl.TrainConfig,
+    max_exception_rate: float = 0.1,
+    warm_start: WarmStart | None = None,
+) -> RunSummary:
+    """Register `model`, evaluate it, train `steps` steps (resuming where it stopped), evaluate again.
+
+    `warm_start` (e.g. supervised training on demonstrations) runs once, on a fresh run, before RL,
+    and is followed by its own evaluation.
+    """
+    started = time.perf_counter()
+    backend = agentrl.LocalBackend()
+    try:
+        print(f"Starting the vLLM server and the trainer for {model.base_model} ...")
+        await model.register(backend)
+        start_step = await model.get_step()
+        before = await evaluate(model)
+        print(f"held-out at step {start_step}: {fmt_metrics(before)}")
+        after_warm_start = None
+        if warm_start is not None and start_step == 0:
+            await warm_start(model)
+            after_warm_start = await evaluate(model)
+            print(f"held-out after the warm start (step {await model.get_step()}): {fmt_metrics(after_warm_start)}")
+        for step in range(await model.get_step(), start_step + steps + (after_warm_start is not None)):
+            step_started = time.perf_counter()
+            groups = await agentrl.gather_trajectory_groups(
+                make_groups(model, step), max_exception_rate=max_exception_rate, desc=f"step {step + 1} rollouts"
+            )
+            result = await model.train(groups, config)
+            m = result.metrics
+            print(
+                f"step {result.step}: reward {m['reward_mean']:.3f} ± {m['reward_std']:.3f}, "
+                f"zero-variance groups {m['frac_zero_variance_groups']:.0%}, trained tokens {m.get('trained_tokens', 0):.0f}, "
+                f"kl(sampler||trainer) {m.get('kl_sampler_trainer', 0):.4f}, {time.perf_counter() - step_started:.1f} s"
+                + (" (skipped: no group had a signal)" if result.skipped else "")
+            )
+        end_step = await model.get_step()
+        after = await evaluate(model)
+        print(
+            f"\nheld-out at step {start_step}: {fmt_metrics(before)}\nheld-out at step {end_step}: {fmt_metrics(after)}"
+        )
+        print(f"run folder: {model.run_dir.resolve()}")
+        return RunSummary(start_step, end_step, before, after, after_warm_start, str(model.run_dir.resolve()),
+                          time.perf_counter() - started)  # fmt: skip
+    finally:
+        await backend.close()
+
+
+async def evaluate_base_and_checkpoint(
+    model: agentrl.TrainableModel, evaluate: Evaluate
+) -> dict[str, dict[str, float]]:
+    """Held-out metrics of the prompted base model and of `model`'s latest checkpoint, on one server."""
+    backend = agentrl.LocalBackend()
+    try:
+        await model.register(backend)
+        base = agentrl.Model(name="base", base_url=backend.base_url)  # the server always serves the bare base model too
+        results = {"base": await evaluate(base), model.inference_name: await evaluate(model)}
+        for label, metrics in results.items():
+            print(f"{label}: {fmt_metrics(metrics)}")
+        return results
+    finally:
+        await backend.close()

@@ -1,0 +1,1 @@
+"""2048: a multi-turn game environment (engine, rollout, reward, evaluation, training entry point)."""

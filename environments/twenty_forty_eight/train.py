@@ -1,0 +1,62 @@
+"""Train an agent to play 2048.
+
+python -m environments.twenty_forty_eight.train [--preset cpu|gpu] [--steps N] [--model ...]
+agentrl train 2048 [--preset cpu|gpu] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import replace
+
+import agentrl
+from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
+from environments.twenty_forty_eight.env import PRESETS, evaluate, rollout, scenarios
+
+
+async def run(preset_name: str = "cpu", steps: int | None = None, base_model: str | None = None,
+              name: str = "2048-agent", base_path: str = ".agentrl", test_games: int = 24) -> RunSummary:  # fmt: skip
+    preset = PRESETS[preset_name]
+    preset = replace(
+        preset, steps=steps if steps is not None else preset.steps, base_model=base_model or preset.base_model
+    )
+    model = agentrl.TrainableModel(name=name, project="2048", base_model=preset.base_model, base_path=base_path)
+    train = scenarios("train", preset.steps * preset.groups_per_step, preset)
+    test = scenarios("test", test_games, preset)
+
+    def make_groups(model: agentrl.TrainableModel, step: int):
+        batch = train[(step * preset.groups_per_step) % len(train) :][: preset.groups_per_step]
+        # Every member of a group plays the same seeded game, so rewards differ only by the moves chosen.
+        return (
+            agentrl.TrajectoryGroup(rollout(model, s, max_tokens=preset.max_tokens) for _ in range(preset.group_size))
+            for s in batch
+        )
+
+    return await train_and_evaluate(
+        model, make_groups=make_groups, evaluate=lambda m: evaluate(m, test, max_tokens=preset.max_tokens),
+        steps=preset.steps, config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
+    )  # fmt: skip
+
+
+async def evaluate_run(preset_name: str = "cpu", name: str = "2048-agent", base_path: str = ".agentrl",
+                       test_games: int = 24) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Held-out metrics of the prompted base model and of the run's latest checkpoint."""
+    preset = PRESETS[preset_name]
+    model = agentrl.TrainableModel(name=name, project="2048", base_model=preset.base_model, base_path=base_path)
+    test = scenarios("test", test_games, preset)
+    return await evaluate_base_and_checkpoint(model, lambda m: evaluate(m, test, max_tokens=preset.max_tokens))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--model", default=None, help="base model (default: the preset's)")
+    parser.add_argument("--base-path", default=".agentrl")
+    args = parser.parse_args()
+    asyncio.run(run(args.preset, args.steps, args.model, base_path=args.base_path))
+
+
+if __name__ == "__main__":
+    main()

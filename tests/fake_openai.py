@@ -1,0 +1,118 @@
+"""A local HTTP server that speaks OpenAI chat completions and misbehaves on command.
+
+It stands in for a paid judge API at the HTTP boundary. Queue behaviours with `plan(...)`; when
+the queue is empty it answers well. A good answer fills whatever JSON schema the request asked for
+(trajectory_i -> score, rubric_i -> verdict); a request without a schema gets plain text.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+BEHAVIOURS = {
+    "ok",
+    "500",
+    "timeout",
+    "malformed",
+    "missing_one",
+    "extra_one",
+    "out_of_range",
+    "slightly_over",
+    "fenced",
+}
+
+
+class FakeOpenAI:
+    def __init__(self, *, good_score: float = 0.5, delay_s: float = 0.0) -> None:
+        self.queue: deque[str] = deque()
+        self.requests: list[dict[str, Any]] = []
+        self.good_score = good_score
+        self.delay_s = delay_s
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def plan(self, *behaviours: str) -> None:
+        assert set(behaviours) <= BEHAVIOURS, behaviours
+        self.queue.extend(behaviours)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def _answer(self, request: dict[str, Any], behaviour: str) -> str:
+        fmt = request.get("response_format")
+        if not fmt:
+            return "A plain answer from the policy."
+        keys = fmt["json_schema"]["schema"]["required"]
+        if behaviour == "malformed":
+            return '{"trajectory_1": {"score": 0.5, "explanation": '
+        if behaviour == "missing_one":
+            keys = keys[:-1]
+        if behaviour == "extra_one":
+            keys = [*keys, "trajectory_99" if keys[0].startswith("trajectory") else "rubric_99"]
+        score = {"out_of_range": 1.7, "slightly_over": 1.0000004}.get(behaviour, self.good_score)
+        body = {
+            k: {"explanation": f"judged {k}", "score": score}
+            if k.startswith("trajectory")
+            else {"rationale": f"checked {k}", "verdict": "Yes" if k.endswith(("1", "3")) else "No"}
+            for k in keys
+        }
+        text = json.dumps(body)
+        return f"```json\n{text}\n```" if behaviour == "fenced" else text
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                request = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                with fake._lock:
+                    behaviour = fake.queue.popleft() if fake.queue else "ok"
+                    fake.requests.append(request)
+                    fake.in_flight += 1
+                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                try:
+                    time.sleep(fake.delay_s)
+                    if behaviour == "timeout":
+                        time.sleep(3.0)
+                    if behaviour == "500":
+                        self._send(500, {"error": {"message": "injected failure", "type": "server_error"}})
+                        return
+                    content = fake._answer(request, behaviour)
+                    self._send(200, {
+                        "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
+                        "model": request.get("model", "fake"),
+                        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+                    })  # fmt: skip
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout test)
+                finally:
+                    with fake._lock:
+                        fake.in_flight -= 1
+
+            def _send(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        return Handler

@@ -1,0 +1,60 @@
+"""Checkpoint folders: atomic saves, crash leftovers ignored and swept, never overwritten, pruning."""
+
+from pathlib import Path
+
+import pytest
+
+from agentrl import CheckpointError
+from agentrl.backend.checkpoints import CheckpointStore
+
+
+def writer(payload: str):
+    def write(folder: Path) -> None:
+        (folder / "adapter_model.safetensors").write_text(payload)
+
+    return write
+
+
+def test_saves_are_numbered_complete_and_never_overwritten(tmp_path):
+    store = CheckpointStore(tmp_path)
+    assert store.latest_step() is None
+    store.save(0, writer("zero"), {"metrics": {}})
+    store.save(1, writer("one"), {"metrics": {"reward_mean": 0.4}})
+    assert store.steps() == [0, 1] and store.latest_step() == 1
+    assert store.path(1).name == "0001" and (store.path(1) / "adapter_model.safetensors").read_text() == "one"
+    assert store.info(1) == {"step": 1, "metrics": {"reward_mean": 0.4}}
+    with pytest.raises(CheckpointError, match="never overwritten"):
+        store.save(1, writer("other"), {})
+    assert (store.path(1) / "adapter_model.safetensors").read_text() == "one"
+
+
+def test_a_crash_during_a_save_leaves_no_checkpoint_behind(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(0, writer("zero"), {})
+
+    def crashing(folder: Path) -> None:
+        (folder / "adapter_model.safetensors").write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        store.save(1, crashing, {})
+    assert store.steps() == [0] and not store.path(1).exists()
+    # A leftover from a hard kill (no cleanup ran) is ignored and swept.
+    (store.root / ".staging-0001-deadbeef").mkdir()
+    (store.root / "0002").mkdir()  # a folder without its info file is not a checkpoint
+    assert store.latest_step() == 0
+    store.sweep_staging()
+    assert not (store.root / ".staging-0001-deadbeef").exists()
+
+
+def test_delete_keeps_the_last_and_the_best(tmp_path):
+    store = CheckpointStore(tmp_path)
+    for step, reward in enumerate([0.1, 0.9, 0.3, 0.2, 0.4]):
+        store.save(step, writer(str(step)), {"metrics": {"reward_mean": reward}})
+    assert store.delete(keep_last=2, best_by="reward_mean") == [0, 2]
+    assert store.steps() == [1, 3, 4]
+    assert store.delete(keep_last=1) == [1, 3]
+    with pytest.raises(ValueError, match="keep_last"):
+        store.delete(keep_last=0)
+    with pytest.raises(ValueError, match="no checkpoint recorded the metric 'nope'"):
+        store.delete(keep_last=1, best_by="nope")

@@ -1,0 +1,120 @@
+"""The email agent's world: deterministic data, SQLite FTS5 search that never breaks or leaks, tools, reward."""
+
+import json
+
+import pytest
+
+from agentrl.rl.tokenize import tokenize_history
+from environments.email_agent.data import generate
+from environments.email_agent.env import RolloutStats, demonstration, is_dont_know, reward
+from environments.email_agent.mailbox import Mailbox, build_database, fts_query
+from environments.email_agent.tools import execute
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from environments.email_agent.env import EmailEnvironment
+
+    data = generate(seed=0)
+    database = build_database(data, tmp_path_factory.mktemp("mail") / "inboxes.sqlite")
+    return EmailEnvironment(data, database)
+
+
+def test_generation_is_deterministic_and_split_by_inbox():
+    a, b = generate(seed=0), generate(seed=0)
+    assert a.emails == b.emails and a.questions == b.questions
+    assert generate(seed=1).emails != a.emails
+    train_inboxes = {q.inbox for q in a.split("train")}
+    test_inboxes = {q.inbox for q in a.split("test")}
+    assert train_inboxes and test_inboxes and not train_inboxes & test_inboxes
+    for q in a.questions:  # every answer is a fact written in its source email
+        (source,) = [e for e in a.emails if e.message_id == q.source_ids[0]]
+        assert q.answer in source.body and source.inbox == q.inbox
+
+
+def test_search_finds_the_source_email(world):
+    q = world.data.split("test")[0]
+    box = Mailbox(world.database, q.inbox)
+    hits = box.search(q.question.split(" from ")[-1].rstrip("?") if " from " in q.question else q.answer)
+    assert q.source_ids[0] in {h.message_id for h in hits}
+    box.close()
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        '"unbalanced',
+        "OR",
+        "NEAR(a b)",
+        "*",
+        "-- drop table messages",
+        "a AND OR NOT",
+        "subject:x",
+        "'; DROP TABLE messages; --",
+        "((((",
+        "^start",
+        "\x00",
+        "",
+    ],
+)
+def test_hostile_searches_return_results_or_nothing_never_raise(world, hostile):
+    box = Mailbox(world.database, world.data.inboxes[0])
+    assert isinstance(box.search(hostile), list)
+    assert isinstance(box.search("invoice", sent_after=hostile, from_addr=hostile), list)
+    box.close()
+
+
+def test_fts_query_quotes_every_word():
+    assert fts_query('flight "UA" OR 482*') == '"flight" "UA" "OR" "482"'
+    assert fts_query("--") is None
+
+
+def test_an_inbox_never_sees_another_inboxs_mail(world):
+    first, second = world.data.inboxes[:2]
+    other_email = next(e for e in world.data.emails if e.inbox == second)
+    box = Mailbox(world.database, first)
+    assert box.read(other_email.message_id) is None
+    assert all(h.message_id.startswith("<00.") for h in box.search("the"))
+    box.close()
+
+
+def test_tools_answer_malformed_calls_with_recoverable_errors(world):
+    box = Mailbox(world.database, world.data.inboxes[0])
+    assert execute(box, "delete_everything", "{}").malformed
+    assert "not valid JSON" in execute(box, "search_emails", "{keywords: x").content
+    assert "needs the argument 'keywords'" in execute(box, "search_emails", "{}").content
+    assert "needs the argument 'message_id'" in execute(box, "read_email", json.dumps({"id": 1})).content
+    assert "No email" in execute(box, "read_email", json.dumps({"message_id": "<nope>"})).content
+    final = execute(box, "return_final_answer", json.dumps({"answer": "42", "sources": "<a>"}))
+    assert final.final_answer == "42" and final.sources == ("<a>",) and not final.malformed
+    box.close()
+
+
+def test_reward_orders_correct_above_dont_know_above_wrong(world):
+    q = world.data.split("train")[0]
+    correct = RolloutStats(turns=3, answer=q.answer, sources=q.source_ids, found_source=True, read_source=True)
+    unsure = RolloutStats(turns=3, answer="I don't know", found_source=True, read_source=True)
+    wrong = RolloutStats(turns=3, answer="banana", found_source=True, read_source=True)
+    none = RolloutStats(turns=4)
+    assert reward(correct, q, 4) > reward(unsure, q, 4) > reward(wrong, q, 4) > reward(none, q, 4) == 0
+    uncited = RolloutStats(turns=3, answer=q.answer)
+    assert reward(correct, q, 4) > reward(uncited, q, 4)
+    faster = RolloutStats(turns=2, answer=q.answer, sources=q.source_ids)
+    assert reward(faster, q, 4) > reward(RolloutStats(turns=4, answer=q.answer, sources=q.source_ids), q, 4)
+    sloppy = RolloutStats(
+        turns=3, answer=q.answer, sources=q.source_ids, found_source=True, read_source=True, malformed_calls=2
+    )
+    assert reward(sloppy, q, 4) == pytest.approx(reward(correct, q, 4) - 0.1)
+    assert is_dont_know("I do not know.") and not is_dont_know("I know it: $40")
+
+
+def test_demonstrations_train_exactly_the_assistant_tool_calls(world, tokenizer):
+    q = world.data.split("train")[0]
+    demo = demonstration(q, world)
+    seq = tokenize_history(demo, tokenizer, train_on_written_assistant=True)
+    trained = tokenizer.decode([t for t, m in zip(seq.input_ids_T, seq.loss_mask_T) if m])
+    assert trained.count("<tool_call>") == 3 and trained.count("<|im_end|>") == 3
+    assert '"name": "return_final_answer"' in trained and q.answer in trained
+    assert q.question not in trained  # the question is context
+    context_only = tokenize_history(demo, tokenizer)  # without the flag, written turns are not trained
+    assert not any(context_only.loss_mask_T)

@@ -1,0 +1,55 @@
+"""Both environments' rollouts against the project's vLLM server and the packaged model (small limits)."""
+
+import math
+
+import agentrl
+from environments.email_agent.env import PRESETS as EMAIL_PRESETS
+from environments.email_agent.env import EmailEnvironment, demonstration, evaluate
+from environments.email_agent.env import rollout as email_rollout
+from environments.twenty_forty_eight.env import PRESETS as GAME_PRESETS
+from environments.twenty_forty_eight.env import rollout as game_rollout
+from environments.twenty_forty_eight.env import scenarios as game_scenarios
+
+
+async def test_2048_rollouts_play_real_games(served_model):
+    preset = GAME_PRESETS["cpu"]
+    games = game_scenarios("test", 3, preset)
+    trajectories = await agentrl.gather_trajectories(
+        (game_rollout(served_model, g) for g in games), show_progress=False
+    )
+    assert len(trajectories) == 3
+    for t in trajectories:
+        assert 0.0 <= t.reward <= 1.0
+        assert t.metrics["moves"] <= preset.max_moves and t.metrics["max_tile"] >= 2
+        turns = t.histories()
+        assert len(turns) == t.metrics["moves"] + t.metrics["invalid_move"] or t.metrics["moves"] == preset.max_moves
+        for turn in turns:  # bounded context: every turn is system + current board + one sampled move
+            assert len(turn.messages_and_choices) == 3 and len(turn.choices()) == 1
+
+
+async def test_email_rollouts_call_tools_against_sqlite_and_train_sft(served_model):
+    env = EmailEnvironment.load()
+    preset = EMAIL_PRESETS["cpu"]
+    questions = env.data.split("test")[:3]
+    trajectories = await agentrl.gather_trajectories(
+        (email_rollout(served_model, q, env, max_turns=2, max_tokens=64) for q in questions), show_progress=False
+    )
+    for t in trajectories:
+        assert math.isfinite(t.reward) and t.reward >= 0
+        assert 1 <= t.metrics["turns"] <= 2 and 0.0 <= t.metrics["valid_tool_call_rate"] <= 1.0
+        assert t.tools is not None and len(t.choices()) == t.metrics["turns"]
+    metrics = await evaluate(served_model, questions[:2], env, preset)
+    assert set(metrics) >= {"reward", "correct", "valid_tool_call_rate"}
+
+    # The warm start: supervised training on demonstrations makes a checkpoint that the server serves.
+    step = await served_model.get_step()
+    result = await served_model.train_sft(
+        [demonstration(q, env) for q in env.data.split("train")[:4]], agentrl.SFTConfig(epochs=1)
+    )
+    assert (
+        result.step == step + 1 and math.isfinite(result.metrics["sft_loss"]) and result.metrics["trained_tokens"] > 0
+    )
+    completion = await served_model.openai_client().chat.completions.create(
+        model=served_model.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert completion.choices[0].message.content is not None

@@ -1,0 +1,154 @@
+"""Judges against a local server that misbehaves on command: retries are bounded, no reward is invented."""
+
+import pytest
+
+import agentrl
+from agentrl.judges import (
+    JudgeLimiter,
+    RubricTask,
+    judge_rubrics,
+    load_rubric_tasks,
+    rubric_rollout,
+    ruler,
+    ruler_score_group,
+)
+from tests.fake_openai import FakeOpenAI
+
+FAST = {"timeout": 1.0}  # litellm request timeout for the timeout case
+
+
+@pytest.fixture
+def fake():
+    server = FakeOpenAI()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def judge(fake):
+    return agentrl.Model(name="judge", base_url=fake.base_url, api_key="test")
+
+
+def group_of(*answers: str, reward: float = 0.0) -> agentrl.TrajectoryGroup:
+    return agentrl.TrajectoryGroup(
+        agentrl.Trajectory(
+            reward=reward,
+            messages_and_choices=[{"role": "user", "content": "Plan a trip."}, {"role": "assistant", "content": a}],
+        )
+        for a in answers
+    )
+
+
+async def test_ruler_scores_a_group_in_one_call_and_keeps_the_old_reward(fake, judge):
+    fake.good_score = 0.75
+    group = group_of("Go to Rome.", "Stay home.", "Rome, 3 days, train.", reward=0.2)
+    judged = await ruler_score_group(group, judge)
+    assert len(fake.requests) == 1
+    assert judged.rewards == [0.75, 0.75, 0.75]
+    for t in judged.trajectories:
+        assert t.metrics["independent_reward"] == 0.2 and t.metrics["ruler_score"] == 0.75
+        assert t.logs[-1].startswith("RULER: judged trajectory_")
+    assert group.rewards == [0.2, 0.2, 0.2]  # the input group is untouched
+    schema = fake.requests[0]["response_format"]["json_schema"]["schema"]
+    assert schema["required"] == ["trajectory_1", "trajectory_2", "trajectory_3"]
+    assert schema["additionalProperties"] is False
+    prompt = fake.requests[0]["messages"][1]["content"]
+    assert prompt.count("Plan a trip.") == 1  # the shared context is given once
+    assert "Rome, 3 days, train." in prompt
+
+
+@pytest.mark.parametrize("bad", ["500", "malformed", "missing_one", "extra_one", "out_of_range", "timeout"])
+async def test_a_bad_answer_is_retried_then_accepted(fake, judge, bad):
+    fake.plan(bad)
+    result = await ruler([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], judge,
+                         extra_litellm_params=FAST)  # fmt: skip
+    assert result.attempts == 2 and result.scores == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("bad", ["500", "malformed", "missing_one", "out_of_range"])
+async def test_retries_are_bounded_and_end_in_a_judge_error(fake, judge, bad):
+    fake.plan(*[bad] * 10)
+    limiter = JudgeLimiter()
+    with pytest.raises(agentrl.JudgeError, match="3 attempt"):
+        await ruler_score_group(group_of("x", "y"), judge, limiter=limiter, max_attempts=3)
+    assert len(fake.requests) == 3
+    assert limiter.failures == 1 and limiter.attempts == 3
+
+
+async def test_swallow_exceptions_drops_the_group_instead_of_inventing_rewards(fake, judge):
+    fake.plan(*["500"] * 3)
+
+    async def judge_group(group):
+        return await ruler_score_group(group, judge, swallow_exceptions=True)
+
+    async def rollout(answer: str) -> agentrl.Trajectory:
+        return agentrl.Trajectory(
+            messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}]
+        )
+
+    kept = await agentrl.gather_trajectory_groups(
+        [agentrl.TrajectoryGroup([rollout("a"), rollout("b")])], after_each=judge_group, show_progress=False
+    )
+    assert kept == []
+
+
+async def test_a_score_a_hair_over_one_is_clamped_without_a_retry(fake, judge):
+    fake.plan("slightly_over")
+    result = await ruler([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], judge)
+    assert result.scores == [1.0, 1.0] and result.attempts == 1
+
+
+async def test_a_fenced_json_answer_is_read(fake, judge):
+    fake.plan("fenced")
+    result = await ruler([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], judge)
+    assert result.attempts == 1
+
+
+async def test_identical_trajectories_are_judged_once(fake, judge):
+    judged = await ruler_score_group(group_of("same", "same", "same"), judge)
+    assert len(fake.requests) == 1
+    assert fake.requests[0]["response_format"]["json_schema"]["schema"]["required"] == ["trajectory_1"]
+    assert len(judged.trajectories) == 3
+
+
+async def test_concurrent_judge_calls_are_capped_by_a_shared_limiter(fake, judge):
+    import asyncio
+
+    fake.delay_s = 0.2
+    limiter = JudgeLimiter(max_concurrent=2)
+    await asyncio.gather(*(ruler_score_group(group_of(f"a{i}", f"b{i}"), judge, limiter=limiter) for i in range(6)))
+    assert fake.max_in_flight <= 2
+    assert limiter.calls == 6 and len(limiter.latencies_s) == 6
+
+
+async def test_rubric_judge_checks_every_rubric_in_one_call(fake, judge):
+    rubrics = ["States the total.", "Bolds the names.", "Is polite."]
+    judgement = await judge_rubrics("Summarise the bill.", "The total is $40.", rubrics, judge)
+    assert len(fake.requests) == 1
+    assert [v.passed for v in judgement.verdicts] == [True, False, True]
+    assert judgement.pass_rate == pytest.approx(2 / 3)
+    assert [v.rubric for v in judgement.verdicts] == rubrics
+
+
+async def test_a_failed_rubric_judgement_skips_the_rollout_and_is_counted(fake, judge):
+    policy = agentrl.Model(name="policy", base_url=fake.base_url, api_key="test")
+    task = RubricTask(task_id="t1", prompt="Write a haiku.", rubrics=["Has three lines.", "Mentions autumn."])
+    # The first request is the policy's answer; the judge then fails three times.
+    fake.plan("ok", "malformed", "malformed", "malformed")
+    groups = await agentrl.gather_trajectory_groups(
+        [agentrl.TrajectoryGroup([rubric_rollout(policy, task, judge)])], max_exception_rate=1.0, show_progress=False
+    )
+    assert groups[0].trajectories == []  # no reward of 0.0 was made up
+    assert [e.type for e in groups[0].exceptions] == ["JudgeError"]
+    # And when the judge works, the reward is the pass rate with per-rubric metrics.
+    trajectory = await rubric_rollout(policy, task, judge)
+    assert trajectory.reward == 0.5 and trajectory.metrics == {"rubric_1_passed": 1.0, "rubric_2_passed": 0.0}
+
+
+def test_rubric_tasks_load_from_jsonl_and_bad_lines_name_their_number(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"task_id": "a", "prompt": "p", "rubrics": ["r1", "r2"]}\n\n{"task_id": "b", "prompt": "p"}\n')
+    with pytest.raises(ValueError, match=r"tasks.jsonl:3: .*rubrics"):
+        load_rubric_tasks(path)
+    path.write_text('{"task_id": "a", "prompt": "p", "rubrics": ["r1", "r2"]}\n')
+    assert load_rubric_tasks(path)[0].rubrics == ["r1", "r2"]
