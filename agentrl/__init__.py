@@ -76,11 +76,5 @@ __all__ = [
     "TrajectoryGroup",
     "gather_trajectories",
     "gather_trajectory_groups",
-    "JudgeLimiter",
-    "RubricTask",
-    "judge_rubrics",
-    "load_rubric_tasks",
-    "rubric_rollout",
-    "ruler",
-    "ruler_score_group",
+    *_LAZY,
 ]

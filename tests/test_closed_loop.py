@@ -11,6 +11,7 @@ import pytest
 
 import agentrl
 from agentrl.rl.tokenize import tokenize_history
+from agentrl.tracking import summarize
 from environments.larger_number.task import evaluate, rollout, scenarios
 
 # Measured here (2026-11-21, 8 prompts): mean |sampler - trainer| logprob 0.049 nats on single turns
@@ -77,7 +78,7 @@ LEARNING_RATE = 5e-4
 async def test_held_out_reward_rises_clearly_after_training(served_model):
     """Learning, with a statistical margin: the gain must exceed 2.5 standard errors of the difference."""
     test = scenarios("test", 96)
-    before = await evaluate(served_model, test, samples=2)
+    before = summarize(await evaluate(served_model, test, samples=2))["reward_mean"]
     train = scenarios("train", LEARNING_STEPS * 8, seed=7)
     for step in range(LEARNING_STEPS):
         groups = await agentrl.gather_trajectory_groups(
@@ -89,7 +90,7 @@ async def test_held_out_reward_rises_clearly_after_training(served_model):
         )
         result = await served_model.train(groups, agentrl.TrainConfig(learning_rate=LEARNING_RATE))
         print(f"step {result.step}: train reward {result.metrics['reward_mean']:.3f}")
-    after = await evaluate(served_model, test, samples=2)
+    after = summarize(await evaluate(served_model, test, samples=2))["reward_mean"]
     n = len(test) * 2
     standard_error = math.sqrt(before * (1 - before) / n + after * (1 - after) / n)
     print(f"\nheld-out reward {before:.3f} -> {after:.3f} (n={n} each, SE of difference {standard_error:.3f})")
@@ -144,3 +145,21 @@ async def test_kl_to_the_base_model_and_other_losses_run_for_real(served_model):
         pytest.skip("no group carried a signal in this draw")
     assert result.metrics["kl_penalty"] > 0  # the adapter has moved away from the base by now
     assert math.isfinite(result.metrics["loss"])
+
+
+async def test_the_training_entry_loop_logs_evaluations_and_prints_where_to_look(served_model, capsys):
+    """environments/training.py, as the main job and `agentrl train` run it, on the served model."""
+    from environments.training import train_and_evaluate
+
+    train, test = scenarios("train", 4, seed=21), scenarios("test", 8)
+    summary = await train_and_evaluate(
+        served_model,
+        make_groups=lambda model, step: [agentrl.TrajectoryGroup(rollout(model, s) for _ in range(4)) for s in train],
+        evaluate=lambda model: evaluate(model, test, samples=1),
+        steps=1,
+        config=agentrl.TrainConfig(learning_rate=1e-4),
+    )
+    printed = capsys.readouterr().out
+    assert summary.end_step >= summary.start_step and 0 <= summary.after["reward_mean"] <= 1
+    assert "reward plot:" in printed and "transcripts:" in printed and served_model.registered  # backend kept
+    assert (served_model.run_dir / "transcripts" / f"val-{summary.end_step:04d}.html").exists()

@@ -38,8 +38,9 @@ async def test_email_rollouts_call_tools_against_sqlite_and_train_sft(served_mod
         assert math.isfinite(t.reward) and t.reward >= 0
         assert 1 <= t.metrics["turns"] <= 2 and 0.0 <= t.metrics["valid_tool_call_rate"] <= 1.0
         assert t.tools is not None and len(t.choices()) == t.metrics["turns"]
-    metrics = await evaluate(served_model, questions[:2], env, preset)
-    assert set(metrics) >= {"reward", "correct", "valid_tool_call_rate"}
+    metrics = await served_model.log(await evaluate(served_model, questions[:2], env, preset), split="val")
+    assert set(metrics) >= {"reward_mean", "correct", "valid_tool_call_rate"}
+    assert (served_model.run_dir / "transcripts").is_dir() and (served_model.run_dir / "reward.png").exists()
 
     # The warm start: supervised training on demonstrations makes a checkpoint that the server serves.
     step = await served_model.get_step()

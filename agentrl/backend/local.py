@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -18,12 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tqdm.auto import tqdm
+
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.server import VLLMServer
 from agentrl.backend.trainer import StepOutcome, Trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError
+from agentrl.tracking import record_step, summarize
 
 if TYPE_CHECKING:
     from agentrl.model import TrainableModel
@@ -117,31 +119,36 @@ class LocalBackend:
                 "the step counter stays at %d. Vary the scenarios or the reward, or use more rollouts per group.",
                 self.step + 1, len(groups), self.step,
             )  # fmt: skip
-        return await self._commit(outcome, split="train")
+        return await self._commit(outcome, split="train", groups=groups)
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:
         """Supervised steps on demonstrations (their assistant messages are the targets), then one checkpoint."""
         assert self.trainer is not None and self.server is not None
         metrics: dict[str, float] = {}
         await self.server.sleep()
+        starts = range(0, len(histories), config.batch_size)
+        progress = tqdm(total=config.epochs * len(starts), desc="sft", unit="batch")
         try:
             for epoch in range(config.epochs):
-                for start in range(0, len(histories), config.batch_size):
+                for start in starts:
                     outcome = await self._on_trainer_thread(
                         self.trainer.sft_step, histories[start : start + config.batch_size],
                         learning_rate=config.learning_rate, micro_batch_tokens=config.micro_batch_tokens,
                     )  # fmt: skip
                     metrics = {**outcome.metrics, "epoch": float(epoch)}
+                    progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)
+                    progress.update(1)
         finally:
+            progress.close()
             await self.server.wake_up()
-        return await self._commit(StepOutcome(updated=bool(metrics), metrics=metrics), split="sft")
+        return await self._commit(StepOutcome(updated=bool(metrics), metrics=metrics), split="sft", groups=[])
 
-    async def _commit(self, outcome: StepOutcome, *, split: str) -> TrainResult:
+    async def _commit(self, outcome: StepOutcome, *, split: str, groups: list[TrajectoryGroup]) -> TrainResult:
         """Checkpoint the trainer's weights as the next step and serve them; or record a skipped step."""
         assert self.trainer is not None and self.server is not None and self.store is not None
         metrics = dict(outcome.metrics)
         if not outcome.updated:
-            self._record(metrics, step=self.step, split=split, skipped=True)
+            await self._record(groups, metrics, step=self.step, split=split, skipped=True)
             return TrainResult(step=self.step, metrics=metrics, skipped=True)
         new_step, old_step = self.step + 1, self.step
         started = time.perf_counter()
@@ -152,14 +159,20 @@ class LocalBackend:
         await self.server.unload_adapter(self._adapter_name(old_step))
         metrics["swap_s"] = time.perf_counter() - started
         self.step = new_step
-        self._record(metrics, step=new_step, split=split, skipped=False)
+        await self._record(groups, metrics, step=new_step, split=split, skipped=False)
         return TrainResult(step=new_step, metrics=metrics)
 
-    def _record(self, metrics: dict[str, float], *, step: int, split: str, skipped: bool) -> None:
+    async def _record(
+        self, groups: list[TrajectoryGroup], metrics: dict[str, float], *, step: int, split: str, skipped: bool
+    ) -> None:
         assert self.model is not None
-        line = json.dumps({"step": step, "split": split, "skipped": skipped, "time": time.time(), **metrics})
-        with open(self.model.run_dir / "metrics.jsonl", "a") as f:
-            f.write(line + "\n")  # one write per line: a crash never leaves a half line behind a whole one
+        await asyncio.to_thread(record_step, self.model.run_dir, step, split, groups, {"skipped": skipped, **metrics})
+
+    async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
+        """Record evaluation groups at the current step: metrics line, trajectories, transcript, plot."""
+        metrics = summarize([t for g in groups for t in g.trajectories])
+        await asyncio.to_thread(record_step, model.run_dir, self.step, split, groups, metrics)
+        return metrics
 
     async def delete_checkpoints(self, model: TrainableModel, *, keep_last: int, best_by: str | None) -> list[int]:
         assert self.store is not None

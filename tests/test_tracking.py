@@ -1,0 +1,68 @@
+"""Run tracking: trajectories reload, transcripts escape and show everything, the plot is drawn, writes are atomic."""
+
+import json
+
+from agentrl import Trajectory, TrajectoryGroup
+from agentrl.tracking import load_trajectories, plot_rewards, read_metrics, record_step, summarize, transcript_html
+from tests.helpers import make_choice
+
+
+def sample_groups():
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "search_emails", "arguments": '{"keywords": "invoice"}'},
+    }
+    first = Trajectory(
+        reward=1.0,
+        metrics={"turns": 2},
+        logs=["RULER: found it"],
+        messages_and_choices=[
+            {"role": "user", "content": "How much is the <b>invoice</b>?"},
+            make_choice([1, 2], content=None, tool_calls=[call]),
+            {"role": "tool", "tool_call_id": "c1", "content": '[{"subject": "Invoice"}]'},
+            make_choice([3, 2], content="$525"),
+        ],
+    )
+    second = Trajectory(
+        reward=0.0,
+        metrics={"turns": 1},
+        messages_and_choices=[{"role": "user", "content": "q"}, make_choice([4], content="no idea")],
+    )
+    return [TrajectoryGroup([first, second])]
+
+
+def test_a_step_leaves_metrics_trajectories_transcript_and_plot(tmp_path):
+    groups = sample_groups()
+    record_step(tmp_path, 1, "train", groups, {"reward_mean": 0.5, "loss": 0.1})
+    record_step(tmp_path, 1, "val", groups, summarize(groups[0].trajectories))
+    record_step(tmp_path, 2, "train", groups, {"reward_mean": 0.7})
+    assert [(m["step"], m["split"]) for m in read_metrics(tmp_path)] == [(1, "train"), (1, "val"), (2, "train")]
+    reloaded = load_trajectories(tmp_path / "trajectories" / "train-0001.jsonl")
+    assert reloaded[0].trajectories == groups[0].trajectories  # Choices, token ids and all
+    page = (tmp_path / "transcripts" / "train-0002.html").read_text()
+    assert "&lt;b&gt;invoice&lt;/b&gt;" in page and "<b>invoice</b>" not in page  # content is escaped
+    assert "search_emails" in page and "$525" in page and "RULER: found it" in page and "reward 1.000" in page
+    png = (tmp_path / "reward.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert not list(tmp_path.rglob("*.tmp"))  # no temporary files left behind
+
+
+def test_summarize_averages_reward_and_metrics():
+    summary = summarize(sample_groups()[0].trajectories)
+    assert summary["reward_mean"] == 0.5 and summary["turns"] == 1.5 and summary["num_trajectories"] == 2
+
+
+def test_plot_with_no_metrics_yet(tmp_path):
+    assert plot_rewards(tmp_path).exists()
+
+
+def test_transcript_shows_additional_histories_and_exceptions():
+    from agentrl import History, RolloutException
+
+    traj = Trajectory(messages_and_choices=[{"role": "user", "content": "main"}],
+                      additional_histories=[History(messages_and_choices=[{"role": "user", "content": "branch"}])])  # fmt: skip
+    group = TrajectoryGroup([traj], exceptions=[RolloutException(type="TimeoutError", message="judge slow")])
+    page = transcript_html([group], "t")
+    assert "additional history 1" in page and "branch" in page and "TimeoutError: judge slow" in page
+    json.loads(json.dumps(page))  # a plain string
