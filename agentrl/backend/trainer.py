@@ -9,7 +9,10 @@ same update as one big batch.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +27,17 @@ from agentrl.rl.tokenize import TokenBatch, collate, plan_micro_batches, tokeniz
 from agentrl.trajectory import History, TrajectoryGroup, reward_stats
 
 OPTIMIZER_FILE = "optimizer.pt"
+
+
+def release_freed_memory() -> None:
+    """Hand memory that torch freed back to the OS (glibc keeps it otherwise; Linux only).
+
+    Between steps a trainer needs only its weights, yet glibc holds on to the step's peak: measured
+    here, a trainer process sat at 6.8-7.3 GB after training, and with a second process doing the
+    same (a notebook beside the test suite) the machine ran down to 1 GB free.
+    """
+    if sys.platform == "linux":
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 @dataclass(frozen=True)
@@ -145,6 +159,8 @@ class Trainer:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_norm))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        release_freed_memory()
 
         n = max(num_loss_tokens, 1)
         metrics.update(
@@ -214,6 +230,8 @@ class Trainer:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, 1.0))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        release_freed_memory()
         return StepOutcome(updated=True, metrics={
             "sft_loss": total_nll, "trained_tokens": float(num_loss_tokens), "num_sequences": float(len(sequences)),
             "grad_norm": grad_norm, "tokenize_s": tokenize_s, "train_s": time.perf_counter() - started - tokenize_s,

@@ -75,11 +75,30 @@ def litellm_params(judge_model: JudgeModel) -> dict[str, Any]:
     return {"model": judge_model} if isinstance(judge_model, str) else judge_model.litellm_params()
 
 
-def response_format(schema_model: type[BaseModel]) -> dict[str, Any]:
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": schema_model.__name__, "schema": schema_model.model_json_schema(), "strict": True},
-    }
+# Judges served locally (vLLM, Ollama) are often small; decoding greedily they can loop inside an
+# explanation until max_tokens and never close the JSON (seen here with the 135M model). Their
+# constrained decoders honour maxLength, so strings are bounded for them. Hosted strict modes may
+# reject maxLength, so it is not sent to other providers.
+LOCAL_ROUTES = ("hosted_vllm/", "ollama/", "ollama_chat/")
+MAX_TEXT_CHARS = 300
+
+
+def _bound_strings(node: Any) -> None:
+    if isinstance(node, dict):
+        if node.get("type") == "string" and "enum" not in node:
+            node["maxLength"] = MAX_TEXT_CHARS
+        for value in node.values():
+            _bound_strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            _bound_strings(value)
+
+
+def response_format(schema_model: type[BaseModel], *, bound_strings: bool = False) -> dict[str, Any]:
+    schema = schema_model.model_json_schema()
+    if bound_strings:
+        _bound_strings(schema)
+    return {"type": "json_schema", "json_schema": {"name": schema_model.__name__, "schema": schema, "strict": True}}
 
 
 def _content_of(response: Any) -> str:
@@ -113,10 +132,11 @@ async def structured_judge_call(
     extra_litellm_params: dict[str, Any] | None = None,
 ) -> JudgeCall:
     """Ask, parse into `schema_model`, `validate` (which may repair or raise InvalidJudgeAnswer); retry."""
+    route = litellm_params(judge_model)
     params = {
-        **litellm_params(judge_model),
+        **route,
         "messages": messages,
-        "response_format": response_format(schema_model),
+        "response_format": response_format(schema_model, bound_strings=route["model"].startswith(LOCAL_ROUTES)),
         "timeout": timeout_s,
         "temperature": 0.0,
         "max_retries": 0,  # retries are ours alone: bounded, and counted in the limiter
