@@ -39,7 +39,7 @@ async def measure(repeats: int) -> dict:
                 )
                 limiter = JudgeLimiter()
                 for _ in range(repeats):
-                    await ruler_score_group(group, model, limiter=limiter)
+                    await ruler_score_group(group, model, limiter=limiter, extra_litellm_params={"max_tokens": 600})
                 results[size] = {
                     "mean_s": statistics.fmean(limiter.latencies_s),
                     "min_s": min(limiter.latencies_s),

@@ -23,7 +23,7 @@ async def test_ruler_with_the_packaged_model_as_judge(served_model, base_judge):
     assert base_judge.litellm_params()["model"] == "hosted_vllm/base"
     group = group_of("Rome, three days, by train.", "I don't know.", "Paris.", reward=0.1)
     limiter = JudgeLimiter()
-    judged = await ruler_score_group(group, base_judge, limiter=limiter)
+    judged = await ruler_score_group(group, base_judge, limiter=limiter, extra_litellm_params={"max_tokens": 600})
     assert judged is not None and len(judged.trajectories) == 3
     for t in judged.trajectories:
         assert 0.0 <= t.reward <= 1.0 and math.isfinite(t.reward)
@@ -39,6 +39,7 @@ async def test_rubric_judge_with_the_packaged_model(base_judge):
         "Visit Rome for three days.",
         rubrics,
         base_judge,
+        extra_litellm_params={"max_tokens": 600},
     )
     assert [v.rubric for v in judgement.verdicts] == rubrics
     assert judgement.pass_rate in (0.0, 0.5, 1.0)
