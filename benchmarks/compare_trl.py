@@ -21,7 +21,8 @@ import time
 
 from agentrl.backend.checkpoints import write_json_atomic
 from agentrl.base_models import resolve_base_model
-from benchmarks.step_breakdown import README, RESULTS, cpu_name
+from benchmarks.readme import replace_section
+from benchmarks.step_breakdown import RESULTS, cpu_name
 from environments.larger_number.task import Scenario, reward, scenarios
 
 TRL_RESULTS = RESULTS.with_name("compare_trl.json")
@@ -104,11 +105,7 @@ def main() -> None:
         f"| **agentrl speed-up** | **{result['speedup']:.1f}x** |",
         END,
     ])  # fmt: skip
-    text = README.read_text()
-    before, rest = text.split(START, 1)
-    tmp = README.with_name(".README.md.tmp")
-    tmp.write_text(before + table + rest.split(END, 1)[1])
-    os.replace(tmp, README)
+    replace_section(START, END, table)
     print(json.dumps(result, indent=2))
 
 

@@ -18,7 +18,8 @@ import tempfile
 import agentrl
 from agentrl.backend.checkpoints import write_json_atomic
 from agentrl.judges import JudgeLimiter, ruler_score_group
-from benchmarks.step_breakdown import README, RESULTS, cpu_name
+from benchmarks.readme import replace_section
+from benchmarks.step_breakdown import RESULTS, cpu_name
 from environments.larger_number.task import rollout, scenarios
 
 LATENCY_RESULTS = RESULTS.with_name("judge_latency.json")
@@ -70,11 +71,7 @@ def main() -> None:
         f"({result['repeats']} calls per size, one at a time):",
         "", "| group size | mean | range | attempts per call |", "|---|---|---|---|", *rows, END,
     ])  # fmt: skip
-    text = README.read_text()
-    before, rest = text.split(START, 1)
-    tmp = README.with_name(".README.md.tmp")
-    tmp.write_text(before + table + rest.split(END, 1)[1])
-    os.replace(tmp, README)
+    replace_section(START, END, table)
 
 
 if __name__ == "__main__":

@@ -27,11 +27,11 @@ import psutil
 
 import agentrl
 from agentrl.backend.checkpoints import write_json_atomic
+from benchmarks.readme import replace_section
 from environments.larger_number.task import rollout, scenarios
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "step_breakdown.json"
-README = ROOT / "README.md"
 START, END = "<!-- benchmark:step_breakdown:start -->", "<!-- benchmark:step_breakdown:end -->"
 
 
@@ -124,17 +124,6 @@ def readme_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(result: dict) -> None:
-    text = README.read_text()
-    if START not in text:
-        raise SystemExit(f"README.md lacks the markers {START} ... {END}")
-    before, rest = text.split(START, 1)
-    after = rest.split(END, 1)[1]
-    tmp = README.with_name(".README.md.tmp")
-    tmp.write_text(before + readme_table(result) + after)
-    os.replace(tmp, README)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=5)
@@ -144,7 +133,7 @@ def main() -> None:
     result = asyncio.run(run(args.steps, args.groups_per_step, args.group_size))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(RESULTS, result)
-    update_readme(result)
+    replace_section(START, END, readme_table(result))
     print(f"wrote {RESULTS} and the README table")
 
 
