@@ -22,15 +22,8 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
+from agentrl.backend.checkpoints import write_text_atomic
 from agentrl.trajectory import Trajectory, TrajectoryGroup, reward_stats
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:

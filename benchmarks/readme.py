@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from agentrl.backend.checkpoints import write_text_atomic
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -14,6 +15,4 @@ def replace_section(start: str, end: str, body: str) -> None:
     if start not in text or end not in text:
         raise SystemExit(f"README.md lacks the markers {start} ... {end}")
     before, rest = text.split(start, 1)
-    tmp = README.with_name(".README.md.tmp")
-    tmp.write_text(before + body + rest.split(end, 1)[1])
-    os.replace(tmp, README)
+    write_text_atomic(README, before + body + rest.split(end, 1)[1])

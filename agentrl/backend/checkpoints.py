@@ -22,14 +22,20 @@ INFO_FILE = "agentrl-checkpoint.json"
 _STAGING_PREFIX = ".staging-"
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON through a temporary file and a rename, so a crash never leaves half a file."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file (flushed to disk) and a rename, so a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """`write_text_atomic` for JSON."""
+    write_text_atomic(path, json.dumps(data, indent=2))
 
 
 class CheckpointStore:
