@@ -24,6 +24,7 @@ from agentrl.errors import (
 from agentrl.gather import ExceptionBudget, gather_trajectories, gather_trajectory_groups
 from agentrl.model import Model, TrainableModel
 from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
+from agentrl.weave_tracing import disable_weave, enable_weave, traced
 
 # Judges load litellm (2.5 s to import): they are loaded on first use, not with `import agentrl`.
 _LAZY = {
@@ -74,7 +75,10 @@ __all__ = [
     "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",
+    "disable_weave",
+    "enable_weave",
     "gather_trajectories",
     "gather_trajectory_groups",
+    "traced",
     *_LAZY,
 ]

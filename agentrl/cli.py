@@ -1,6 +1,7 @@
 """The `agentrl` command: train and evaluate the shipped environments, inspect and serve runs.
 
 agentrl train 2048 [--preset cpu|gpu] [--steps N] [--model ...]
+agentrl train email --reward ruler [--judge openai/o4-mini]
 agentrl eval 2048 [--name RUN] [--preset cpu|gpu]
 agentrl runs                      list runs: step, best reward, path
 agentrl show PROJECT/NAME         a run's metrics per step, and where its transcripts and plot are
@@ -28,11 +29,12 @@ class EnvironmentEntry:
 
     module: str  # has `run(preset, steps, base_model, name=..., base_path=...)` and `evaluate_run(...)`
     default_name: str
+    rewards: tuple[str, ...] = ()  # training rewards to choose from (`run(..., reward=, judge=)`); () = its own only
 
 
 ENVIRONMENTS = {
     "2048": EnvironmentEntry("environments.twenty_forty_eight.train", "2048-agent"),
-    "email": EnvironmentEntry("environments.email_agent.train", "email-agent"),
+    "email": EnvironmentEntry("environments.email_agent.train", "email-agent", ("match", "judge", "ruler")),
     "larger-number": EnvironmentEntry("environments.larger_number.train", "main-job"),
 }
 
@@ -51,11 +53,36 @@ def train(
     model: str | None = typer.Option(None, help="base model: the packaged default, a Hugging Face id or a folder"),
     name: str | None = typer.Option(None, help="run name (default: the environment's); an existing run resumes"),
     base_path: str = typer.Option(".agentrl", help="root folder of runs"),
-) -> None:
-    """Train an agent on an environment, printing held-out metrics before and after."""
+    reward: str | None = typer.Option(None, help="training reward, where the environment offers a choice (email: "
+                                      "match, judge or ruler)"),
+    judge: str | None = typer.Option(None, help="litellm model id for --reward judge|ruler (default: the base model, "
+                                     "served locally)"),
+    weave: str | None = typer.Option(None, help="trace every rollout into this Weave project (entity/project)"),
+) -> None:  # fmt: skip
+    """Train an agent on an environment, printing held-out metrics before and after.
+
+    Metrics also go to W&B when WANDB_API_KEY is set (WANDB_MODE=offline works without a network)."""
     entry = _entry(env)
+    choice = {}
+    if reward is not None or judge is not None:
+        offering = ", ".join(e for e, other in ENVIRONMENTS.items() if other.rewards)
+        if not entry.rewards:
+            raise typer.BadParameter(
+                f"environment {env!r} has its own reward only; --reward/--judge apply to: {offering}"
+            )
+        if reward is not None and reward not in entry.rewards:
+            raise typer.BadParameter(
+                f"unknown reward {reward!r} for {env!r}; choose one of: {', '.join(entry.rewards)}"
+            )
+        if judge is not None and reward not in ("judge", "ruler"):
+            raise typer.BadParameter("--judge needs --reward judge or --reward ruler")
+        choice = {"reward": reward, "judge": judge}
     module = importlib.import_module(entry.module)
-    asyncio.run(module.run(preset, steps, model, name=name or entry.default_name, base_path=base_path))
+    if weave is not None:
+        from agentrl.weave_tracing import enable_weave
+
+        enable_weave(weave)
+    asyncio.run(module.run(preset, steps, model, name=name or entry.default_name, base_path=base_path, **choice))
 
 
 @app.command("eval")

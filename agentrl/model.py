@@ -140,6 +140,8 @@ class TrainableModel(Model):
     """The adapter's shape."""
     server: ServerConfig = Field(default_factory=ServerConfig)
     """The inference server's settings."""
+    wandb: bool | None = None
+    """Send metrics to a W&B run (project = `project`, name = `name`); None: only when WANDB_API_KEY is set."""
 
     _backend: LocalBackend | None = PrivateAttr(default=None)
     _step: int = PrivateAttr(default=0)
@@ -148,6 +150,11 @@ class TrainableModel(Model):
     def registered(self) -> bool:
         """Whether a backend serves and trains this model."""
         return self._backend is not None
+
+    @property
+    def backend(self) -> LocalBackend:
+        """The backend that serves and trains this model (an error before `register`)."""
+        return self._require_backend()
 
     @property
     def run_dir(self) -> Path:

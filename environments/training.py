@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import agentrl
+from agentrl.gather import AfterEach
 from agentrl.tracking import summarize
 
 MakeGroups = Callable[[agentrl.TrainableModel, int], Iterable[agentrl.TrajectoryGroup]]
@@ -43,6 +44,7 @@ async def train_and_evaluate(
     steps: int,
     config: agentrl.TrainConfig,
     max_exception_rate: float = 0.1,
+    after_each: AfterEach | None = None,
     warm_start: WarmStart | None = None,
 ) -> RunSummary:
     """Register `model`, evaluate it, train `steps` steps (resuming where it stopped), evaluate again.
@@ -50,6 +52,7 @@ async def train_and_evaluate(
     A model that is already registered keeps its backend (and it stays up afterwards); otherwise a
     LocalBackend is started and closed here. `warm_start` (e.g. supervised training on
     demonstrations) runs once, on a fresh run, before RL, and is followed by its own evaluation.
+    `after_each` (e.g. a RULER judge) rescores each training group as it completes.
     """
     started = time.perf_counter()
     backend = None if model.registered else agentrl.LocalBackend()
@@ -68,8 +71,9 @@ async def train_and_evaluate(
         for step in range(await model.get_step(), start_step + steps + (after_warm_start is not None)):
             step_started = time.perf_counter()
             groups = await agentrl.gather_trajectory_groups(
-                make_groups(model, step), max_exception_rate=max_exception_rate, desc=f"step {step + 1} rollouts"
-            )
+                make_groups(model, step), max_exception_rate=max_exception_rate, after_each=after_each,
+                desc=f"step {step + 1} rollouts",
+            )  # fmt: skip
             result = await model.train(groups, config)
             m = result.metrics
             print(
@@ -99,7 +103,7 @@ async def evaluate_base_and_checkpoint(
     backend = agentrl.LocalBackend()
     try:
         await model.register(backend)
-        base = agentrl.Model(name="base", base_url=backend.base_url)  # the server always serves the bare base model too
+        base = backend.base_model()
         results = {"base": summarize(await evaluate(base)), model.inference_name: summarize(await evaluate(model))}
         for label, metrics in results.items():
             print(f"{label}: {fmt_metrics(metrics)}")

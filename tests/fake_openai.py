@@ -32,6 +32,7 @@ class FakeOpenAI:
         self.queue: deque[str] = deque()
         self.requests: list[dict[str, Any]] = []
         self.good_score = good_score
+        self.verdict: str | None = None  # "Yes"/"No" for every rubric; None: Yes for rubrics 1 and 3
         self.delay_s = delay_s
         self.in_flight = 0
         self.max_in_flight = 0
@@ -67,7 +68,7 @@ class FakeOpenAI:
         body = {
             k: {"explanation": f"judged {k}", "score": score}
             if k.startswith("trajectory")
-            else {"rationale": f"checked {k}", "verdict": "Yes" if k.endswith(("1", "3")) else "No"}
+            else {"rationale": f"checked {k}", "verdict": self.verdict or ("Yes" if k.endswith(("1", "3")) else "No")}
             for k in keys
         }
         text = json.dumps(body)

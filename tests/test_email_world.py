@@ -6,7 +6,7 @@ import pytest
 
 from agentrl.rl.tokenize import tokenize_history
 from environments.email_agent.data import generate
-from environments.email_agent.env import RolloutStats, demonstration, is_dont_know, reward
+from environments.email_agent.env import RolloutStats, demonstration, grade_answer, is_dont_know, reward
 from environments.email_agent.mailbox import Mailbox, build_database, fts_query
 from environments.email_agent.tools import execute
 
@@ -92,17 +92,26 @@ def test_tools_answer_malformed_calls_with_recoverable_errors(world):
 
 def test_reward_orders_correct_above_dont_know_above_wrong(world):
     q = world.data.split("train")[0]
-    correct = RolloutStats(turns=3, answer=q.answer, sources=q.source_ids, found_source=True, read_source=True)
+    correct = RolloutStats(
+        turns=3, answer=q.answer, sources=q.source_ids, found_source=True, read_source=True, correct=True
+    )
     unsure = RolloutStats(turns=3, answer="I don't know", found_source=True, read_source=True)
     wrong = RolloutStats(turns=3, answer="banana", found_source=True, read_source=True)
     none = RolloutStats(turns=4)
     assert reward(correct, q, 4) > reward(unsure, q, 4) > reward(wrong, q, 4) > reward(none, q, 4) == 0
-    uncited = RolloutStats(turns=3, answer=q.answer)
+    uncited = RolloutStats(turns=3, answer=q.answer, correct=True)
     assert reward(correct, q, 4) > reward(uncited, q, 4)
-    faster = RolloutStats(turns=2, answer=q.answer, sources=q.source_ids)
-    assert reward(faster, q, 4) > reward(RolloutStats(turns=4, answer=q.answer, sources=q.source_ids), q, 4)
+    faster = RolloutStats(turns=2, answer=q.answer, sources=q.source_ids, correct=True)
+    slower = RolloutStats(turns=4, answer=q.answer, sources=q.source_ids, correct=True)
+    assert reward(faster, q, 4) > reward(slower, q, 4)
     sloppy = RolloutStats(
-        turns=3, answer=q.answer, sources=q.source_ids, found_source=True, read_source=True, malformed_calls=2
+        turns=3,
+        answer=q.answer,
+        sources=q.source_ids,
+        found_source=True,
+        read_source=True,
+        malformed_calls=2,
+        correct=True,
     )
     assert reward(sloppy, q, 4) == pytest.approx(reward(correct, q, 4) - 0.1)
     assert is_dont_know("I do not know.") and not is_dont_know("I know it: $40")
@@ -118,3 +127,24 @@ def test_demonstrations_train_exactly_the_assistant_tool_calls(world, tokenizer)
     assert q.question not in trained  # the question is context
     context_only = tokenize_history(demo, tokenizer)  # without the flag, written turns are not trained
     assert not any(context_only.loss_mask_T)
+
+
+async def test_free_text_answers_are_graded_by_a_judge_when_one_is_given(world):
+    """Exact (normalised) matches need no judge; other answers go to the judge; "I don't know" never does."""
+    import agentrl
+    from tests.fake_openai import FakeOpenAI
+
+    q = world.data.split("train")[0]
+    fake = FakeOpenAI()
+    judge = agentrl.Model(name="judge", base_url=fake.base_url, api_key="test")
+    try:
+        assert await grade_answer(f"It is {q.answer}.", q, judge) and not fake.requests
+        assert not await grade_answer("said differently", q)  # no judge: exact match only
+        fake.verdict = "Yes"
+        assert await grade_answer("said differently", q, judge)
+        assert q.answer in json.dumps(fake.requests[-1]["messages"])  # the judge sees the reference fact
+        fake.verdict = "No"
+        assert not await grade_answer("something else", q, judge)
+        assert not await grade_answer("I don't know", q, judge) and len(fake.requests) == 2
+    finally:
+        fake.close()

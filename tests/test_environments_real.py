@@ -4,8 +4,9 @@ import math
 
 import agentrl
 from environments.email_agent.env import PRESETS as EMAIL_PRESETS
-from environments.email_agent.env import EmailEnvironment, demonstration, evaluate
+from environments.email_agent.env import EmailEnvironment, demonstration, evaluate, grade_answer
 from environments.email_agent.env import rollout as email_rollout
+from environments.email_agent.train import judge_for, ruler_rewards
 from environments.twenty_forty_eight.env import PRESETS as GAME_PRESETS
 from environments.twenty_forty_eight.env import rollout as game_rollout
 from environments.twenty_forty_eight.env import scenarios as game_scenarios
@@ -54,3 +55,23 @@ async def test_email_rollouts_call_tools_against_sqlite_and_train_sft(served_mod
         model=served_model.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
     )
     assert completion.choices[0].message.content is not None
+
+
+async def test_email_training_rewards_from_judges_on_the_local_server(served_model):
+    """`agentrl train email --reward ruler|judge` with the default judge: the base model on the run's server."""
+    env = EmailEnvironment.load()
+    question = env.data.split("test")[0]
+    group = agentrl.TrajectoryGroup(
+        email_rollout(served_model, question, env, max_turns=2, max_tokens=64) for _ in range(3)
+    )
+    groups = await agentrl.gather_trajectory_groups(
+        [group], after_each=ruler_rewards(served_model, judge=None), show_progress=False
+    )
+    assert len(groups) == 1, "the local judge failed to score the group (it was dropped)"
+    for t in groups[0].trajectories:
+        assert t.reward == t.metrics["ruler_score"] and 0.0 <= t.reward <= 1.0
+        assert "independent_reward" in t.metrics and t.logs[-1].startswith("RULER: ")
+    # A free-text answer goes to the judge (a real structured call through litellm); its verdict is a bool.
+    judge = judge_for(served_model, None)
+    assert judge.name == "base" and judge.base_url == served_model.backend.base_url
+    assert isinstance(await grade_answer("It was changed, as the email says.", question, judge), bool)

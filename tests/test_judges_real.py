@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-import agentrl
 from agentrl.judges import JudgeLimiter, judge_rubrics, ruler_score_group
 from tests.test_judges_faults import group_of
 
@@ -15,7 +14,7 @@ from tests.test_judges_faults import group_of
 def base_judge(served_model):
     """The untrained base model, which the server always serves as "base": the session's adapter has
     been trained by earlier tests (SFT on email demonstrations among them) and is no fixed judge."""
-    return agentrl.Model(name="base", base_url=served_model._backend.base_url, litellm_provider="hosted_vllm")
+    return served_model.backend.base_model()
 
 
 async def test_ruler_with_the_packaged_model_as_judge(served_model, base_judge):

@@ -15,13 +15,16 @@ from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
 
 import agentrl
+from agentrl.wandb_metrics import RUN_ID_FILE
 from tests.test_server import group_processes
+from tests.test_wandb_weave import wandb_history
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path):
+async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.resume_child", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -46,7 +49,7 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path):
         await asyncio.sleep(1)
     assert group_processes(int(server_pgid)) == []
 
-    model = agentrl.TrainableModel(name="resumable", project="tests", base_path=str(tmp_path))
+    model = agentrl.TrainableModel(name="resumable", project="tests", base_path=str(tmp_path), wandb=True)
     backend = agentrl.LocalBackend()
     try:
         await model.register(backend)
@@ -64,6 +67,15 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path):
             model=model.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         assert completion.choices[0].message.content is not None
+        await model.log([agentrl.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}], reward=0.5)])
     finally:
         await backend.close()
     assert os.path.isdir(model.run_dir / "checkpoints" / "0000")
+
+    # W&B: the resumed process appended to the killed one's W&B run, at the step it resumed from.
+    assert len(list(model.run_dir.glob("wandb/offline-run-*"))) == 2  # the killed process's and ours
+    runs = wandb_history(model.run_dir)
+    assert list(runs) == [(model.run_dir / RUN_ID_FILE).read_text()]
+    assert {"training_step": 1, "val/reward_mean": 0.5} in [
+        {k: r[k] for k in ("training_step", "val/reward_mean") if k in r} for r in runs[next(iter(runs))]
+    ]

@@ -26,9 +26,10 @@ from agentrl.base_models import resolve_base_model
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError
 from agentrl.tracking import record_step, summarize
+from agentrl.wandb_metrics import WandbMetrics, wandb_requested
 
 if TYPE_CHECKING:
-    from agentrl.model import TrainableModel
+    from agentrl.model import Model, TrainableModel
     from agentrl.trajectory import History, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class LocalBackend:
         self.trainer: Trainer | None = None
         self.store: CheckpointStore | None = None
         self.step = 0
+        self.wandb: WandbMetrics | None = None  # opened at register when the model asks for W&B
         # Every trainer call runs on this one thread. Spread over a pool's threads, torch's
         # allocations land in several glibc malloc arenas that never share freed memory: measured
         # here, peak RSS grew to 13.6 GB over three steps instead of holding at 6.3 GB.
@@ -70,6 +72,13 @@ class LocalBackend:
         if self.server is None:
             raise AgentRLError("the backend has no server yet; register a model first")
         return self.server.base_url
+
+    def base_model(self) -> Model:
+        """The untrained base model on this server (always served as "base"): a prompted baseline, or
+        a local judge through litellm's hosted_vllm route, so the adapter never judges its own work."""
+        from agentrl.model import Model
+
+        return Model(name="base", base_url=self.base_url, api_key="EMPTY", litellm_provider="hosted_vllm")
 
     def _adapter_name(self, step: int) -> str:
         assert self.model is not None
@@ -91,6 +100,11 @@ class LocalBackend:
         else:
             await self._on_trainer_thread(self.trainer.load, self.store.path(latest))
         self.step = latest
+        if wandb_requested(model.wandb):
+            config = model.model_dump(mode="json", include={"base_model", "lora", "server"})
+            self.wandb = await asyncio.to_thread(
+                WandbMetrics, model.run_dir, project=model.project, name=model.name, config=config
+            )
         self.server = VLLMServer(
             model_path, model.run_dir / "logs" / "vllm.log", model.server, max_lora_rank=model.lora.rank
         )
@@ -163,15 +177,20 @@ class LocalBackend:
         return TrainResult(step=new_step, metrics=metrics)
 
     async def _record(
-        self, groups: list[TrajectoryGroup], metrics: dict[str, float], *, step: int, split: str, skipped: bool
-    ) -> None:
+        self, groups: list[TrajectoryGroup], metrics: dict[str, float], *, step: int, split: str,
+        skipped: bool | None = None,
+    ) -> None:  # fmt: skip
+        """One step's record in the run folder (and in W&B when it is on)."""
         assert self.model is not None
-        await asyncio.to_thread(record_step, self.model.run_dir, step, split, groups, {"skipped": skipped, **metrics})
+        record = metrics if skipped is None else {"skipped": skipped, **metrics}
+        await asyncio.to_thread(record_step, self.model.run_dir, step, split, groups, record)
+        if self.wandb is not None:
+            await asyncio.to_thread(self.wandb.log, step, split, record)
 
     async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
         """Record evaluation groups at the current step: metrics line, trajectories, transcript, plot."""
         metrics = summarize([t for g in groups for t in g.trajectories])
-        await asyncio.to_thread(record_step, model.run_dir, self.step, split, groups, metrics)
+        await self._record(groups, metrics, step=self.step, split=split)
         return metrics
 
     async def delete_checkpoints(self, model: TrainableModel, *, keep_last: int, best_by: str | None) -> list[int]:
@@ -179,9 +198,12 @@ class LocalBackend:
         return await asyncio.to_thread(self.store.delete, keep_last=keep_last, best_by=best_by)
 
     async def close(self) -> None:
-        """Stop the server (the trainer's memory goes with the backend)."""
+        """Stop the server and finish the W&B run (the trainer's memory goes with the backend)."""
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
+        if self.wandb is not None:
+            await asyncio.to_thread(self.wandb.finish)
+            self.wandb = None
         self._trainer_thread.shutdown(wait=False)
 
     async def __aenter__(self) -> LocalBackend:

@@ -14,12 +14,16 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import agentrl
 from agentrl.base_models import cache_dir
 from environments.email_agent.data import Dataset, Question, generate
 from environments.email_agent.mailbox import Mailbox, build_database
 from environments.email_agent.tools import TOOLS, execute
+
+if TYPE_CHECKING:
+    from agentrl.judges.call import JudgeModel  # a litellm id or an agentrl.Model
 
 DATA_VERSION = 1
 SYSTEM_PROMPT = (
@@ -75,6 +79,22 @@ def answer_is_correct(answer: str, expected: str) -> bool:
     return bool(normalise(expected)) and normalise(expected) in normalise(answer)
 
 
+async def grade_answer(answer: str, question: Question, judge: JudgeModel | None = None) -> bool:
+    """Whether `answer` gives the question's fact: a normalised match, or else (with `judge`, for
+    free-text answers such as "it moved to half past three") an LLM judge's yes/no via litellm.
+
+    A judge that cannot answer raises `JudgeError`: the rollout fails and is counted, never scored."""
+    if answer_is_correct(answer, question.answer):
+        return True
+    if judge is None or is_dont_know(answer):
+        return False
+    judgement = await agentrl.judge_rubrics(
+        question.question, answer, [f"The response gives this fact, in any wording: {question.answer}"], judge,
+        extra_litellm_params={"max_tokens": 256},
+    )  # fmt: skip
+    return judgement.verdicts[0].passed
+
+
 def is_dont_know(answer: str) -> bool:
     return bool(re.search(r"\b(i\s*)?(don'?t|do not)\s+know\b", answer.lower()))
 
@@ -89,6 +109,7 @@ class RolloutStats:
     read_source: bool = False
     answer: str | None = None
     sources: tuple[str, ...] = ()
+    correct: bool = False  # decided by grade_answer once the rollout ends
 
 
 def reward(stats: RolloutStats, question: Question, max_turns: int) -> float:
@@ -96,7 +117,7 @@ def reward(stats: RolloutStats, question: Question, max_turns: int) -> float:
     scores 0.3, above any wrong answer; finding and reading the right email earn partial credit;
     each malformed tool call costs 0.05."""
     partial = 0.1 * stats.found_source + 0.1 * stats.read_source
-    if stats.answer is not None and answer_is_correct(stats.answer, question.answer):
+    if stats.answer is not None and stats.correct:
         cited = bool(set(stats.sources) & set(question.source_ids))
         value = 1.0 + 0.1 * cited + 0.1 * (1 - stats.turns / max_turns)
     elif stats.answer is not None and is_dont_know(stats.answer):
@@ -106,10 +127,17 @@ def reward(stats: RolloutStats, question: Question, max_turns: int) -> float:
     return max(0.0, value - 0.05 * stats.malformed_calls)
 
 
+@agentrl.traced
 async def rollout(
-    model: agentrl.Model, question: Question, env: EmailEnvironment, *, max_turns: int = 4, max_tokens: int = 96
+    model: agentrl.Model,
+    question: Question,
+    env: EmailEnvironment,
+    *,
+    max_turns: int = 4,
+    max_tokens: int = 96,
+    judge: JudgeModel | None = None,
 ) -> agentrl.Trajectory:
-    """Up to `max_turns` tool-calling turns against the question's inbox."""
+    """Up to `max_turns` tool-calling turns against the question's inbox; `judge` grades free-text answers."""
     client = model.openai_client()
     mailbox = Mailbox(env.database, question.inbox)
     trajectory = agentrl.Trajectory(
@@ -147,9 +175,11 @@ async def rollout(
                     stats.answer, stats.sources = outcome.final_answer, outcome.sources
     finally:
         mailbox.close()
+    if stats.answer is not None:
+        stats.correct = await grade_answer(stats.answer, question, judge)
     trajectory.reward = reward(stats, question, max_turns)
     trajectory.metrics.update(
-        correct=stats.answer is not None and answer_is_correct(stats.answer, question.answer),
+        correct=stats.correct, exact_match=stats.answer is not None and answer_is_correct(stats.answer, question.answer),
         answered=stats.answer is not None, turns=stats.turns, malformed_calls=stats.malformed_calls,
         valid_tool_call_rate=1 - stats.malformed_calls / max(stats.turns, 1),
         found_source=stats.found_source, read_source=stats.read_source,

@@ -1,7 +1,13 @@
 """Train the email agent: measure tool use, warm-start with demonstrations if needed, then RL.
 
-python -m environments.email_agent.train [--preset cpu|gpu] [--steps N] [--model ...]
-agentrl train email [--preset cpu|gpu] [--steps N]
+python -m environments.email_agent.train [--preset cpu|gpu] [--steps N] [--model ...] [--reward match|judge|ruler]
+agentrl train email [--preset cpu|gpu] [--steps N] [--reward match|judge|ruler] [--judge MODEL]
+
+Training rewards: `match` (the answer contains the fact, normalised), `judge` (an LLM judge decides
+whether a free-text answer gives the fact; same shaping otherwise), `ruler` (RULER ranks each group;
+the verifiable reward is kept as the `independent_reward` metric). The judge is a litellm model id
+(`--judge openai/o4-mini`) or by default the untrained base model on the run's own server. Held-out
+evaluation always uses `match`, so runs with different training rewards compare on one number.
 """
 
 from __future__ import annotations
@@ -9,10 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import agentrl
 from environments.email_agent.env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
 from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
+
+if TYPE_CHECKING:
+    from agentrl.gather import AfterEach
+    from agentrl.judges.call import JudgeModel
 
 
 async def warm_start(model: agentrl.TrainableModel, env: EmailEnvironment, examples: int) -> None:
@@ -24,8 +35,30 @@ async def warm_start(model: agentrl.TrainableModel, env: EmailEnvironment, examp
     )
 
 
+REWARDS = ("match", "judge", "ruler")
+
+
+def judge_for(model: agentrl.TrainableModel, judge: str | None) -> JudgeModel:
+    """A litellm model id as given, or the base model on `model`'s own server."""
+    return judge or model.backend.base_model()
+
+
+def ruler_rewards(model: agentrl.TrainableModel, judge: str | None) -> AfterEach:
+    """Re-score each finished group with RULER; a group the judge cannot score is dropped, not guessed."""
+
+    async def score(group: agentrl.TrajectoryGroup) -> agentrl.TrajectoryGroup | None:
+        return await agentrl.ruler_score_group(
+            group, judge_for(model, judge), swallow_exceptions=True, extra_litellm_params={"max_tokens": 1024}
+        )
+
+    return score
+
+
 async def run(preset_name: str = "cpu", steps: int | None = None, base_model: str | None = None,
-              name: str = "email-agent", base_path: str = ".agentrl", test_questions: int = 18) -> RunSummary:  # fmt: skip
+              name: str = "email-agent", base_path: str = ".agentrl", test_questions: int = 18,
+              reward: str = "match", judge: str | None = None) -> RunSummary:  # fmt: skip
+    if reward not in REWARDS:
+        raise ValueError(f"unknown reward {reward!r}; choose one of: {', '.join(REWARDS)}")
     preset = PRESETS[preset_name]
     preset = replace(
         preset, steps=steps if steps is not None else preset.steps, base_model=base_model or preset.base_model
@@ -40,7 +73,8 @@ async def run(preset_name: str = "cpu", steps: int | None = None, base_model: st
     def make_groups(model: agentrl.TrainableModel, step: int):
         batch = train[(step * preset.groups_per_step) % len(train) :][: preset.groups_per_step]
         return (
-            agentrl.TrajectoryGroup(rollout(model, q, env, max_turns=preset.max_turns, max_tokens=preset.max_tokens)
+            agentrl.TrajectoryGroup(rollout(model, q, env, max_turns=preset.max_turns, max_tokens=preset.max_tokens,
+                                            judge=judge_for(model, judge) if reward == "judge" else None)
                                     for _ in range(preset.group_size))
             for q in batch
         )  # fmt: skip
@@ -48,6 +82,7 @@ async def run(preset_name: str = "cpu", steps: int | None = None, base_model: st
     return await train_and_evaluate(
         model, make_groups=make_groups, evaluate=held_out, steps=preset.steps,
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
+        after_each=ruler_rewards(model, judge) if reward == "ruler" else None,
         warm_start=(lambda m: warm_start(m, env, preset.sft_examples)) if preset.sft_examples else None,
     )  # fmt: skip
 
@@ -65,8 +100,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--model", default=None)
     parser.add_argument("--base-path", default=".agentrl")
+    parser.add_argument("--reward", choices=REWARDS, default="match")
+    parser.add_argument("--judge", default=None, help="litellm model id (default: the base model, served locally)")
     args = parser.parse_args()
-    asyncio.run(run(args.preset, args.steps, args.model, base_path=args.base_path))
+    asyncio.run(
+        run(args.preset, args.steps, args.model, base_path=args.base_path, reward=args.reward, judge=args.judge)
+    )
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ def reward(response: str, scenario: Scenario) -> float:
     return float(bool(numbers) and int(numbers[0]) == scenario.answer)
 
 
+@agentrl.traced
 async def rollout(model: agentrl.Model, scenario: Scenario) -> agentrl.Trajectory:
     """One attempt: ask, read the answer, score it."""
     client = model.openai_client()

@@ -95,6 +95,7 @@ def reward(game: Game, ended_by_invalid_move: bool) -> float:
     return shaped * (INVALID_MOVE_FACTOR if ended_by_invalid_move else 1.0)
 
 
+@agentrl.traced
 async def rollout(model: agentrl.Model, scenario: Scenario, *, max_tokens: int = 12) -> agentrl.Trajectory:
     """Play one game, a chat completion per move, until it is won, lost, cut off, or a move is invalid."""
     client = model.openai_client()

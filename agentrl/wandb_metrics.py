@@ -1,0 +1,69 @@
+"""The run's metrics in Weights & Biases, for users who have it: one W&B run per agentrl run folder.
+
+Off unless asked for: a model's `wandb=True`, or `wandb=None` (the default) with `WANDB_API_KEY`
+set. Off means `wandb` is never imported and nothing touches the network. The W&B run id is kept in
+the run folder, so a resumed run (after a crash, or a later `agentrl train`) appends to the same W&B
+run. Every metric is logged against `training_step`, so evaluations logged at the step they were
+taken (before and after training) line up with the training curves. `WANDB_MODE=offline` works.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from agentrl.backend.checkpoints import write_text_atomic
+from agentrl.errors import AgentRLError
+
+RUN_ID_FILE = "wandb_run_id"
+
+
+def wandb_requested(setting: bool | None) -> bool:
+    """An explicit setting wins; otherwise W&B is on exactly when `WANDB_API_KEY` is set."""
+    return setting if setting is not None else bool(os.environ.get("WANDB_API_KEY"))
+
+
+class WandbMetrics:
+    """An open W&B run that receives each recorded step's metrics as `{split}/{name}`."""
+
+    def __init__(self, run_dir: Path, *, project: str, name: str, config: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError as error:
+            raise AgentRLError(
+                "W&B reporting is on (wandb=True, or WANDB_API_KEY is set) but wandb is not installed: "
+                "pip install 'agentrl[wandb]', or pass wandb=False to the model"
+            ) from error
+        id_file = run_dir / RUN_ID_FILE
+        if id_file.exists():
+            run_id = id_file.read_text().strip()
+        else:
+            run_id = f"{name}-{secrets.token_hex(4)}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(id_file, run_id)
+        try:
+            self.run = wandb.init(
+                project=project, name=name, id=run_id, resume="allow", dir=str(run_dir), config=config,
+                reinit="create_new", settings=wandb.Settings(console="off", silent=True),
+            )  # fmt: skip
+        except Exception as error:
+            raise AgentRLError(
+                f"could not start the W&B run {project}/{run_id}: {error}. Without a network use "
+                "WANDB_MODE=offline (and `wandb sync` later); without W&B pass wandb=False to the model"
+            ) from error
+        self.run.define_metric("training_step")
+        self.run.define_metric("*", step_metric="training_step")
+
+    def log(self, step: int, split: str, metrics: dict[str, Any]) -> None:
+        values = {
+            f"{split}/{key}": float(value)
+            for key, value in metrics.items()
+            if isinstance(value, int | float) and math.isfinite(value)
+        }
+        self.run.log({"training_step": step, **values})
+
+    def finish(self) -> None:
+        self.run.finish()

@@ -1,0 +1,151 @@
+"""W&B metrics and Weave traces for users who turn them on; nothing of either for those who do not."""
+
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+from google.protobuf.message import DecodeError
+
+import agentrl
+from agentrl.wandb_metrics import RUN_ID_FILE, WandbMetrics, wandb_requested
+from tests.fake_weave import FakeWeave
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = 32 * 1024  # W&B's transaction log: a 7-byte file header, then leveldb-style 32 KiB blocks of records
+
+
+def wandb_records(path: Path) -> list:
+    """The protobuf records of one W&B run file (`run-ID.wandb`), as the real wandb library wrote them."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+    records, pending, offset = [], b"", 7
+    while offset + 7 <= len(data):
+        if BLOCK - offset % BLOCK < 7:  # a block's tail too short for a header is padding
+            offset += BLOCK - offset % BLOCK
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[offset : offset + 7])
+        if kind == 0:  # zero padding at the end of a block
+            offset += BLOCK - offset % BLOCK
+            continue
+        pending += data[offset + 7 : offset + 7 + length]
+        offset += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            try:
+                record.ParseFromString(pending)
+            except DecodeError:
+                break  # a torn final record (the writer was killed)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def wandb_history(run_dir: Path) -> dict[str, list[dict]]:
+    """{W&B run id: [history rows]} for every offline W&B run written under `run_dir`."""
+    runs: dict[str, list[dict]] = {}
+    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        rows = runs.setdefault(path.stem.removeprefix("run-"), [])
+        for record in wandb_records(path):
+            if record.WhichOneof("record_type") == "history":
+                rows.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                )
+    return runs
+
+
+def test_wandb_is_on_when_asked_or_when_a_key_is_set(monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert not wandb_requested(None) and wandb_requested(True)
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    assert wandb_requested(None) and not wandb_requested(False)
+
+
+def test_with_neither_configured_wandb_and_weave_are_never_imported(tmp_path):
+    code = """
+import asyncio, sys
+import agentrl
+from agentrl.tracking import record_step
+from environments.email_agent.env import rollout
+from tests.test_tracking import sample_groups
+
+@agentrl.traced
+async def traced_rollout(x):
+    return x
+
+assert asyncio.run(traced_rollout(3)) == 3
+record_step(__import__("pathlib").Path(sys.argv[1]), 1, "train", sample_groups(), {"reward_mean": 0.5})
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("wandb", "weave")))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "WF_"))}
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_wandb_gets_every_step_by_training_step_and_a_resumed_run_appends(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    first = WandbMetrics(tmp_path, project="tests", name="agent", config={"base_model": "smollm2-135m-instruct"})
+    first.log(0, "val", {"reward_mean": 0.25, "num_trajectories": 4})
+    first.log(1, "train", {"reward_mean": 0.5, "skipped": False, "kl_sampler_trainer": math.nan})
+    first.finish()
+    run_id = (tmp_path / RUN_ID_FILE).read_text()
+    again = WandbMetrics(tmp_path, project="tests", name="agent", config={})
+    again.log(1, "val", {"reward_mean": 0.75})
+    again.finish()
+
+    runs = wandb_history(tmp_path)
+    assert list(runs) == [run_id], "the resumed process must append to the same W&B run"
+    rows = runs[run_id]
+    assert {"training_step": 0, "val/reward_mean": 0.25, "val/num_trajectories": 4.0} in [
+        {k: v for k, v in r.items() if not k.startswith("_")} for r in rows
+    ]
+    train = next(r for r in rows if "train/reward_mean" in r)
+    assert train["training_step"] == 1 and train["train/skipped"] == 0.0
+    assert "train/kl_sampler_trainer" not in train  # NaN is left out, not sent
+    assert any(r.get("val/reward_mean") == 0.75 and r["training_step"] == 1 for r in rows)
+
+
+def test_rollouts_are_traced_as_weave_ops_with_their_completions(served_model, tmp_path):
+    """A real rollout on the project's server, traced into a local server speaking Weave's protocol."""
+    fake = FakeWeave()
+    code = """
+import asyncio, sys
+import agentrl
+from environments.larger_number.task import rollout, scenarios
+
+policy = agentrl.Model(name=sys.argv[2], base_url=sys.argv[1])
+agentrl.enable_weave("me/agentrl-test")
+trajectory = asyncio.run(rollout(policy, scenarios("test", 1, seed=3)[0]))
+agentrl.disable_weave()
+print("REWARD", trajectory.reward)
+"""
+    try:
+        env = {**os.environ, **fake.environment()}
+        args = [served_model.backend.base_url, served_model.inference_name]
+        result = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True,
+                                text=True, timeout=300)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        reward = float(result.stdout.split("REWARD")[-1])
+        rollouts = [c for c in fake.calls if "/op/rollout:" in c["op_name"]]
+        assert len(rollouts) == 1, [c["op_name"] for c in fake.calls]
+        traced = rollouts[0]
+        assert traced["inputs"]["model"] == served_model.inference_name  # the model by its served name
+        assert traced["output"]["reward"] == reward and traced["exception"] is None
+        completions = [c for c in fake.calls if "openai.chat.completions.create" in c["op_name"]]
+        assert completions and all(c["parent_id"] == traced["id"] for c in completions)
+    finally:
+        fake.close()
+
+
+def test_traced_refuses_a_plain_function():
+    import pytest
+
+    with pytest.raises(TypeError, match="async rollout functions"):
+        agentrl.traced(lambda x: x)
