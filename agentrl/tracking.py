@@ -126,7 +126,7 @@ def plot_rewards(run_dir: Path) -> Path:
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
-    records = [r for r in read_metrics(run_dir) if "reward_mean" in r]
+    records = [r for r in read_metrics(run_dir) if "reward_mean" in r and not r.get("skipped")]  # skipped: no update
     figure, axes = plt.subplots(figsize=(7, 4))
     for split in sorted({r["split"] for r in records}):
         points = sorted((r["step"], r["reward_mean"]) for r in records if r["split"] == split)

@@ -77,7 +77,7 @@ LEARNING_RATE = 5e-4
 @pytest.mark.slow
 async def test_held_out_reward_rises_clearly_after_training(served_model):
     """Learning, with a statistical margin: the gain must exceed 2.5 standard errors of the difference."""
-    test = scenarios("test", 96)
+    test = scenarios("test", 64)
     before = summarize(await evaluate(served_model, test, samples=2))["reward_mean"]
     train = scenarios("train", LEARNING_STEPS * 8, seed=7)
     for step in range(LEARNING_STEPS):
@@ -139,10 +139,15 @@ async def test_kl_to_the_base_model_and_other_losses_run_for_real(served_model):
         [agentrl.TrajectoryGroup(rollout(served_model, s) for _ in range(8)) for s in scenarios("train", 4, seed=13)],
         show_progress=False,
     )
+    # Rewards alternate within each group, so every group carries a signal whatever the policy answered.
+    groups = [
+        g.model_copy(update={"trajectories": [t.model_copy(update={"reward": float(i % 2)})
+                                              for i, t in enumerate(g.trajectories)]})
+        for g in groups
+    ]  # fmt: skip
     config = agentrl.TrainConfig(learning_rate=1e-4, loss="cispo", kl_coef=0.05, truncated_importance_sampling=2.0)
     result = await served_model.train(groups, config)
-    if result.skipped:
-        pytest.skip("no group carried a signal in this draw")
+    assert not result.skipped
     assert result.metrics["kl_penalty"] > 0  # the adapter has moved away from the base by now
     assert math.isfinite(result.metrics["loss"])
 

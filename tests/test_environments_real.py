@@ -1,6 +1,7 @@
 """Both environments' rollouts against the project's vLLM server and the packaged model (small limits)."""
 
 import math
+from dataclasses import replace
 
 import agentrl
 from environments.email_agent.env import PRESETS as EMAIL_PRESETS
@@ -39,7 +40,8 @@ async def test_email_rollouts_call_tools_against_sqlite_and_train_sft(served_mod
         assert math.isfinite(t.reward) and t.reward >= 0
         assert 1 <= t.metrics["turns"] <= 2 and 0.0 <= t.metrics["valid_tool_call_rate"] <= 1.0
         assert t.tools is not None and len(t.choices()) == t.metrics["turns"]
-    metrics = await served_model.log(await evaluate(served_model, questions[:2], env, preset), split="val")
+    short = replace(preset, max_turns=2, max_tokens=64)
+    metrics = await served_model.log(await evaluate(served_model, questions[:2], env, short), split="val")
     assert set(metrics) >= {"reward_mean", "correct", "valid_tool_call_rate"}
     assert (served_model.run_dir / "transcripts").is_dir() and (served_model.run_dir / "reward.png").exists()
 
