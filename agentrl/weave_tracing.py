@@ -47,10 +47,6 @@ def disable_weave() -> None:
     _client = None
 
 
-def weave_enabled() -> bool:
-    return _client is not None
-
-
 def _traceable(value: Any) -> Any:
     """What Weave records for one input: models by their served name, small data as itself."""
     from agentrl.model import Model
