@@ -15,11 +15,15 @@ from agentrl.config import (
 from agentrl.errors import (
     AgentRLError,
     CheckpointError,
+    ConfigurationError,
     JudgeError,
     ModelNotFoundError,
+    RewardError,
     RolloutError,
+    RunLockedError,
     ServerError,
     TokenizationError,
+    TrainingError,
 )
 from agentrl.gather import ExceptionBudget, gather_trajectories, gather_trajectory_groups
 from agentrl.model import Model, TrainableModel
@@ -53,6 +57,7 @@ __all__ = [
     "AgentRLError",
     "CISPOLoss",
     "CheckpointError",
+    "ConfigurationError",
     "DROLoss",
     "ExceptionBudget",
     "GSPOLoss",
@@ -64,7 +69,9 @@ __all__ = [
     "Model",
     "ModelNotFoundError",
     "PPOLoss",
+    "RewardError",
     "RolloutError",
+    "RunLockedError",
     "RolloutException",
     "ServerConfig",
     "ServerError",
@@ -72,6 +79,7 @@ __all__ = [
     "TokenizationError",
     "TrainConfig",
     "TrainResult",
+    "TrainingError",
     "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import typer
 
+from agentrl.stop_signals import handle_stop_signals
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train LLM agents with reinforcement learning.")
 
 
@@ -172,7 +174,7 @@ def show(
     for m in info.metrics:
         seconds = sum(v for k, v in m.items() if k.endswith("_s") and isinstance(v, float))
         typer.echo(f"{m['step']:>5} {m['split']:<6} {_fmt(m.get('reward_mean')):>8} {_fmt(m.get('reward_std')):>7} "
-                   f"{m.get('trained_tokens', 0):>7.0f} {seconds:>8.1f}")  # fmt: skip
+                   f"{m.get('trained_tokens') or 0:>7.0f} {seconds:>8.1f}")  # fmt: skip
     typer.echo(f"reward plot: {(info.path / 'reward.png').resolve()}")
     typer.echo(f"transcripts: {(info.path / 'transcripts').resolve()}")
 
@@ -185,6 +187,7 @@ def serve(
 ) -> None:
     """Serve a checkpoint as an OpenAI-compatible endpoint (model name NAME@STEP) until Ctrl-C."""
     from agentrl.backend.server import VLLMServer
+    from agentrl.base_models import cache_dir
     from agentrl.config import ServerConfig
 
     info = _resolve_run(run, base_path)
@@ -195,14 +198,18 @@ def serve(
         raise typer.BadParameter(f"run {info.label} has no checkpoint for step {step}; it has {info.steps}")
     checkpoint = info.path / "checkpoints" / f"{step:04d}"
     adapter = json.loads((checkpoint / "adapter_config.json").read_text())
+    # Serving only reads the run: its log goes to the cache, never into the run folder.
+    log_path = cache_dir() / "serve-logs" / f"{info.path.parent.name}-{info.path.name}-{step:04d}.log"
 
     async def serve_forever() -> None:
-        server = VLLMServer(adapter["base_model_name_or_path"], info.path / "logs" / "serve.log", ServerConfig(),
-                            max_lora_rank=int(adapter["r"]))  # fmt: skip
+        server = VLLMServer(adapter["base_model_name_or_path"], log_path, ServerConfig(), max_lora_rank=int(adapter["r"]))
         await server.start()
         name = f"{info.path.name}@{step}"
         await server.load_adapter(name, checkpoint)
-        typer.echo(f"serving {name} at {server.base_url} (OpenAI-compatible; Ctrl-C stops it)")
+        typer.echo(
+            f"serving {name} at {server.base_url} (OpenAI-compatible; api key {server.api_key}; log {log_path}; "
+            "Ctrl-C stops it)"
+        )
         try:
             while server.process is not None and server.process.poll() is None:
                 await asyncio.sleep(1)
@@ -265,6 +272,7 @@ def _installed(metadata, distribution: str) -> bool:
 
 
 def main() -> None:
+    handle_stop_signals()
     app(prog_name="agentrl")
 
 

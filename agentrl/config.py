@@ -10,8 +10,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+# Every number must be finite: an `inf` learning rate or KL weight turns the adapter into NaN in one step.
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --- policy losses: one small config per loss; `agentrl.rl.losses.POLICY_LOSSES` maps names to code ---
@@ -27,9 +28,9 @@ class PPOLoss(_Frozen):
     """PPO's clipped surrogate, with asymmetric clip bounds (DAPO's clip-higher)."""
 
     name: Literal["ppo"] = "ppo"
-    clip_low: float = 0.2
-    """Ratio floor is 1 - clip_low."""
-    clip_high: float = 0.28
+    clip_low: float = Field(default=0.2, gt=0, le=1)
+    """Ratio floor is 1 - clip_low (in (0, 1]: the floor stays in [0, 1))."""
+    clip_high: float = Field(default=0.28, gt=0)
     """Ratio ceiling is 1 + clip_high."""
 
 
@@ -37,9 +38,9 @@ class CISPOLoss(_Frozen):
     """CISPO: the clipped importance weight, without gradient, scales the log-probability gradient."""
 
     name: Literal["cispo"] = "cispo"
-    clip_low: float = 1.0
+    clip_low: float = Field(default=1.0, gt=0, le=1)
     """Weight floor is 1 - clip_low (1.0 = no floor, as in MiniMax-M1)."""
-    clip_high: float = 4.0
+    clip_high: float = Field(default=4.0, gt=0)
     """Weight ceiling is 1 + clip_high."""
 
 
@@ -47,7 +48,7 @@ class DROLoss(_Frozen):
     """DRO: advantage-weighted log-probability minus a quadratic penalty on drift from the sampler."""
 
     name: Literal["dro"] = "dro"
-    beta: float = 0.05
+    beta: float = Field(default=0.05, ge=0)
     """Weight of 0.5 * (logprob - sampler_logprob)^2."""
 
 
@@ -55,9 +56,9 @@ class GSPOLoss(_Frozen):
     """GSPO: PPO clipping on the sequence-level ratio (geometric mean of token ratios)."""
 
     name: Literal["gspo"] = "gspo"
-    clip_low: float = 3e-4
+    clip_low: float = Field(default=3e-4, gt=0, le=1)
     """Sequence-ratio floor is 1 - clip_low (GSPO's ranges are far tighter than PPO's)."""
-    clip_high: float = 4e-4
+    clip_high: float = Field(default=4e-4, gt=0)
     """Sequence-ratio ceiling is 1 + clip_high."""
 
 
@@ -70,7 +71,7 @@ LOSS_CONFIGS: dict[str, type[BaseModel]] = {
 class TrainConfig(BaseModel):
     """What one `model.train(groups, config)` step does."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     # optimiser
     learning_rate: float = Field(default=1e-5, gt=0)
@@ -103,6 +104,9 @@ class TrainConfig(BaseModel):
     # batching
     micro_batch_tokens: int = Field(default=4096, gt=0)
     """Tokens per forward/backward pass (padded); bounds memory whatever the group sizes."""
+    max_judge_failure_rate: float = Field(default=0.5, ge=0, le=1)
+    """Raise `JudgeError` when judge failures dropped more than this share of the step's groups
+    (always when they dropped all of them); below it the step trains and reports the failures."""
     allow_training_without_logprobs: bool = False
     """Skip (and count) trajectories whose assistant turns lack sampled token ids, instead of failing."""
 
@@ -119,7 +123,7 @@ class TrainConfig(BaseModel):
 class SFTConfig(BaseModel):
     """What one `model.train_sft(demonstrations, config)` call does (a warm start before RL)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     learning_rate: float = Field(default=5e-4, gt=0)
     """AdamW learning rate for the LoRA weights."""
@@ -159,6 +163,8 @@ class ServerConfig(_Frozen):
     """Weights and activations in the server."""
     startup_timeout_s: float = Field(default=300.0, gt=0)
     """How long to wait for the server to answer its health check."""
+    request_timeout_s: float = Field(default=180.0, gt=0)
+    """How long a rollout's request may wait for an answer before it fails (a hung server fails then, once)."""
     tool_call_parser: str = "hermes"
     """vLLM tool-call parser; "hermes" reads <tool_call>{json}</tool_call>, which the packaged template asks for."""
     extra_args: tuple[str, ...] = ()

@@ -27,3 +27,19 @@ class CheckpointError(AgentRLError):
 
 class JudgeError(AgentRLError):
     """An LLM judge failed to return a valid judgement after its retries."""
+
+
+class ConfigurationError(AgentRLError, ValueError):
+    """An argument or setting is out of range or means something else here; the message names the fix."""
+
+
+class RewardError(AgentRLError, ValueError):
+    """A trajectory's reward is missing or not a finite number, so it cannot be compared within its group."""
+
+
+class TrainingError(AgentRLError):
+    """A training step was aborted (e.g. a non-finite loss or gradient); weights and optimizer are unchanged."""
+
+
+class RunLockedError(AgentRLError):
+    """Another process holds the run folder: two writers would corrupt its checkpoints."""

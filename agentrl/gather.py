@@ -7,14 +7,15 @@ failures exceed the budget, the remaining rollouts are cancelled and `RolloutErr
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from agentrl.errors import RolloutError
-from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup, reward_stats
+from agentrl.errors import ConfigurationError, RolloutError
+from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup, check_reward, reward_stats
 
 logger = logging.getLogger(__name__)
 
@@ -26,17 +27,26 @@ class ExceptionBudget:
     """How many rollout failures a gather tolerates before it gives up.
 
     `max_exceptions` is a count, `max_exception_rate` a fraction of all rollouts; when both are
-    set, the tighter one applies. Neither set: no failure is tolerated.
+    set, the tighter one applies. Neither set: no failure is tolerated. Unlike ART, where a float
+    `max_exceptions` below 1 is a fraction, a float count is refused rather than read as 0.
     """
 
     max_exceptions: int | None = None
     max_exception_rate: float | None = None
 
     def __post_init__(self) -> None:
-        if self.max_exceptions is not None and self.max_exceptions < 0:
-            raise ValueError(f"max_exceptions is a count and must be >= 0, got {self.max_exceptions}")
-        if self.max_exception_rate is not None and not 0.0 <= self.max_exception_rate <= 1.0:
-            raise ValueError(f"max_exception_rate is a fraction in [0, 1], got {self.max_exception_rate}")
+        count = self.max_exceptions
+        if isinstance(count, float):
+            fix = f"max_exception_rate={count}" if 0 < count < 1 else f"max_exceptions={int(count)}"
+            raise ConfigurationError(
+                f"max_exceptions is a count of failed rollouts, got the float {count}; for a fraction of all "
+                f"rollouts (ART's meaning of a float below 1) use {fix}"
+            )
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+            raise ConfigurationError(f"max_exceptions is a count and must be an int >= 0, got {count!r}")
+        rate = self.max_exception_rate
+        if rate is not None and not (isinstance(rate, (int, float)) and 0.0 <= rate <= 1.0):
+            raise ConfigurationError(f"max_exception_rate is a fraction in [0, 1], got {rate!r}")
 
     def allowed(self, total_rollouts: int) -> int:
         limits = [0] if self.max_exceptions is None and self.max_exception_rate is None else []
@@ -72,11 +82,12 @@ async def _run_rollouts(
     allowed = budget.allowed(total)
     failures: list[BaseException] = []
 
-    async def run_one(rollout: Awaitable[Trajectory]) -> Trajectory | BaseException:
+    async def run_one(rollout: Awaitable[Trajectory], where: str) -> Trajectory | BaseException:
         try:
             trajectory = await rollout
             if not isinstance(trajectory, Trajectory):
                 raise TypeError(f"a rollout returned {type(trajectory).__name__}; it must return an agentrl.Trajectory")
+            check_reward(trajectory, where)
         except Exception as error:  # noqa: BLE001 - a rollout's failure is data, judged by the budget
             logger.warning("rollout failed: %s: %s", type(error).__name__, error)
             progress.update(None)
@@ -91,8 +102,9 @@ async def _run_rollouts(
         progress.update(trajectory.reward)
         return trajectory
 
-    async def run_group(group: TrajectoryGroup) -> TrajectoryGroup | None:
-        results = await asyncio.gather(*(run_one(r) for r in group.pending))
+    async def run_group(group_index: int, group: TrajectoryGroup) -> TrajectoryGroup | None:
+        label = f"group {group_index}" + (f" ({group.metadata})" if group.metadata else "")
+        results = await asyncio.gather(*(run_one(r, f"{label}, rollout {i}") for i, r in enumerate(group.pending)))
         resolved = TrajectoryGroup(
             [*group.trajectories, *(r for r in results if isinstance(r, Trajectory))],
             exceptions=[
@@ -103,7 +115,7 @@ async def _run_rollouts(
         )
         return resolved if after_each is None else await after_each(resolved)
 
-    tasks = [asyncio.ensure_future(run_group(g)) for g in groups]
+    tasks = [asyncio.ensure_future(run_group(i, g)) for i, g in enumerate(groups)]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
@@ -128,7 +140,13 @@ async def gather_trajectory_groups(
     group to keep (possibly a new one) or None to drop it.
     """
     groups = list(groups)
-    budget = ExceptionBudget(max_exceptions, max_exception_rate)
+    try:
+        budget = ExceptionBudget(max_exceptions, max_exception_rate)
+    except ConfigurationError:
+        for pending in (p for g in groups for p in g.pending):  # they will never run: no "never awaited" noise
+            if inspect.iscoroutine(pending):
+                pending.close()
+        raise
     progress = _Progress(sum(len(g.pending) for g in groups), desc, show_progress)
     try:
         finished = await _run_rollouts(groups, budget, progress, after_each)

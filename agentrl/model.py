@@ -11,22 +11,29 @@ import asyncio
 import functools
 import json
 import logging
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 
 from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError
+from agentrl.tracking import DEFAULT_BEST_BY
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from agentrl.backend.local import LocalBackend, TrainResult
+    from agentrl.backend.server import VLLMServer
     from agentrl.trajectory import History
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
 
 
 class Model(BaseModel):
@@ -42,8 +49,8 @@ class Model(BaseModel):
     """The name the endpoint knows the model by, when it differs from `name`."""
     base_url: str | None = None
     """Endpoint root, e.g. "http://127.0.0.1:8000/v1" (None: the provider's default)."""
-    api_key: str | None = None
-    """API key for the endpoint (None: the provider's environment variable)."""
+    api_key: SecretStr | None = None
+    """API key for the endpoint (None: the provider's environment variable); never shown in reprs or logs."""
     litellm_provider: str = "openai"
     """litellm route prefix for this endpoint: "openai", "hosted_vllm", "anthropic", ..."""
 
@@ -69,17 +76,18 @@ class Model(BaseModel):
         return self.base_url
 
     def _make_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            base_url=self.base_url, api_key=self.api_key or "EMPTY", http_client=_pooled_http_client()
-        )
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self._key() or "EMPTY", http_client=_pooled_http_client())
+
+    def _key(self) -> str | None:
+        return self.api_key.get_secret_value() if self.api_key is not None else None
 
     def litellm_params(self) -> dict[str, Any]:
         """Keyword arguments for `litellm.acompletion` that reach this model."""
         params: dict[str, Any] = {"model": f"{self.litellm_provider}/{self.inference_name}"}
         if self.base_url:
             params["api_base"] = self.base_url
-        if self.api_key:
-            params["api_key"] = self.api_key
+        if self._key():
+            params["api_key"] = self._key()
         return params
 
 
@@ -102,11 +110,52 @@ class _AskForTokenData(httpx.AsyncBaseTransport):
             if self.drop_seed and body.pop("seed", None) is not None:
                 _warn_seed_dropped()
             headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
-            request = httpx.Request(request.method, request.url, headers=headers, content=json.dumps(body).encode())
+            request = httpx.Request(  # the extensions carry the request's timeouts: without them it waits forever
+                request.method, request.url, headers=headers, content=json.dumps(body).encode(),
+                extensions=request.extensions,
+            )  # fmt: skip
         return await self.inner.handle_async_request(request)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class _SaysWhenTheServerIsGone(httpx.AsyncBaseTransport):
+    """Turns a failed request to our own server into an answer that says what happened to it.
+
+    A dead server would otherwise surface as openai's bare "Connection error." after its retries,
+    and a hung one would hold each rollout for the timeout times three. `death_notice` returns None
+    while the server runs, else its exit and log tail. The answer carries `x-should-retry: false`,
+    so the openai client raises at once (`InternalServerError`, the message in its body).
+    """
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, death_notice: Callable[[], str | None], timeout_s: float):
+        self.inner = inner
+        self.death_notice = death_notice
+        self.timeout_s = timeout_s
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self.inner.handle_async_request(request)
+        except httpx.TimeoutException as error:
+            message = self.death_notice() or (
+                f"the vLLM server at {request.url.host}:{request.url.port} is running but gave no answer within "
+                f"{self.timeout_s:.0f} s ({type(error).__name__}); it may be hung or overloaded (raise "
+                "ServerConfig.request_timeout_s for long generations)"
+            )
+            return _error_response(request, 504, message)
+        except httpx.TransportError:
+            if (message := self.death_notice()) is None:
+                raise  # a running server: a passing network error, which the client retries
+            return _error_response(request, 503, message)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _error_response(request: httpx.Request, status: int, message: str) -> httpx.Response:
+    body = {"error": {"message": message, "type": "server_unavailable", "code": status}}
+    return httpx.Response(status, json=body, headers={"x-should-retry": "false"}, request=request)
 
 
 @functools.cache
@@ -120,13 +169,27 @@ def _warn_seed_dropped() -> None:
 MAX_CONNECTIONS = 64
 
 
-def _pooled_http_client(*, ask_for_token_data: bool = False, drop_seed: bool = False) -> httpx.AsyncClient:
-    """At most MAX_CONNECTIONS sockets; further requests wait for a free one (no pool timeout)."""
+def _pooled_http_client(
+    *, timeout_s: float = 600.0, server: VLLMServer | None = None, drop_seed: bool = False
+) -> httpx.AsyncClient:
+    """At most MAX_CONNECTIONS sockets; further requests wait for a free one (no pool timeout).
+
+    With `server` (our own vLLM), every chat completion asks for token data, and a dead or hung
+    server is reported as such (see `_SaysWhenTheServerIsGone`).
+    """
     limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
     transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(limits=limits)
-    if ask_for_token_data:
+    if server is not None:
+        transport = _SaysWhenTheServerIsGone(transport, server.death_notice, timeout_s)
         transport = _AskForTokenData(transport, drop_seed=drop_seed)
-    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(600.0, connect=30.0, pool=None))
+    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout_s, connect=30.0, pool=None))
+
+
+def server_client(server: VLLMServer, *, timeout_s: float) -> openai.AsyncOpenAI:
+    """An openai client for our own vLLM server: its key, token data on every completion, and a dead or
+    hung server reported as such within `timeout_s` (openai's own timeout would override httpx's)."""
+    http_client = _pooled_http_client(timeout_s=timeout_s, server=server, drop_seed=not server.gpu)
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key, http_client=http_client, timeout=timeout_s)
 
 
 class TrainableModel(Model):
@@ -145,6 +208,17 @@ class TrainableModel(Model):
 
     _backend: LocalBackend | None = PrivateAttr(default=None)
     _step: int = PrivateAttr(default=0)
+
+    @field_validator("name", "project")
+    @classmethod
+    def _safe_for_a_folder_name(cls, value: str, info: ValidationInfo) -> str:
+        # Both become folders under base_path, and the name is served as "{name}@{step}".
+        if not SAFE_NAME.fullmatch(value) or ".." in value:
+            raise ValueError(
+                f"{info.field_name} {value!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a letter "
+                f"or digit, without '..', '/' or '@' (it names the run folder {{base_path}}/{{project}}/{{name}})"
+            )
+        return value
 
     @property
     def registered(self) -> bool:
@@ -171,13 +245,11 @@ class TrainableModel(Model):
 
     def _make_client(self) -> openai.AsyncOpenAI:
         """A client at the backend's server whose chat completions always carry sampled token ids and logprobs."""
-        server = self._require_backend().server
-        http_client = _pooled_http_client(ask_for_token_data=True, drop_seed=server is not None and not server.gpu)
-        return openai.AsyncOpenAI(base_url=self._endpoint(), api_key="EMPTY", http_client=http_client)
+        return server_client(self._require_backend().require_server(), timeout_s=self.server.request_timeout_s)
 
     def litellm_params(self) -> dict[str, Any]:
-        backend = self._require_backend()
-        return {"model": f"hosted_vllm/{self.inference_name}", "api_base": backend.base_url, "api_key": "EMPTY"}
+        server = self._require_backend().require_server()
+        return {"model": f"hosted_vllm/{self.inference_name}", "api_base": server.base_url, "api_key": server.api_key}
 
     async def register(self, backend: LocalBackend) -> None:
         """Attach a backend: it resumes from the latest checkpoint (or creates step 0) and serves it."""
@@ -210,8 +282,9 @@ class TrainableModel(Model):
         groups = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in items]
         return await self._require_backend().log(self, groups, split)
 
-    async def delete_checkpoints(self, *, keep_last: int = 1, best_by: str | None = None) -> list[int]:
-        """Delete old checkpoints, keeping the last `keep_last` and the best by a metric; returns deleted steps."""
+    async def delete_checkpoints(self, *, keep_last: int = 1, best_by: str | None = DEFAULT_BEST_BY) -> list[int]:
+        """Delete old checkpoints, keeping the last `keep_last` and the best by `best_by` ("split/metric"
+        from metrics.jsonl; by default the best held-out reward, as ART keeps); returns deleted steps."""
         return await self._require_backend().delete_checkpoints(self, keep_last=keep_last, best_by=best_by)
 
     def _require_backend(self) -> LocalBackend:

@@ -12,8 +12,11 @@ Every file is written to a temporary name and renamed into place, so a crash nev
 
 from __future__ import annotations
 
+import errno
 import html
 import json
+import logging
+import math
 import os
 import time
 import uuid
@@ -25,19 +28,83 @@ from openai.types.chat.chat_completion import Choice
 from agentrl.backend.checkpoints import write_text_atomic
 from agentrl.trajectory import Trajectory, TrajectoryGroup, reward_stats
 
+logger = logging.getLogger(__name__)
+
+
+def _finite_or_none(value: Any) -> Any:
+    """JSON has no NaN or Infinity: a non-finite number is written as null (strict readers choke on `NaN`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def append_line(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line whole, or not at all.
+
+    One `write` of the whole line to a file opened for appending; if it fails part-way (a full
+    disk), the file is cut back to where it was. A line torn by a crash before this code existed
+    is ended with a newline first, so it never swallows the next record.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(_finite_or_none(record), allow_nan=False) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes of a line reached {path}")
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of an appended file; an unreadable (torn) line is skipped with a warning."""
+    records = []
+    for number, line in enumerate(Path(path).read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            logger.warning("skipping line %d of %s, which is torn or not JSON (%s): %.80r", number, path, error, line)
+    return records
+
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
-    """Append one line to metrics.jsonl (one write call per line, so lines never interleave or tear)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"time": time.time(), **record}) + "\n")
+    """Append one line to metrics.jsonl (whole lines only; NaN written as null)."""
+    append_line(Path(run_dir) / "metrics.jsonl", {"time": time.time(), **record})
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_lines(path) if path.exists() else []
+
+
+DEFAULT_BEST_BY = "val/reward_mean"
+"""What `delete_checkpoints` keeps besides the latest by default: the best held-out reward (`model.log`), as ART."""
+
+
+def best_step(run_dir: Path, metric: str, among: list[int]) -> int | None:
+    """The step in `among` with the highest recorded `metric`, as "split/name" ("val/reward_mean"; a bare
+    name means "train/name"), from metrics.jsonl; None when no step in `among` recorded it."""
+    split, _, name = metric.rpartition("/")
+    split = split or "train"
+    values = {
+        r["step"]: r[name]
+        for r in read_metrics(run_dir)
+        if r.get("split") == split and r.get("step") in among and isinstance(r.get(name), (int, float))
+    }
+    return max(values, key=lambda s: values[s]) if values else None
 
 
 def write_trajectories(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup]) -> Path:
@@ -55,10 +122,8 @@ def write_trajectories(run_dir: Path, step: int, split: str, groups: list[Trajec
 def load_trajectories(path: Path) -> list[TrajectoryGroup]:
     """The groups saved by `write_trajectories`."""
     groups: dict[int, list[Trajectory]] = {}
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            data = json.loads(line)
-            groups.setdefault(data.pop("group"), []).append(Trajectory.model_validate(data))
+    for data in read_lines(path):
+        groups.setdefault(data.pop("group"), []).append(Trajectory.model_validate(data))
     return [TrajectoryGroup(groups[k]) for k in sorted(groups)]
 
 
@@ -126,7 +191,9 @@ def plot_rewards(run_dir: Path) -> Path:
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
-    records = [r for r in read_metrics(run_dir) if "reward_mean" in r and not r.get("skipped")]  # skipped: no update
+    records = [  # skipped: no update; None: no reward that step (no trajectories)
+        r for r in read_metrics(run_dir) if isinstance(r.get("reward_mean"), (int, float)) and not r.get("skipped")
+    ]
     figure, axes = plt.subplots(figsize=(7, 4))
     for split in sorted({r["split"] for r in records}):
         points = sorted((r["step"], r["reward_mean"]) for r in records if r["split"] == split)

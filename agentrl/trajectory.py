@@ -25,6 +25,8 @@ from typing import Annotated, Any
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator
 
+from agentrl.errors import RewardError
+
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Scalar = str | int | float | bool | None
 
@@ -109,7 +111,13 @@ class History(BaseModel):
 
 
 class Trajectory(History):
-    """One rollout: its conversation, its reward, and what was observed along the way."""
+    """One rollout: its conversation, its reward, and what was observed along the way.
+
+    Assignments are validated like the constructor (`traj.reward = float("nan")` raises), since
+    rollouts set the reward after building the trajectory and a NaN would poison the whole step.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     reward: FiniteFloat = 0.0
     """Scalar reward; GRPO compares it with the other trajectories of the same group."""
@@ -121,6 +129,20 @@ class Trajectory(History):
     """Free-text notes (judge explanations, errors the agent recovered from)."""
     additional_histories: list[History] = Field(default_factory=list)
     """Further conversations of the same rollout (branches, summarised contexts), trained alike."""
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _reward_is_a_number(cls, value: Any) -> Any:
+        # Anything float() takes (numpy scalars, bools, tensors of one value), but never text or None.
+        try:
+            number = None if isinstance(value, (str, bytes)) or value is None else float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None:
+            raise ValueError(f"reward must be a finite number, got {value!r}; set `traj.reward` to a float")
+        if not math.isfinite(number):
+            raise ValueError(f"reward must be a finite number, got {value!r}; fix the reward function")
+        return number
 
     @field_validator("metrics", mode="before")
     @classmethod
@@ -200,6 +222,20 @@ class TrajectoryGroup(BaseModel):
                 f"this TrajectoryGroup still holds {len(self._pending)} unawaited rollouts; "
                 "run it through `await agentrl.gather_trajectory_groups([...])` first"
             )
+
+
+def check_reward(trajectory: Trajectory, where: str) -> None:
+    """Raise `RewardError` naming `where` unless the trajectory's reward is a finite number.
+
+    Assignments are validated, but `model_construct`, `__dict__` or `object.__setattr__` bypass
+    that; this check runs where rewards enter GRPO (gather and train), so nothing bypasses it.
+    """
+    reward = trajectory.__dict__.get("reward")
+    if not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise RewardError(
+            f"{where} has reward {reward!r}; a reward must be a finite number (set `traj.reward` to a float in "
+            "the rollout, and make the reward function return one for every outcome)"
+        )
 
 
 def reward_stats(rewards: Iterable[float]) -> tuple[float, float]:

@@ -1,5 +1,9 @@
 """Shared fixtures: the packaged model's real tokenizer; the real vLLM server lives in tests/server_fixtures.py."""
 
+import os
+import uuid
+
+import psutil
 import pytest
 
 
@@ -27,3 +31,40 @@ async def served_model(tmp_path_factory):
     await model.register(backend)
     yield model
     await backend.close()
+
+
+# Every process the suite starts inherits this marker, so the end-of-session check finds them even
+# after they were re-parented (an orphaned vLLM engine, a subprocess whose test failed).
+SESSION_MARKER = "AGENTRL_TEST_SESSION"
+os.environ.setdefault(SESSION_MARKER, f"{os.getpid()}-{uuid.uuid4().hex}")
+
+
+def _left_behind() -> list[psutil.Process]:
+    marker = os.environ[SESSION_MARKER]
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if process.pid == os.getpid() or process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            ours = process.environ().get(SESSION_MARKER) == marker
+            # vLLM servers, agentrl commands and test scripts; not helpers that end at this process's
+            # exit (wandb-core is stopped by wandb's atexit hook, after this check).
+            if ours and any(word in " ".join(process.info["cmdline"] or []) for word in ("vllm", "agentrl", "tests")):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if a vLLM or agentrl process that the tests started is still alive, and end it."""
+    leftovers = _left_behind()
+    if not leftovers:
+        return
+    _, still_alive = psutil.wait_procs(leftovers, timeout=15)  # a process stopped just now may still be exiting
+    if still_alive:
+        described = "\n".join(f"  {p.pid}: {' '.join(p.info['cmdline'] or [])[:150]}" for p in still_alive)
+        print(f"\nprocesses started by the tests were still running at the end (now killed):\n{described}")
+        for process in still_alive:
+            process.kill()
+        session.exitstatus = 1

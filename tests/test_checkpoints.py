@@ -47,14 +47,41 @@ def test_a_crash_during_a_save_leaves_no_checkpoint_behind(tmp_path):
     assert not (store.root / ".staging-0001-deadbeef").exists()
 
 
-def test_delete_keeps_the_last_and_the_best(tmp_path):
+def test_delete_keeps_the_last_and_the_protected(tmp_path):
     store = CheckpointStore(tmp_path)
-    for step, reward in enumerate([0.1, 0.9, 0.3, 0.2, 0.4]):
-        store.save(step, writer(str(step)), {"metrics": {"reward_mean": reward}})
-    assert store.delete(keep_last=2, best_by="reward_mean") == [0, 2]
+    for step in range(5):
+        store.save(step, writer(str(step)), {"metrics": {}})
+    assert store.delete(keep_last=2, keep={1}) == [0, 2]
     assert store.steps() == [1, 3, 4]
     assert store.delete(keep_last=1) == [1, 3]
     with pytest.raises(ValueError, match="keep_last"):
         store.delete(keep_last=0)
-    with pytest.raises(ValueError, match="no checkpoint recorded the metric 'nope'"):
-        store.delete(keep_last=1, best_by="nope")
+
+
+def test_every_file_and_the_folder_reach_the_disk_before_the_rename(tmp_path, monkeypatch):
+    import os
+
+    synced, renamed_at = [], []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    def rename(src, dst) -> None:
+        renamed_at.append(len(synced))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+
+    def write(folder: Path) -> None:
+        (folder / "adapter_model.safetensors").write_text("weights")
+        (folder / "optimizer.pt").write_text("moments")
+
+    store = CheckpointStore(tmp_path)
+    store.save(1, write, {"metrics": {}})
+    before_rename = {Path(p).name for p in synced[: renamed_at[0]]}
+    assert {"adapter_model.safetensors", "optimizer.pt", "agentrl-checkpoint.json"} <= before_rename
+    assert any(name.startswith(".staging-0001") for name in before_rename)  # the folder's entries
+    assert Path(synced[-1]) == store.root  # and the parent, after the rename

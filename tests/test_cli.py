@@ -84,24 +84,36 @@ def test_doctor_checks_this_installation():
     assert ("all good" in result.output) == (result.exit_code == 0)
 
 
+def run_folder_state(run_dir) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
 @pytest.mark.slow
 async def test_serve_answers_as_the_checkpoint_until_interrupted(served_model):
-    """`agentrl serve` on a real run folder: a second vLLM serves NAME@STEP; Ctrl-C leaves no process."""
+    """`agentrl serve` on a real run folder, started as a shell starts a background job (SIGINT ignored):
+    a second vLLM serves NAME@STEP behind its own key, the run folder is only read, and SIGINT stops
+    it with every child. Whatever happens, its whole process group is ended."""
     run_dir = served_model.run_dir
     step = CheckpointStore(run_dir).steps()[-1]
+    before = run_folder_state(run_dir)
     server = subprocess.Popen(
         [sys.executable, "-m", "agentrl.cli", "serve", str(run_dir)], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN), start_new_session=True,
     )  # fmt: skip
+    children = []
     try:
         lines = []
         while not lines or not lines[-1].startswith("serving"):
             line = await asyncio.wait_for(asyncio.to_thread(server.stdout.readline), timeout=300)
             assert line, "agentrl serve exited:\n" + "".join(lines[-30:])
             lines.append(line)
-        name, url = lines[-1].split()[1], lines[-1].split()[3]
+        words = lines[-1].split()
+        name, url, key = words[1], words[3], words[words.index("key") + 1].rstrip(";")
         assert name == f"{run_dir.name}@{step}"
-        client = openai.AsyncOpenAI(base_url=url, api_key="EMPTY")
+        with pytest.raises(openai.AuthenticationError):
+            await openai.AsyncOpenAI(base_url=url, api_key="EMPTY").models.list()
+        client = openai.AsyncOpenAI(base_url=url, api_key=key)
         completion = await client.chat.completions.create(
             model=name, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0
         )
@@ -109,8 +121,17 @@ async def test_serve_answers_as_the_checkpoint_until_interrupted(served_model):
         await client.close()
         children = psutil.Process(server.pid).children(recursive=True)
         assert children, "the vLLM server should run as a child of agentrl serve"
-    finally:
         server.send_signal(signal.SIGINT)
-        server.wait(timeout=120)
-    _, alive = psutil.wait_procs(children, timeout=60)
-    assert alive == []
+        server.wait(timeout=60)
+        _, alive = psutil.wait_procs(children, timeout=60)
+        assert alive == []
+        assert run_folder_state(run_dir) == before  # serving only reads the run
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGKILL)  # pass or fail, nothing of it stays
+        except ProcessLookupError:
+            pass
+        for child in children:
+            if child.is_running():
+                child.kill()
+        server.wait()

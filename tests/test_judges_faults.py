@@ -75,7 +75,7 @@ async def test_retries_are_bounded_and_end_in_a_judge_error(fake, judge, bad):
     assert limiter.failures == 1 and limiter.attempts == 3
 
 
-async def test_swallow_exceptions_drops_the_group_instead_of_inventing_rewards(fake, judge):
+async def test_swallow_exceptions_empties_the_group_and_keeps_the_judge_error(fake, judge):
     fake.plan(*["500"] * 3)
 
     async def judge_group(group):
@@ -86,10 +86,11 @@ async def test_swallow_exceptions_drops_the_group_instead_of_inventing_rewards(f
             messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}]
         )
 
-    kept = await agentrl.gather_trajectory_groups(
+    (kept,) = await agentrl.gather_trajectory_groups(
         [agentrl.TrajectoryGroup([rollout("a"), rollout("b")])], after_each=judge_group, show_progress=False
     )
-    assert kept == []
+    assert kept.trajectories == []  # no invented reward
+    assert kept.exceptions[-1].type == "JudgeError" and "judge openai/judge" in kept.exceptions[-1].message
 
 
 async def test_a_score_a_hair_over_one_is_clamped_without_a_retry(fake, judge):

@@ -38,10 +38,17 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
         if line.startswith("CHECKPOINTED") or not line:
             report = line.split() if line else None
             break
-    assert report, "the child never checkpointed:\n" + "".join(lines[-40:])
-    _, step, digest, server_pgid = report
-    child.send_signal(signal.SIGKILL)  # no cleanup code runs in the child
-    child.wait(timeout=30)
+    try:
+        assert report, "the child never checkpointed:\n" + "".join(lines[-40:])
+        _, step, digest, server_pgid = report
+        # While the child runs, its run folder is locked: a second process (this one) is refused.
+        with pytest.raises(agentrl.RunLockedError, match=f"in use by process {child.pid}"):
+            await agentrl.TrainableModel(name="resumable", project="tests", base_path=str(tmp_path)).register(
+                agentrl.LocalBackend()
+            )
+    finally:
+        child.send_signal(signal.SIGKILL)  # no cleanup code runs in the child; its lock goes with it
+        child.wait(timeout=30)
 
     # Its vLLM server is told of its parent's death and goes too: no orphans.
     deadline = time.monotonic() + 60

@@ -48,7 +48,7 @@ async def test_stop_leaves_no_process_and_a_crash_is_reported(tmp_path: Path, ba
     # A crash: the server dies under us; the next request says so and quotes the log.
     os.killpg(pgid, signal.SIGKILL)
     await asyncio.sleep(1)
-    with pytest.raises(ServerError, match="not running"):
+    with pytest.raises(ServerError, match="exited with code -9; its log .*vllm.log ends with"):
         await server.unload_adapter("anything")
     server.stop()
     await asyncio.sleep(1)
@@ -63,18 +63,24 @@ def test_gpu_command_and_env_enable_sleep_mode_and_runtime_lora():
     assert gpu[gpu.index("--gpu-memory-utilization") + 1] == "0.4"
     assert cpu[cpu.index("--max-lora-rank") + 1] == "16" and cpu[-1] == "--enforce-eager"
     assert cpu[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert server_env(config, gpu=True)["VLLM_SERVER_DEV_MODE"] == "1"
-    env = server_env(config, gpu=False)
+    assert server_env(config, gpu=True, api_key="k")["VLLM_SERVER_DEV_MODE"] == "1"
+    env = server_env(config, gpu=False, api_key="k")
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    # The key guards every route, on CPU and GPU, and never appears on the command line (`ps` shows it).
+    assert env["VLLM_API_KEY"] == "k" and "k" not in gpu + cpu
+    for command in (gpu, cpu):
+        assert command[command.index("--middleware") + 1] == "agentrl.backend.server_guard.RequireServerKey"
 
 
 class _Recorder(BaseHTTPRequestHandler):
     requests: list[tuple[str, str]] = []
+    keys: list[str | None] = []
 
     def do_POST(self):  # noqa: N802 - http.server's naming
         length = int(self.headers.get("content-length", 0))
         body = self.rfile.read(length).decode()
         _Recorder.requests.append((self.path, body))
+        _Recorder.keys.append(self.headers.get("authorization"))
         self.send_response(200)
         self.send_header("content-length", "2")
         self.end_headers()
@@ -99,6 +105,7 @@ async def test_gpu_sleep_and_wake_send_the_right_requests(tmp_path: Path):
         paths = [p for p, _ in _Recorder.requests]
         assert paths == ["/sleep?level=1", "/wake_up", "/v1/load_lora_adapter"]
         assert json.loads(_Recorder.requests[2][1]) == {"lora_name": "m@3", "lora_path": "/ckpt/0003"}
+        assert set(_Recorder.keys) == {f"Bearer {sleeper.api_key}"}  # admin requests carry the server's key
         sleeper.gpu = False  # on a CPU sleep and wake are no-ops
         _Recorder.requests.clear()
         await sleeper.sleep()

@@ -116,18 +116,18 @@ def test_rollouts_are_traced_as_weave_ops_with_their_completions(served_model, t
     """A real rollout on the project's server, traced into a local server speaking Weave's protocol."""
     fake = FakeWeave()
     code = """
-import asyncio, sys
+import asyncio, os, sys
 import agentrl
 from environments.larger_number.task import rollout, scenarios
 
-policy = agentrl.Model(name=sys.argv[2], base_url=sys.argv[1])
+policy = agentrl.Model(name=sys.argv[2], base_url=sys.argv[1], api_key=os.environ["AGENTRL_TEST_SERVER_KEY"])
 agentrl.enable_weave("me/agentrl-test")
 trajectory = asyncio.run(rollout(policy, scenarios("test", 1, seed=3)[0]))
 agentrl.disable_weave()
 print("REWARD", trajectory.reward)
 """
     try:
-        env = {**os.environ, **fake.environment()}
+        env = {**os.environ, **fake.environment(), "AGENTRL_TEST_SERVER_KEY": served_model.backend.server.api_key}
         args = [served_model.backend.base_url, served_model.inference_name]
         result = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True,
                                 text=True, timeout=300)  # fmt: skip

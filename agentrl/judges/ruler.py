@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from agentrl.errors import JudgeError
 from agentrl.judges.call import InvalidJudgeAnswer, JudgeLimiter, JudgeModel, structured_judge_call
-from agentrl.trajectory import TrajectoryGroup
+from agentrl.trajectory import RolloutException, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
@@ -158,11 +158,13 @@ async def ruler_score_group(
     debug: bool = False,
     limiter: JudgeLimiter | None = None,
     max_attempts: int = 3,
-) -> TrajectoryGroup | None:
+) -> TrajectoryGroup:
     """A copy of `group` whose rewards are RULER's scores (old rewards kept as `independent_reward`).
 
-    With `swallow_exceptions=True` a failed judgement returns None, so `gather_trajectory_groups`'
-    `after_each` drops the group instead of training on invented rewards.
+    With `swallow_exceptions=True` a failed judgement returns the group emptied of trajectories,
+    with the `JudgeError` in its exceptions: it trains on no invented reward, and `model.train`
+    counts such groups, reports the last judge error, and raises once judge failures drop too many
+    (`TrainConfig.max_judge_failure_rate`), so a judge that never works cannot empty a run quietly.
     """
     if not group.trajectories:
         return group
@@ -175,7 +177,8 @@ async def ruler_score_group(
         if not swallow_exceptions:
             raise
         logger.warning("RULER failed for a group of %d; dropping the group: %s", len(group.trajectories), error)
-        return None
+        failure = RolloutException.from_exception(error)
+        return TrajectoryGroup([], exceptions=[*group.exceptions, failure], metadata=group.metadata)
     judged = []
     for trajectory, score, explanation in zip(group.trajectories, result.scores, result.explanations):
         judged.append(

@@ -123,9 +123,11 @@ def loss_denominator(
 class LossOutput:
     """A micro-batch's share of the step loss, and sums for the step's metrics."""
 
+    # All scalars stay tensors on the loss's device: reading them (`float()`) would sync a GPU
+    # every micro-batch, and the trainer sums them on the device and reads them once per step.
     loss: torch.Tensor  # scalar, already divided by the step's denominator
-    num_clipped: float  # loss tokens where clipping changed the objective
-    kl_sum: float  # summed KL penalty estimate over loss tokens (0 when off)
+    num_clipped: torch.Tensor  # scalar: loss tokens where clipping changed the objective
+    kl_sum: torch.Tensor  # scalar: summed KL penalty estimate over loss tokens (0 when off)
 
 
 def policy_loss(
@@ -154,13 +156,13 @@ def policy_loss(
     if truncated_importance_sampling > 0:
         tis_weight_BT = masked_log_ratio(logprobs_BT.detach(), sampler_logprobs_BT, mask_BT).exp()
         loss_BT = loss_BT * tis_weight_BT.clamp(max=truncated_importance_sampling)
-    kl_sum = 0.0
+    kl_sum = logprobs_BT.new_zeros(())
     if kl_coef > 0:
         if ref_logprobs_BT is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs_BT (the base model's logprobs)")
         kl_BT = KL_ESTIMATORS[kl_estimator](logprobs_BT, ref_logprobs_BT) * mask_BT
         loss_BT = loss_BT + kl_coef * kl_BT
-        kl_sum = float(kl_BT.detach().sum())
+        kl_sum = kl_BT.detach().sum()
     loss = (loss_BT * mask_BT).sum() / denominator
-    num_clipped = float((token_loss.clipped_BT & mask_BT.bool()).sum())
+    num_clipped = (token_loss.clipped_BT & mask_BT.bool()).sum()
     return LossOutput(loss=loss, num_clipped=num_clipped, kl_sum=kl_sum)

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import agentrl
+from agentrl.stop_signals import handle_stop_signals
 from environments.email_agent.env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
 from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
 
@@ -103,6 +104,7 @@ def main() -> None:
     parser.add_argument("--reward", choices=REWARDS, default="match")
     parser.add_argument("--judge", default=None, help="litellm model id (default: the base model, served locally)")
     args = parser.parse_args()
+    handle_stop_signals()
     asyncio.run(
         run(args.preset, args.steps, args.model, base_path=args.base_path, reward=args.reward, judge=args.judge)
     )

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 
 import agentrl
+from agentrl.stop_signals import handle_stop_signals
 from environments.larger_number.task import evaluate, rollout, scenarios
 from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
 
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--name", default="main-job")
     parser.add_argument("--base-path", default=".agentrl")
     args = parser.parse_args()
+    handle_stop_signals()
     asyncio.run(run(steps=args.steps, name=args.name, base_path=args.base_path))
 
 

@@ -11,6 +11,7 @@ import asyncio
 from dataclasses import replace
 
 import agentrl
+from agentrl.stop_signals import handle_stop_signals
 from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
 from environments.twenty_forty_eight.env import PRESETS, evaluate, rollout, scenarios
 
@@ -55,6 +56,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="base model (default: the preset's)")
     parser.add_argument("--base-path", default=".agentrl")
     args = parser.parse_args()
+    handle_stop_signals()
     asyncio.run(run(args.preset, args.steps, args.model, base_path=args.base_path))
 
 
