@@ -78,9 +78,9 @@ async def train_and_evaluate(
             m = result.metrics
             print(
                 f"step {result.step}: reward {m['reward_mean']:.3f} ± {m['reward_std']:.3f}, "
-                f"zero-variance groups {m['frac_zero_variance_groups']:.0%}, trained tokens {m.get('trained_tokens', 0):.0f}, "
+                f"zero-variance groups {m.get('frac_zero_variance_groups', 0):.0%}, trained tokens {m.get('trained_tokens', 0):.0f}, "
                 f"kl(sampler||trainer) {m.get('kl_sampler_trainer', 0):.4f}, {time.perf_counter() - step_started:.1f} s"
-                + (" (skipped: no group had a signal)" if result.skipped else "")
+                + (f" (skipped: {result.skip_reason})" if result.skipped else "")
             )
         end_step = await model.get_step()
         after = await model.log(await evaluate(model), split="val")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentrl.errors import JudgeError
-from agentrl.trajectory import TrajectoryGroup, check_reward
+from agentrl.trajectory import TrajectoryGroup, check_reward, reward_stats
 
 JUDGE_ERROR_TYPE = JudgeError.__name__
 
@@ -30,7 +30,11 @@ class ScreenedGroups:
     last_judge_error: str | None
 
     def metrics(self) -> dict[str, float]:
+        """Counts per cause, and the reward of the trainable groups (NaN when there are none)."""
+        reward_mean, reward_std = reward_stats(r for g in self.trainable for r in g.rewards)
         return {
+            "reward_mean": reward_mean,
+            "reward_std": reward_std,
             "num_groups_given": float(self.num_given),
             "num_groups_not_gathered": float(self.num_not_gathered),
             "num_groups_all_rollouts_failed": float(self.num_all_failed),
