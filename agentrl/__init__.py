@@ -1,6 +1,7 @@
 """agentrl: train LLM agents with reinforcement learning (GRPO + LoRA), on a laptop CPU or a GPU."""
 
-from agentrl.backend.local import LocalBackend, TrainResult
+from agentrl.backend.local import LocalBackend
+from agentrl.backend.protocol import Backend
 from agentrl.config import (
     CISPOLoss,
     DROLoss,
@@ -26,7 +27,7 @@ from agentrl.errors import (
     TrainingError,
 )
 from agentrl.gather import ExceptionBudget, gather_trajectories, gather_trajectory_groups
-from agentrl.model import Model, TrainableModel
+from agentrl.model import Model, TrainableModel, TrainResult
 from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
 from agentrl.weave_tracing import disable_weave, enable_weave, traced
 
@@ -55,6 +56,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "AgentRLError",
+    "Backend",
     "CISPOLoss",
     "CheckpointError",
     "ConfigurationError",

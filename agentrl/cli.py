@@ -12,44 +12,30 @@ agentrl doctor                    check the installation and say what to fix
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 
+from agentrl.errors import ConfigurationError
+from agentrl.plugins import EnvironmentCommands, environment_names, load_environment
+from agentrl.runs import RunInfo, find_runs, resolve_run
 from agentrl.stop_signals import handle_stop_signals
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train LLM agents with reinforcement learning.")
 
 
-@dataclass(frozen=True)
-class EnvironmentEntry:
-    """Where an environment's training and evaluation live."""
-
-    module: str  # has `run(preset, steps, base_model, name=..., base_path=...)` and `evaluate_run(...)`
-    default_name: str
-    rewards: tuple[str, ...] = ()  # training rewards to choose from (`run(..., reward=, judge=)`); () = its own only
-
-
-ENVIRONMENTS = {
-    "2048": EnvironmentEntry("environments.twenty_forty_eight.train", "2048-agent"),
-    "email": EnvironmentEntry("environments.email_agent.train", "email-agent", ("match", "judge", "ruler")),
-    "larger-number": EnvironmentEntry("environments.larger_number.train", "main-job"),
-}
-
-
-def _entry(env: str) -> EnvironmentEntry:
-    if env not in ENVIRONMENTS:
-        raise typer.BadParameter(f"unknown environment {env!r}; choose one of: {', '.join(sorted(ENVIRONMENTS))}")
-    return ENVIRONMENTS[env]
+def _entry(env: str) -> EnvironmentCommands:
+    try:
+        return load_environment(env)
+    except ConfigurationError as error:
+        raise typer.BadParameter(str(error)) from error
 
 
 @app.command()
 def train(
-    env: str = typer.Argument(..., help=f"one of: {', '.join(sorted(ENVIRONMENTS))}"),
+    env: str = typer.Argument(..., help=f"one of: {', '.join(environment_names())}"),
     preset: str = typer.Option("cpu", help="cpu (this laptop-class machine) or gpu"),
     steps: int | None = typer.Option(None, help="training steps (default: the preset's)"),
     model: str | None = typer.Option(None, help="base model: the packaged default, a Hugging Face id or a folder"),
@@ -67,7 +53,7 @@ def train(
     entry = _entry(env)
     choice = {}
     if reward is not None or judge is not None:
-        offering = ", ".join(e for e, other in ENVIRONMENTS.items() if other.rewards)
+        offering = ", ".join(e for e in environment_names() if load_environment(e).rewards)
         if not entry.rewards:
             raise typer.BadParameter(
                 f"environment {env!r} has its own reward only; --reward/--judge apply to: {offering}"
@@ -79,69 +65,30 @@ def train(
         if judge is not None and reward not in ("judge", "ruler"):
             raise typer.BadParameter("--judge needs --reward judge or --reward ruler")
         choice = {"reward": reward, "judge": judge}
-    module = importlib.import_module(entry.module)
     if weave is not None:
         from agentrl.weave_tracing import enable_weave
 
         enable_weave(weave)
-    asyncio.run(module.run(preset, steps, model, name=name or entry.default_name, base_path=base_path, **choice))
+    asyncio.run(entry.run(preset, steps, model, name=name or entry.default_name, base_path=base_path, **choice))
 
 
 @app.command("eval")
 def evaluate(
-    env: str = typer.Argument(..., help=f"one of: {', '.join(sorted(ENVIRONMENTS))}"),
+    env: str = typer.Argument(..., help=f"one of: {', '.join(environment_names())}"),
     preset: str = typer.Option("cpu", help="cpu or gpu"),
     name: str | None = typer.Option(None, help="run to evaluate at its latest checkpoint (default: the environment's)"),
     base_path: str = typer.Option(".agentrl", help="root folder of runs"),
 ) -> None:
     """Held-out metrics of the prompted base model and of a run's latest checkpoint."""
     entry = _entry(env)
-    module = importlib.import_module(entry.module)
-    asyncio.run(module.evaluate_run(preset, name=name or entry.default_name, base_path=base_path))
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What `runs` and `show` know about a run folder."""
-
-    path: Path
-    steps: list[int]
-    metrics: list[dict]
-
-    @property
-    def label(self) -> str:
-        return f"{self.path.parent.name}/{self.path.name}"
-
-    def best(self, split: str) -> float | None:
-        values = [
-            m["reward_mean"]
-            for m in self.metrics
-            if m.get("split") == split and isinstance(m.get("reward_mean"), float)
-        ]
-        return max(values) if values else None
-
-
-def _run_info(path: Path) -> RunInfo:
-    from agentrl.backend.checkpoints import CheckpointStore
-    from agentrl.tracking import read_metrics
-
-    return RunInfo(path, CheckpointStore(path).steps(), read_metrics(path))
-
-
-def _find_runs(base_path: str) -> list[RunInfo]:
-    root = Path(base_path)
-    folders = sorted(
-        {p.parent.parent for p in root.glob("*/*/checkpoints/*")} | {p.parent for p in root.glob("*/*/metrics.jsonl")}
-    )
-    return [_run_info(p) for p in folders]
+    asyncio.run(entry.evaluate_run(preset, name=name or entry.default_name, base_path=base_path))
 
 
 def _resolve_run(run: str, base_path: str) -> RunInfo:
-    path = Path(run) if Path(run).is_dir() else Path(base_path) / run
-    if not path.is_dir():
-        known = ", ".join(r.label for r in _find_runs(base_path)) or "none yet"
-        raise typer.BadParameter(f"no run {run!r} under {base_path} (give PROJECT/NAME or a folder); runs: {known}")
-    return _run_info(path)
+    try:
+        return resolve_run(run, base_path)
+    except ConfigurationError as error:
+        raise typer.BadParameter(str(error)) from error
 
 
 def _fmt(value: float | None) -> str:
@@ -151,7 +98,7 @@ def _fmt(value: float | None) -> str:
 @app.command()
 def runs(base_path: str = typer.Option(".agentrl", help="root folder of runs")) -> None:
     """List runs with their latest step, best train and held-out reward, and path."""
-    found = _find_runs(base_path)
+    found = find_runs(base_path)
     if not found:
         typer.echo(f"no runs under {Path(base_path).resolve()}")
         return

@@ -13,6 +13,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ import httpx
 import openai
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 
+from agentrl.backend.protocol import Backend, InferenceEndpoint
 from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError
 from agentrl.tracking import DEFAULT_BEST_BY
@@ -28,8 +30,6 @@ from agentrl.trajectory import Trajectory, TrajectoryGroup
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from agentrl.backend.local import LocalBackend, TrainResult
-    from agentrl.backend.server import VLLMServer
     from agentrl.trajectory import History
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -169,27 +169,40 @@ def _warn_seed_dropped() -> None:
 MAX_CONNECTIONS = 64
 
 
-def _pooled_http_client(
-    *, timeout_s: float = 600.0, server: VLLMServer | None = None, drop_seed: bool = False
-) -> httpx.AsyncClient:
+def _pooled_http_client(*, timeout_s: float = 600.0, endpoint: InferenceEndpoint | None = None) -> httpx.AsyncClient:
     """At most MAX_CONNECTIONS sockets; further requests wait for a free one (no pool timeout).
 
-    With `server` (our own vLLM), every chat completion asks for token data, and a dead or hung
+    With a backend's `endpoint`, every chat completion asks for token data, and a dead or hung
     server is reported as such (see `_SaysWhenTheServerIsGone`).
     """
     limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
     transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(limits=limits)
-    if server is not None:
-        transport = _SaysWhenTheServerIsGone(transport, server.death_notice, timeout_s)
-        transport = _AskForTokenData(transport, drop_seed=drop_seed)
+    if endpoint is not None:
+        if endpoint.death_notice is not None:
+            transport = _SaysWhenTheServerIsGone(transport, endpoint.death_notice, timeout_s)
+        transport = _AskForTokenData(transport, drop_seed=endpoint.drop_seed)
     return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout_s, connect=30.0, pool=None))
 
 
-def server_client(server: VLLMServer, *, timeout_s: float) -> openai.AsyncOpenAI:
-    """An openai client for our own vLLM server: its key, token data on every completion, and a dead or
+def endpoint_client(endpoint: InferenceEndpoint, *, timeout_s: float) -> openai.AsyncOpenAI:
+    """An openai client for a backend's server: its key, token data on every completion, and a dead or
     hung server reported as such within `timeout_s` (openai's own timeout would override httpx's)."""
-    http_client = _pooled_http_client(timeout_s=timeout_s, server=server, drop_seed=not server.gpu)
-    return openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key, http_client=http_client, timeout=timeout_s)
+    http_client = _pooled_http_client(timeout_s=timeout_s, endpoint=endpoint)
+    return openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, http_client=http_client, timeout=timeout_s)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """The outcome of `model.train`: the step now served, and the step's metrics."""
+
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    skipped: bool = False
+    """True when no group could train: no update, no new checkpoint, the step unchanged."""
+    skip_reason: str | None = None
+    """Why a skipped step trained nothing, cause by cause (no groups, not gathered, all failed, ...)."""
+    last_judge_error: str | None = None
+    """The last error of a judge whose failure dropped a group this step (`metrics["num_groups_judge_failed"]`)."""
 
 
 class TrainableModel(Model):
@@ -206,7 +219,7 @@ class TrainableModel(Model):
     wandb: bool | None = None
     """Send metrics to a W&B run (project = `project`, name = `name`); None: only when WANDB_API_KEY is set."""
 
-    _backend: LocalBackend | None = PrivateAttr(default=None)
+    _backend: Backend | None = PrivateAttr(default=None)
     _step: int = PrivateAttr(default=0)
 
     @field_validator("name", "project")
@@ -226,7 +239,7 @@ class TrainableModel(Model):
         return self._backend is not None
 
     @property
-    def backend(self) -> LocalBackend:
+    def backend(self) -> Backend:
         """The backend that serves and trains this model (an error before `register`)."""
         return self._require_backend()
 
@@ -241,17 +254,17 @@ class TrainableModel(Model):
         return f"{self.name}@{self._step}"
 
     def _endpoint(self) -> str | None:
-        return self._require_backend().base_url
+        return self._require_backend().endpoint(self).base_url
 
     def _make_client(self) -> openai.AsyncOpenAI:
         """A client at the backend's server whose chat completions always carry sampled token ids and logprobs."""
-        return server_client(self._require_backend().require_server(), timeout_s=self.server.request_timeout_s)
+        return endpoint_client(self._require_backend().endpoint(self), timeout_s=self.server.request_timeout_s)
 
     def litellm_params(self) -> dict[str, Any]:
-        server = self._require_backend().require_server()
-        return {"model": f"hosted_vllm/{self.inference_name}", "api_base": server.base_url, "api_key": server.api_key}
+        endpoint = self._require_backend().endpoint(self)
+        return {"model": f"hosted_vllm/{self.inference_name}", "api_base": endpoint.base_url, "api_key": endpoint.api_key}
 
-    async def register(self, backend: LocalBackend) -> None:
+    async def register(self, backend: Backend) -> None:
         """Attach a backend: it resumes from the latest checkpoint (or creates step 0) and serves it."""
         self._step = await backend.register(self)
         self._backend = backend
@@ -287,7 +300,7 @@ class TrainableModel(Model):
         from metrics.jsonl; by default the best held-out reward, as ART keeps); returns deleted steps."""
         return await self._require_backend().delete_checkpoints(self, keep_last=keep_last, best_by=best_by)
 
-    def _require_backend(self) -> LocalBackend:
+    def _require_backend(self) -> Backend:
         if self._backend is None:
             raise AgentRLError(
                 f"model {self.name!r} has no backend yet; call `await model.register(agentrl.LocalBackend())` first"

@@ -12,11 +12,8 @@ Every file is written to a temporary name and renamed into place, so a crash nev
 
 from __future__ import annotations
 
-import errno
 import html
 import json
-import logging
-import math
 import os
 import time
 import uuid
@@ -25,59 +22,8 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.backend.checkpoints import write_text_atomic
+from agentrl.files import append_line, read_lines, write_text_atomic
 from agentrl.trajectory import Trajectory, TrajectoryGroup, reward_stats
-
-logger = logging.getLogger(__name__)
-
-
-def _finite_or_none(value: Any) -> Any:
-    """JSON has no NaN or Infinity: a non-finite number is written as null (strict readers choke on `NaN`)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite_or_none(v) for v in value]
-    return value
-
-
-def append_line(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line whole, or not at all.
-
-    One `write` of the whole line to a file opened for appending; if it fails part-way (a full
-    disk), the file is cut back to where it was. A line torn by a crash before this code existed
-    is ended with a newline first, so it never swallows the next record.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = (json.dumps(_finite_or_none(record), allow_nan=False) + "\n").encode()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            data = b"\n" + data
-        try:
-            written = os.write(fd, data)
-            if written != len(data):
-                raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes of a line reached {path}")
-        except OSError:
-            os.ftruncate(fd, size)
-            raise
-    finally:
-        os.close(fd)
-
-
-def read_lines(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of an appended file; an unreadable (torn) line is skipped with a warning."""
-    records = []
-    for number, line in enumerate(Path(path).read_text(errors="replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            logger.warning("skipping line %d of %s, which is torn or not JSON (%s): %.80r", number, path, error, line)
-    return records
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:

@@ -15,8 +15,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from agentrl.backend.checkpoints import write_text_atomic
 from agentrl.errors import AgentRLError
+from agentrl.files import write_text_atomic
 
 RUN_ID_FILE = "wandb_run_id"
 

@@ -19,8 +19,8 @@ import statistics
 import tempfile
 import time
 
-from agentrl.backend.checkpoints import write_json_atomic
 from agentrl.base_models import resolve_base_model
+from agentrl.files import write_json_atomic
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name
 from environments.larger_number.task import Scenario, reward, scenarios

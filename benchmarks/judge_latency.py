@@ -16,7 +16,7 @@ import statistics
 import tempfile
 
 import agentrl
-from agentrl.backend.checkpoints import write_json_atomic
+from agentrl.files import write_json_atomic
 from agentrl.judges import JudgeLimiter, ruler_score_group
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name

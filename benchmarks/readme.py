@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrl.backend.checkpoints import write_text_atomic
+from agentrl.files import write_text_atomic
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 import agentrl
-from agentrl.backend.checkpoints import write_json_atomic
+from agentrl.files import write_json_atomic
 from benchmarks.readme import replace_section
 from environments.larger_number.task import rollout, scenarios
 

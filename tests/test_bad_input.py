@@ -34,9 +34,10 @@ from hypothesis import strategies as st
 
 import agentrl
 from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.backend.protocol import InferenceEndpoint
 from agentrl.backend.server import VLLMServer, free_port
 from agentrl.config import ServerConfig
-from agentrl.model import server_client
+from agentrl.model import endpoint_client
 from agentrl.rl.tokenize import tokenize_groups
 from agentrl.tracking import append_metrics, read_metrics
 from environments.email_agent.tools import execute
@@ -220,7 +221,8 @@ def stand_in_server(ctx: Ctx, command: list[str]) -> VLLMServer:
 
 
 async def ask(server: VLLMServer, timeout_s: float) -> None:
-    client = server_client(server, timeout_s=timeout_s)
+    endpoint = InferenceEndpoint(server.base_url, server.api_key, death_notice=server.death_notice)
+    client = endpoint_client(endpoint, timeout_s=timeout_s)
     try:
         await client.chat.completions.create(model="m@0", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     finally:

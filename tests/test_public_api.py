@@ -4,6 +4,7 @@ import agentrl
 
 EXPECTED = {
     "AgentRLError",
+    "Backend",
     "CISPOLoss",
     "CheckpointError",
     "ConfigurationError",

@@ -19,41 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import CheckpointError, ConfigurationError
+from agentrl.files import fsync_path, fsync_tree, write_json_atomic, write_text_atomic
 
 INFO_FILE = "agentrl-checkpoint.json"
 _STAGING_PREFIX = ".staging-"
 _CORRUPT_PREFIX = ".corrupt-"
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file (flushed to disk) and a rename, so a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def fsync_tree(folder: Path) -> None:
-    """Flush every file under `folder`, then each folder itself (its entries), to disk."""
-    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-        _fsync_path(path)
-    _fsync_path(folder)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """`write_text_atomic` for JSON."""
-    write_text_atomic(path, json.dumps(data, indent=2))
 
 
 class CheckpointStore:
@@ -114,7 +84,7 @@ class CheckpointStore:
             write_json_atomic(staging / INFO_FILE, {"step": step, **info})
             fsync_tree(staging)
             os.rename(staging, final)
-            _fsync_path(self.root)
+            fsync_path(self.root)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return final

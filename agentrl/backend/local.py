@@ -17,18 +17,19 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tqdm.auto import tqdm
 
 from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.backend.protocol import InferenceEndpoint
 from agentrl.backend.run_lock import RunLock
 from agentrl.backend.server import VLLMServer
 from agentrl.backend.trainer import StepOutcome, Trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError, CheckpointError, ConfigurationError, ServerError
+from agentrl.model import TrainResult
 from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
 from agentrl.tracking import DEFAULT_BEST_BY, best_step, record_step, summarize
 from agentrl.wandb_metrics import WandbMetrics, wandb_requested
@@ -39,20 +40,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """The outcome of `model.train`: the step now served, and the step's metrics."""
-
-    step: int
-    metrics: dict[str, float] = field(default_factory=dict)
-    skipped: bool = False
-    """True when no group could train: no update, no new checkpoint, the step unchanged."""
-    skip_reason: str | None = None
-    """Why a skipped step trained nothing, cause by cause (no groups, not gathered, all failed, ...)."""
-    last_judge_error: str | None = None
-    """The last error of a judge whose failure dropped a group this step (`metrics["num_groups_judge_failed"]`)."""
 
 
 class LocalBackend:
@@ -76,6 +63,11 @@ class LocalBackend:
         return await asyncio.get_running_loop().run_in_executor(
             self._trainer_thread, functools.partial(fn, *args, **kwargs)
         )
+
+    def endpoint(self, model: TrainableModel) -> InferenceEndpoint:
+        """The server's address and key, and how to tell that it died."""
+        server = self.require_server()
+        return InferenceEndpoint(server.base_url, server.api_key, drop_seed=not server.gpu, death_notice=server.death_notice)
 
     def require_server(self) -> VLLMServer:
         """The running server's handle (an error before `register`)."""

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import agentrl
+from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
 from environments.email_agent.env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
 from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
@@ -93,6 +94,10 @@ async def evaluate_run(preset_name: str = "cpu", name: str = "email-agent", base
     env = EmailEnvironment.load()
     model = agentrl.TrainableModel(name=name, project="email-agent", base_model=preset.base_model, base_path=base_path)
     return await evaluate_base_and_checkpoint(model, lambda m: evaluate(m, env.data.split("test"), env, preset))
+
+
+COMMANDS = EnvironmentCommands(run=run, evaluate_run=evaluate_run, default_name="email-agent", rewards=("match", "judge", "ruler"))
+"""What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
 
 
 def main() -> None:

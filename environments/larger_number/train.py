@@ -10,6 +10,7 @@ import argparse
 import asyncio
 
 import agentrl
+from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
 from environments.larger_number.task import evaluate, rollout, scenarios
 from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
@@ -43,6 +44,10 @@ async def run(preset: str = "cpu", steps: int | None = None, base_model: str | N
 async def evaluate_run(preset: str = "cpu", name: str = "main-job", base_path: str = ".agentrl") -> dict:
     model = agentrl.TrainableModel(name=name, project="larger-number", base_path=base_path)
     return await evaluate_base_and_checkpoint(model, held_out)
+
+
+COMMANDS = EnvironmentCommands(run=run, evaluate_run=evaluate_run, default_name="main-job", rewards=())
+"""What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
 
 
 def main() -> None:

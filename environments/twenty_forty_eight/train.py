@@ -11,6 +11,7 @@ import asyncio
 from dataclasses import replace
 
 import agentrl
+from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
 from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
 from environments.twenty_forty_eight.env import PRESETS, evaluate, rollout, scenarios
@@ -47,6 +48,10 @@ async def evaluate_run(preset_name: str = "cpu", name: str = "2048-agent", base_
     model = agentrl.TrainableModel(name=name, project="2048", base_model=preset.base_model, base_path=base_path)
     test = scenarios("test", test_games, preset)
     return await evaluate_base_and_checkpoint(model, lambda m: evaluate(m, test, max_tokens=preset.max_tokens))
+
+
+COMMANDS = EnvironmentCommands(run=run, evaluate_run=evaluate_run, default_name="2048-agent", rewards=())
+"""What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
 
 
 def main() -> None:

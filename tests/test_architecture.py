@@ -1,0 +1,166 @@
+"""The package's shape: no import cycle in agentrl/, the library never imports the recipes, and
+`TrainableModel` works against any `Backend` (here a fake one; the real one is tested everywhere else)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import agentrl
+from agentrl.backend.protocol import InferenceEndpoint
+
+PACKAGE = Path(agentrl.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """Modules `path` imports when it runs (anywhere in it, functions included), not under TYPE_CHECKING."""
+    tree = ast.parse(path.read_text())
+    skipped = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}  # `from pkg import module`
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: {m for m in runtime_imports(path) if m in files and m != name} for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node], _ = "open", stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node], _ = "done", stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_agentrl_has_no_import_cycle():
+    graph = import_graph()
+    assert "agentrl.model" in graph and "agentrl.backend.local" in graph
+    assert "agentrl.model" in graph["agentrl.backend.local"]  # the backend depends on the model ...
+    assert not any(m.startswith("agentrl.backend.local") for m in graph["agentrl.model"])  # ... never back
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_library_never_imports_the_recipes():
+    for path in PACKAGE.rglob("*.py"):
+        imported = runtime_imports(path)
+        assert not any(m == "environments" or m.startswith("environments.") for m in imported), path
+        assert "environments." not in path.read_text().replace("agentrl.environments", ""), path  # nor by string
+
+
+def test_the_shipped_environments_are_found_through_entry_points():
+    from agentrl.plugins import environment_names, load_environment
+
+    assert {"2048", "email", "larger-number"} <= set(environment_names())
+    assert load_environment("email").rewards == ("match", "judge", "ruler")
+    assert load_environment("2048").default_name == "2048-agent"
+
+
+class FakeBackend:
+    """A `Backend` that records calls: enough to unit-test `TrainableModel` without a server."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.step = 3
+
+    async def register(self, model):
+        self.calls.append(("register", model.name))
+        return self.step
+
+    async def get_step(self, model):
+        return self.step
+
+    async def train(self, model, groups, config):
+        self.calls.append(("train", len(groups), config.learning_rate))
+        self.step += 1
+        return agentrl.TrainResult(step=self.step, metrics={"reward_mean": 0.5})
+
+    async def train_sft(self, model, histories, config):
+        self.calls.append(("train_sft", len(histories), config.epochs))
+        self.step += 1
+        return agentrl.TrainResult(step=self.step)
+
+    async def log(self, model, groups, split):
+        self.calls.append(("log", [len(g.trajectories) for g in groups], split))
+        return {"reward_mean": 1.0}
+
+    async def delete_checkpoints(self, model, *, keep_last, best_by):
+        self.calls.append(("delete", keep_last, best_by))
+        return [1]
+
+    def endpoint(self, model):
+        return InferenceEndpoint("http://127.0.0.1:9/v1", "fake-key")
+
+    def base_model(self):
+        return agentrl.Model(name="base", base_url="http://127.0.0.1:9/v1", api_key="fake-key")
+
+    async def close(self):
+        self.calls.append(("close",))
+
+
+async def test_trainable_model_against_a_fake_backend():
+    backend = FakeBackend()
+    assert isinstance(backend, agentrl.Backend)
+    model = agentrl.TrainableModel(name="agent", project="unit")
+    assert not model.registered
+    await model.register(backend)
+    assert model.registered and model.backend is backend and model.inference_name == "agent@3"
+    client = model.openai_client()
+    assert str(client.base_url) == "http://127.0.0.1:9/v1/" and client.api_key == "fake-key"
+    assert model.litellm_params() == {
+        "model": "hosted_vllm/agent@3", "api_base": "http://127.0.0.1:9/v1", "api_key": "fake-key"
+    }  # fmt: skip
+    result = await model.train([agentrl.TrajectoryGroup()])
+    assert result.step == 4 and model.inference_name == "agent@4"
+    assert backend.calls[-1] == ("train", 1, agentrl.TrainConfig().learning_rate)  # the default config
+    await model.train_sft([agentrl.Trajectory()], agentrl.SFTConfig(epochs=1))
+    assert model.inference_name == "agent@5" and backend.calls[-1] == ("train_sft", 1, 1)
+    assert await model.log([agentrl.Trajectory(), agentrl.Trajectory()]) == {"reward_mean": 1.0}
+    assert backend.calls[-1] == ("log", [1, 1], "val")  # each trajectory its own group
+    assert await model.delete_checkpoints() == [1]
+    assert backend.calls[-1] == ("delete", 1, "val/reward_mean")  # ART's default: keep the best held-out
+    backend.step = 9
+    assert await model.get_step() == 9 and model.inference_name == "agent@9"
+
+
+def test_a_model_without_a_backend_says_how_to_get_one():
+    import pytest
+
+    with pytest.raises(agentrl.AgentRLError, match="register"):
+        agentrl.TrainableModel(name="agent").litellm_params()
