@@ -93,7 +93,7 @@ def convert_packaged_model(name: str) -> Path:
     try:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # The weights are dequantized on load; drop the GGUF quantizer so the folder reads as plain fp32.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # typed as a quantizer; None is how it is turned off
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(staging)

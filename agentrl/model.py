@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
-
 class Model(BaseModel):
     """An OpenAI-compatible model: a judge, a prompted baseline, or (subclassed) a trainable agent."""
 
@@ -76,7 +75,9 @@ class Model(BaseModel):
         return self.base_url
 
     def _make_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self._key() or "EMPTY", http_client=_pooled_http_client())
+        return openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=self._key() or "EMPTY", http_client=_pooled_http_client()
+        )
 
     def _key(self) -> str | None:
         return self.api_key.get_secret_value() if self.api_key is not None else None
@@ -111,9 +112,12 @@ class _AskForTokenData(httpx.AsyncBaseTransport):
                 _warn_seed_dropped()
             headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
             request = httpx.Request(  # the extensions carry the request's timeouts: without them it waits forever
-                request.method, request.url, headers=headers, content=json.dumps(body).encode(),
+                request.method,
+                request.url,
+                headers=headers,
+                content=json.dumps(body).encode(),
                 extensions=request.extensions,
-            )  # fmt: skip
+            )
         return await self.inner.handle_async_request(request)
 
     async def aclose(self) -> None:
@@ -145,9 +149,9 @@ class _SaysWhenTheServerIsGone(httpx.AsyncBaseTransport):
             )
             return _error_response(request, 504, message)
         except httpx.TransportError:
-            if (message := self.death_notice()) is None:
+            if (notice := self.death_notice()) is None:
                 raise  # a running server: a passing network error, which the client retries
-            return _error_response(request, 503, message)
+            return _error_response(request, 503, notice)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -188,7 +192,9 @@ def endpoint_client(endpoint: InferenceEndpoint, *, timeout_s: float) -> openai.
     """An openai client for a backend's server: its key, token data on every completion, and a dead or
     hung server reported as such within `timeout_s` (openai's own timeout would override httpx's)."""
     http_client = _pooled_http_client(timeout_s=timeout_s, endpoint=endpoint)
-    return openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, http_client=http_client, timeout=timeout_s)
+    return openai.AsyncOpenAI(
+        base_url=endpoint.base_url, api_key=endpoint.api_key, http_client=http_client, timeout=timeout_s
+    )
 
 
 @dataclass(frozen=True)
@@ -262,7 +268,11 @@ class TrainableModel(Model):
 
     def litellm_params(self) -> dict[str, Any]:
         endpoint = self._require_backend().endpoint(self)
-        return {"model": f"hosted_vllm/{self.inference_name}", "api_base": endpoint.base_url, "api_key": endpoint.api_key}
+        return {
+            "model": f"hosted_vllm/{self.inference_name}",
+            "api_base": endpoint.base_url,
+            "api_key": endpoint.api_key,
+        }
 
     async def register(self, backend: Backend) -> None:
         """Attach a backend: it resumes from the latest checkpoint (or creates step 0) and serves it."""
@@ -291,7 +301,7 @@ class TrainableModel(Model):
     ) -> dict[str, float]:
         """Record evaluation results at the current step, beside the training metrics (metrics.jsonl,
         trajectories, an HTML transcript, reward.png); returns the averaged metrics."""
-        items = list(trajectories_or_groups)
+        items: list[Trajectory | TrajectoryGroup] = list(trajectories_or_groups)
         groups = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in items]
         return await self._require_backend().log(self, groups, split)
 

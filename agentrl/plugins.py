@@ -11,7 +11,7 @@ installed package can add environments the same way.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -25,9 +25,9 @@ ENTRY_POINT_GROUP = "agentrl.environments"
 class EnvironmentCommands:
     """How the `agentrl` command trains and evaluates one environment."""
 
-    run: Callable[..., Awaitable[Any]]
+    run: Callable[..., Coroutine[Any, Any, Any]]
     """`run(preset, steps, base_model, name=..., base_path=..., [reward=..., judge=...])`: train, evaluating before and after."""
-    evaluate_run: Callable[..., Awaitable[Any]]
+    evaluate_run: Callable[..., Coroutine[Any, Any, Any]]
     """`evaluate_run(preset, name=..., base_path=...)`: held-out metrics of the base model and of a run's checkpoint."""
     default_name: str
     """The run name when none is given."""

@@ -87,7 +87,7 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 def _message_html(item: dict[str, Any] | Choice) -> str:
     if isinstance(item, Choice):
         role, content = "assistant", item.message.content or ""
-        calls = [(c.function.name, c.function.arguments) for c in item.message.tool_calls or []]
+        calls = [(c.function.name, c.function.arguments) for c in item.message.tool_calls or [] if c.type == "function"]
     else:
         role, content = item["role"], item.get("content") or ""
         calls = [(c["function"]["name"], c["function"]["arguments"]) for c in item.get("tool_calls") or []]

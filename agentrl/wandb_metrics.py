@@ -46,9 +46,15 @@ class WandbMetrics:
             write_text_atomic(id_file, run_id)
         try:
             self.run = wandb.init(
-                project=project, name=name, id=run_id, resume="allow", dir=str(run_dir), config=config,
-                reinit="create_new", settings=wandb.Settings(console="off", silent=True),
-            )  # fmt: skip
+                project=project,
+                name=name,
+                id=run_id,
+                resume="allow",
+                dir=str(run_dir),
+                config=config,
+                reinit="create_new",
+                settings=wandb.Settings(console="off", silent=True),
+            )
         except Exception as error:
             raise AgentRLError(
                 f"could not start the W&B run {project}/{run_id}: {error}. Without a network use "

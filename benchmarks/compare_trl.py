@@ -55,11 +55,23 @@ def run_trl(steps: int, prompts_per_step: int, group_size: int) -> list[float]:
 
     with tempfile.TemporaryDirectory() as tmp:
         config = GRPOConfig(
-            output_dir=tmp, max_steps=steps, per_device_train_batch_size=prompts_per_step * group_size,
-            num_generations=group_size, max_completion_length=16, temperature=1.0, learning_rate=5e-4,
-            epsilon=0.2, epsilon_high=0.28, beta=0.0, bf16=True, use_cpu=True, logging_steps=1,
-            report_to="none", save_strategy="no", shuffle_dataset=False,
-        )  # fmt: skip
+            output_dir=tmp,
+            max_steps=steps,
+            per_device_train_batch_size=prompts_per_step * group_size,
+            num_generations=group_size,
+            max_completion_length=16,
+            temperature=1.0,
+            learning_rate=5e-4,
+            epsilon=0.2,
+            epsilon_high=0.28,
+            beta=0.0,
+            bf16=True,
+            use_cpu=True,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            shuffle_dataset=False,
+        )
         lora = LoraConfig(
             r=8,
             lora_alpha=16,
@@ -67,9 +79,13 @@ def run_trl(steps: int, prompts_per_step: int, group_size: int) -> list[float]:
             task_type="CAUSAL_LM",
         )
         trainer = GRPOTrainer(
-            model=resolve_base_model("smollm2-135m-instruct"), reward_funcs=larger_number_reward, args=config,
-            train_dataset=dataset, peft_config=lora, callbacks=[StepTimer()],
-        )  # fmt: skip
+            model=resolve_base_model("smollm2-135m-instruct"),
+            reward_funcs=larger_number_reward,
+            args=config,
+            train_dataset=dataset,
+            peft_config=lora,
+            callbacks=[StepTimer()],
+        )
         trainer.train()
     return step_seconds
 
@@ -94,17 +110,19 @@ def main() -> None:
         "speedup": trl_step_s / ours["mean_over_steps"]["step_s"],
     }
     write_json_atomic(TRL_RESULTS, result)
-    table = "\n".join([
-        START,
-        f"TRL {__import__('trl').__version__} `GRPOTrainer` vs agentrl, same model, task and sizes, on {result['machine']}, {result['date']}:",
-        "",
-        "| | seconds per step |",
-        "|---|---|",
-        f"| TRL GRPOTrainer (transformers generate) | {trl_step_s:.1f} |",
-        f"| agentrl (vLLM + peft) | {result['agentrl_step_s']:.1f} |",
-        f"| **agentrl speed-up** | **{result['speedup']:.1f}x** |",
-        END,
-    ])  # fmt: skip
+    table = "\n".join(
+        [
+            START,
+            f"TRL {__import__('trl').__version__} `GRPOTrainer` vs agentrl, same model, task and sizes, on {result['machine']}, {result['date']}:",
+            "",
+            "| | seconds per step |",
+            "|---|---|",
+            f"| TRL GRPOTrainer (transformers generate) | {trl_step_s:.1f} |",
+            f"| agentrl (vLLM + peft) | {result['agentrl_step_s']:.1f} |",
+            f"| **agentrl speed-up** | **{result['speedup']:.1f}x** |",
+            END,
+        ]
+    )
     replace_section(START, END, table)
     print(json.dumps(result, indent=2))
 

@@ -51,8 +51,12 @@ async def measure(repeats: int) -> dict:
                 print(size, results[size])
         finally:
             await backend.close()
-    return {"machine": f"{cpu_name()}, {os.cpu_count()} cores", "date": datetime.date.today().isoformat(),
-            "repeats": repeats, "groups": results}  # fmt: skip
+    return {
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "date": datetime.date.today().isoformat(),
+        "repeats": repeats,
+        "groups": results,
+    }
 
 
 def main() -> None:
@@ -65,12 +69,18 @@ def main() -> None:
         f"| {size} | {r['mean_s']:.2f} s | {r['min_s']:.2f}-{r['max_s']:.2f} s | {r['attempts_per_call']:.2f} |"
         for size, r in result["groups"].items()
     ]
-    table = "\n".join([
-        START,
-        f"RULER latency, packaged model judging on the local vLLM server, {result['machine']}, {result['date']} "
-        f"({result['repeats']} calls per size, one at a time):",
-        "", "| group size | mean | range | attempts per call |", "|---|---|---|---|", *rows, END,
-    ])  # fmt: skip
+    table = "\n".join(
+        [
+            START,
+            f"RULER latency, packaged model judging on the local vLLM server, {result['machine']}, {result['date']} "
+            f"({result['repeats']} calls per size, one at a time):",
+            "",
+            "| group size | mean | range | attempts per call |",
+            "|---|---|---|---|",
+            *rows,
+            END,
+        ]
+    )
     replace_section(START, END, table)
 
 

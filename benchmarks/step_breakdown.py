@@ -65,21 +65,31 @@ async def run(steps: int, groups_per_step: int, group_size: int) -> dict:
             for step in range(steps):
                 started = time.perf_counter()
                 groups = await agentrl.gather_trajectory_groups(
-                    (agentrl.TrajectoryGroup(rollout(model, s) for _ in range(group_size))
-                     for s in train[step * groups_per_step : (step + 1) * groups_per_step]),
+                    (
+                        agentrl.TrajectoryGroup(rollout(model, s) for _ in range(group_size))
+                        for s in train[step * groups_per_step : (step + 1) * groups_per_step]
+                    ),
                     desc=f"step {step + 1} rollouts",
-                )  # fmt: skip
+                )
                 rollout_s = time.perf_counter() - started
                 sampled = sum(t.metrics["completion_tokens"] for g in groups for t in g.trajectories)
                 result = await model.train(groups, agentrl.TrainConfig(learning_rate=5e-4))
                 m = result.metrics
-                rows.append({
-                    "step": step + 1, "skipped": result.skipped, "rollout_s": rollout_s, "sampled_tokens": sampled,
-                    "tokenize_s": m.get("tokenize_s", 0.0), "train_s": m.get("train_s", 0.0),
-                    "save_s": m.get("save_s", 0.0), "swap_s": m.get("swap_s", 0.0),
-                    "total_tokens": m.get("total_tokens", 0.0), "trained_tokens": m.get("trained_tokens", 0.0),
-                    "step_s": time.perf_counter() - started,
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "step": step + 1,
+                        "skipped": result.skipped,
+                        "rollout_s": rollout_s,
+                        "sampled_tokens": sampled,
+                        "tokenize_s": m.get("tokenize_s", 0.0),
+                        "train_s": m.get("train_s", 0.0),
+                        "save_s": m.get("save_s", 0.0),
+                        "swap_s": m.get("swap_s", 0.0),
+                        "total_tokens": m.get("total_tokens", 0.0),
+                        "trained_tokens": m.get("trained_tokens", 0.0),
+                        "step_s": time.perf_counter() - started,
+                    }
+                )
                 print(json.dumps(rows[-1]))
             trainer_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
             server_peak = peak_rss_gib(backend.server.process.pid)

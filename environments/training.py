@@ -71,9 +71,11 @@ async def train_and_evaluate(
         for step in range(await model.get_step(), start_step + steps + (after_warm_start is not None)):
             step_started = time.perf_counter()
             groups = await agentrl.gather_trajectory_groups(
-                make_groups(model, step), max_exception_rate=max_exception_rate, after_each=after_each,
+                make_groups(model, step),
+                max_exception_rate=max_exception_rate,
+                after_each=after_each,
                 desc=f"step {step + 1} rollouts",
-            )  # fmt: skip
+            )
             result = await model.train(groups, config)
             m = result.metrics
             print(
@@ -89,8 +91,15 @@ async def train_and_evaluate(
         run_dir = model.run_dir.resolve()
         print(f"run folder: {run_dir}\nreward plot: {run_dir / 'reward.png'}")
         print(f"transcripts: {run_dir / 'transcripts' / f'val-{end_step:04d}.html'} (and one per step)")
-        return RunSummary(start_step, end_step, before, after, after_warm_start, str(model.run_dir.resolve()),
-                          time.perf_counter() - started)  # fmt: skip
+        return RunSummary(
+            start_step,
+            end_step,
+            before,
+            after,
+            after_warm_start,
+            str(model.run_dir.resolve()),
+            time.perf_counter() - started,
+        )
     finally:
         if backend is not None:
             await backend.close()

@@ -93,12 +93,23 @@ class FakeOpenAI:
                         self._send(500, {"error": {"message": "injected failure", "type": "server_error"}})
                         return
                     content = fake._answer(request, behaviour)
-                    self._send(200, {
-                        "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
-                        "model": request.get("model", "fake"),
-                        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-                        "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
-                    })  # fmt: skip
+                    self._send(
+                        200,
+                        {
+                            "id": "chatcmpl-fake",
+                            "object": "chat.completion",
+                            "created": int(time.time()),
+                            "model": request.get("model", "fake"),
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": content},
+                                }
+                            ],
+                            "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+                        },
+                    )
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
                 finally:

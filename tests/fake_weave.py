@@ -29,8 +29,12 @@ class FakeWeave:
 
     def environment(self) -> dict[str, str]:
         """Environment variables that point wandb and weave here."""
-        return {"WANDB_API_KEY": "k" * 40, "WANDB_BASE_URL": self.url, "WF_TRACE_SERVER_URL": f"{self.url}/traces",
-                "WEAVE_PRINT_CALL_LINK": "false"}  # fmt: skip
+        return {
+            "WANDB_API_KEY": "k" * 40,
+            "WANDB_BASE_URL": self.url,
+            "WF_TRACE_SERVER_URL": f"{self.url}/traces",
+            "WEAVE_PRINT_CALL_LINK": "false",
+        }
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -38,8 +42,12 @@ class FakeWeave:
 
     def _reply(self, path: str, body: bytes) -> dict[str, Any]:
         if path == "/graphql":
-            return {"data": {"project": {"name": self.project},
-                             "viewer": {"username": self.entity, "defaultEntity": {"name": self.entity}}}}  # fmt: skip
+            return {
+                "data": {
+                    "project": {"name": self.project},
+                    "viewer": {"username": self.entity, "defaultEntity": {"name": self.entity}},
+                }
+            }
         if path.endswith("/server_info"):
             return {"min_required_weave_python_version": "0.0.1", "trace_server_version": "999.0.0"}
         if path.endswith("/file/create"):

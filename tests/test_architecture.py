@@ -144,8 +144,10 @@ async def test_trainable_model_against_a_fake_backend():
     client = model.openai_client()
     assert str(client.base_url) == "http://127.0.0.1:9/v1/" and client.api_key == "fake-key"
     assert model.litellm_params() == {
-        "model": "hosted_vllm/agent@3", "api_base": "http://127.0.0.1:9/v1", "api_key": "fake-key"
-    }  # fmt: skip
+        "model": "hosted_vllm/agent@3",
+        "api_base": "http://127.0.0.1:9/v1",
+        "api_key": "fake-key",
+    }
     result = await model.train([agentrl.TrajectoryGroup()])
     assert result.step == 4 and model.inference_name == "agent@4"
     assert backend.calls[-1] == ("train", 1, agentrl.TrainConfig().learning_rate)  # the default config

@@ -189,9 +189,12 @@ time.sleep(120)
 async def register_while_another_process_holds_the_run(ctx: Ctx) -> None:
     model = agentrl.TrainableModel(name="locked", project="p", base_path=str(ctx.tmp_path))
     holder = subprocess.Popen(
-        [sys.executable, "-c", LOCK_HOLDER, str(model.run_dir)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        [sys.executable, "-c", LOCK_HOLDER, str(model.run_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         try:
@@ -325,61 +328,209 @@ async def train_expecting(ctx: Ctx, groups: list[agentrl.TrajectoryGroup]) -> No
 
 
 CASES = [
-    Case("reward = NaN assigned in a rollout", assign_reward(NAN), pydantic.ValidationError, "reward must be a finite number, got nan"),
+    Case(
+        "reward = NaN assigned in a rollout",
+        assign_reward(NAN),
+        pydantic.ValidationError,
+        "reward must be a finite number, got nan",
+    ),
     Case("reward = None assigned", assign_reward(None), pydantic.ValidationError, "got None"),
-    Case("reward = '0.5' (text) assigned", assign_reward("0.5"), pydantic.ValidationError, "set `traj.reward` to a float"),
+    Case(
+        "reward = '0.5' (text) assigned", assign_reward("0.5"), pydantic.ValidationError, "set `traj.reward` to a float"
+    ),
     Case("reward = inf assigned", assign_reward(INF), pydantic.ValidationError, "got inf"),
-    Case("NaN reward bypassing validation, gathered", gather_with_bypassed_reward, agentrl.RolloutError, "RewardError: group 0, rollout 1 has reward nan"),
-    Case("rollout returns None", gather_a_rollout_returning_none, agentrl.RolloutError, "must return an agentrl.Trajectory"),
-    Case("max_exceptions=0.1 (ART's fraction)", gather_with(max_exceptions=0.1), agentrl.ConfigurationError, "use max_exception_rate=0.1"),
-    Case("max_exception_rate=1.5", gather_with(max_exception_rate=1.5), agentrl.ConfigurationError, "fraction in [0, 1]"),
+    Case(
+        "NaN reward bypassing validation, gathered",
+        gather_with_bypassed_reward,
+        agentrl.RolloutError,
+        "RewardError: group 0, rollout 1 has reward nan",
+    ),
+    Case(
+        "rollout returns None",
+        gather_a_rollout_returning_none,
+        agentrl.RolloutError,
+        "must return an agentrl.Trajectory",
+    ),
+    Case(
+        "max_exceptions=0.1 (ART's fraction)",
+        gather_with(max_exceptions=0.1),
+        agentrl.ConfigurationError,
+        "use max_exception_rate=0.1",
+    ),
+    Case(
+        "max_exception_rate=1.5", gather_with(max_exception_rate=1.5), agentrl.ConfigurationError, "fraction in [0, 1]"
+    ),
     Case("max_exceptions=-1", gather_with(max_exceptions=-1), agentrl.ConfigurationError, "int >= 0"),
     Case("PPO clip_low=-5", train_config(loss={"name": "ppo", "clip_low": -5}), pydantic.ValidationError, "clip_low"),
     Case("PPO clip_high=0", train_config(loss={"name": "ppo", "clip_high": 0}), pydantic.ValidationError, "clip_high"),
     Case("GSPO clip_low=2", train_config(loss={"name": "gspo", "clip_low": 2}), pydantic.ValidationError, "clip_low"),
-    Case("CISPO clip_high=NaN", train_config(loss={"name": "cispo", "clip_high": NAN}), pydantic.ValidationError, "finite number"),
+    Case(
+        "CISPO clip_high=NaN",
+        train_config(loss={"name": "cispo", "clip_high": NAN}),
+        pydantic.ValidationError,
+        "finite number",
+    ),
     Case("DRO beta=-3", train_config(loss={"name": "dro", "beta": -3}), pydantic.ValidationError, "beta"),
     Case("kl_coef=inf", train_config(kl_coef=INF), pydantic.ValidationError, "kl_coef"),
     Case("learning_rate=inf", train_config(learning_rate=INF), pydantic.ValidationError, "learning_rate"),
     Case("learning_rate=NaN", train_config(learning_rate=NAN), pydantic.ValidationError, "learning_rate"),
     Case("max_grad_norm=-1", train_config(max_grad_norm=-1), pydantic.ValidationError, "max_grad_norm"),
     Case("weight_decay=inf", train_config(weight_decay=INF), pydantic.ValidationError, "weight_decay"),
-    Case("truncated_importance_sampling=NaN", train_config(truncated_importance_sampling=NAN), pydantic.ValidationError, "truncated_importance_sampling"),
-    Case("max_judge_failure_rate=2", train_config(max_judge_failure_rate=2), pydantic.ValidationError, "max_judge_failure_rate"),
-    Case("SFT learning_rate=inf", build(agentrl.SFTConfig, learning_rate=INF), pydantic.ValidationError, "learning_rate"),
-    Case("ServerConfig request_timeout_s=0", build(agentrl.ServerConfig, request_timeout_s=0), pydantic.ValidationError, "request_timeout_s"),
-    Case("name='../../x'", build(agentrl.TrainableModel, name="../../x"), pydantic.ValidationError, "name '../../x' must be"),
-    Case("project='a/b'", build(agentrl.TrainableModel, name="a", project="a/b"), pydantic.ValidationError, "project 'a/b' must be"),
+    Case(
+        "truncated_importance_sampling=NaN",
+        train_config(truncated_importance_sampling=NAN),
+        pydantic.ValidationError,
+        "truncated_importance_sampling",
+    ),
+    Case(
+        "max_judge_failure_rate=2",
+        train_config(max_judge_failure_rate=2),
+        pydantic.ValidationError,
+        "max_judge_failure_rate",
+    ),
+    Case(
+        "SFT learning_rate=inf", build(agentrl.SFTConfig, learning_rate=INF), pydantic.ValidationError, "learning_rate"
+    ),
+    Case(
+        "ServerConfig request_timeout_s=0",
+        build(agentrl.ServerConfig, request_timeout_s=0),
+        pydantic.ValidationError,
+        "request_timeout_s",
+    ),
+    Case(
+        "name='../../x'",
+        build(agentrl.TrainableModel, name="../../x"),
+        pydantic.ValidationError,
+        "name '../../x' must be",
+    ),
+    Case(
+        "project='a/b'",
+        build(agentrl.TrainableModel, name="a", project="a/b"),
+        pydantic.ValidationError,
+        "project 'a/b' must be",
+    ),
     Case("name='a@b'", build(agentrl.TrainableModel, name="a@b"), pydantic.ValidationError, "without '..', '/' or '@'"),
     Case("name='..'", build(agentrl.TrainableModel, name=".."), pydantic.ValidationError, "name '..' must be"),
     Case("api_key in a repr", model_repr_hides_the_key, Handled, "api_key=SecretStr('**********')"),
-    Case("tool: keywords is an object", tool("search_emails", '{"keywords": {"a": 1}}'), Handled, "argument 'keywords' must be a JSON string"),
-    Case("tool: max_results=1e999", tool("search_emails", '{"keywords": "x", "max_results": 1e999}'), Handled, "'max_results' must be a JSON integer"),
+    Case(
+        "tool: keywords is an object",
+        tool("search_emails", '{"keywords": {"a": 1}}'),
+        Handled,
+        "argument 'keywords' must be a JSON string",
+    ),
+    Case(
+        "tool: max_results=1e999",
+        tool("search_emails", '{"keywords": "x", "max_results": 1e999}'),
+        Handled,
+        "'max_results' must be a JSON integer",
+    ),
     Case("tool: nesting 100,000 deep", tool("read_email", "[" * 100_000), Handled, "not valid JSON"),
-    Case("tool: 5,000-digit number", tool("search_emails", '{"keywords": "x", "max_results": ' + "9" * 5000 + "}"), Handled, "not valid JSON"),
+    Case(
+        "tool: 5,000-digit number",
+        tool("search_emails", '{"keywords": "x", "max_results": ' + "9" * 5000 + "}"),
+        Handled,
+        "not valid JSON",
+    ),
     Case("tool: arguments are a list", tool("read_email", "[1, 2]"), Handled, "must be a JSON object"),
-    Case("tool: sources is a number", tool("return_final_answer", '{"answer": "x", "sources": [{"id": 1}]}'), Handled, "'sources[0]' must be a JSON string"),
+    Case(
+        "tool: sources is a number",
+        tool("return_final_answer", '{"answer": "x", "sources": [{"id": 1}]}'),
+        Handled,
+        "'sources[0]' must be a JSON string",
+    ),
     Case("metrics.jsonl torn last line", metrics_with_a_torn_last_line, Handled, "torn line skipped"),
     Case("NaN metric", metrics_with_nan, Handled, '"kl": null'),
     Case("empty checkpoint info file", checkpoint_info(""), agentrl.CheckpointError, "not valid JSON (empty or torn)"),
-    Case("checkpoint info of another step", checkpoint_info('{"step": 7}'), agentrl.CheckpointError, "does not record step 3"),
+    Case(
+        "checkpoint info of another step",
+        checkpoint_info('{"step": 7}'),
+        agentrl.CheckpointError,
+        "does not record step 3",
+    ),
     Case("delete_checkpoints(keep_last=0)", delete_keeping_none, agentrl.ConfigurationError, "keep_last must be >= 1"),
-    Case("second process registers a locked run", register_while_another_process_holds_the_run, agentrl.RunLockedError, "is in use by process"),
-    Case("rollout against a dead server", rollout_against_a_dead_server, openai.InternalServerError, "exited with code 3"),
-    Case("rollout against a hung server", rollout_against_a_hung_server, openai.InternalServerError, "gave no answer within 1 s"),
-    Case("Choice without token data", tokenize_a_choice_without_token_data, agentrl.TokenizationError, "group 0, trajectory 0"),
-    Case("RULER with an unreachable judge", ruler_with_an_unreachable_judge, agentrl.JudgeError, "judge openai/judge gave no valid answer"),
-]  # fmt: skip
+    Case(
+        "second process registers a locked run",
+        register_while_another_process_holds_the_run,
+        agentrl.RunLockedError,
+        "is in use by process",
+    ),
+    Case(
+        "rollout against a dead server", rollout_against_a_dead_server, openai.InternalServerError, "exited with code 3"
+    ),
+    Case(
+        "rollout against a hung server",
+        rollout_against_a_hung_server,
+        openai.InternalServerError,
+        "gave no answer within 1 s",
+    ),
+    Case(
+        "Choice without token data",
+        tokenize_a_choice_without_token_data,
+        agentrl.TokenizationError,
+        "group 0, trajectory 0",
+    ),
+    Case(
+        "RULER with an unreachable judge",
+        ruler_with_an_unreachable_judge,
+        agentrl.JudgeError,
+        "judge openai/judge gave no valid answer",
+    ),
+]
 SERVER_CASES = [  # calls on the session's real model (vLLM + trainer)
     Case("train([])", train_on(list), Handled, "no groups were given"),
     Case("train(groups never gathered)", train_on(never_gathered), Handled, "never gathered"),
-    Case("train(all rollouts failed)", train_on(lambda: [agentrl.TrajectoryGroup([], exceptions=[failure(TimeoutError("x"))])]), Handled, "every rollout failed"),
-    Case("train(no sampled turn)", train_on(lambda: [agentrl.TrajectoryGroup([agentrl.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], reward=r) for r in (0.0, 1.0)])]), Handled, "no sampled assistant turn"),
-    Case("train(all rewards equal)", train_on(lambda: [agentrl.TrajectoryGroup([sampled(0.5), sampled(0.5)])]), Handled, "had all rewards equal"),
-    Case("train(judge failed on every group)", lambda ctx: train_expecting(ctx, judge_failed(2)), agentrl.JudgeError, "judge failures dropped 2 of 2 groups"),
-    Case("train(inf reward bypassing validation)", lambda ctx: train_expecting(ctx, bypassed_reward_group()), agentrl.RewardError, "group 0, trajectory 1 has reward inf"),
-    Case("second backend on a run this process holds", register_a_second_backend_on_the_session_run, agentrl.RunLockedError, f"in use by process {os.getpid()}"),
-]  # fmt: skip
+    Case(
+        "train(all rollouts failed)",
+        train_on(lambda: [agentrl.TrajectoryGroup([], exceptions=[failure(TimeoutError("x"))])]),
+        Handled,
+        "every rollout failed",
+    ),
+    Case(
+        "train(no sampled turn)",
+        train_on(
+            lambda: [
+                agentrl.TrajectoryGroup(
+                    [
+                        agentrl.Trajectory(
+                            messages_and_choices=[
+                                {"role": "user", "content": "q"},
+                                {"role": "assistant", "content": "a"},
+                            ],
+                            reward=r,
+                        )
+                        for r in (0.0, 1.0)
+                    ]
+                )
+            ]
+        ),
+        Handled,
+        "no sampled assistant turn",
+    ),
+    Case(
+        "train(all rewards equal)",
+        train_on(lambda: [agentrl.TrajectoryGroup([sampled(0.5), sampled(0.5)])]),
+        Handled,
+        "had all rewards equal",
+    ),
+    Case(
+        "train(judge failed on every group)",
+        lambda ctx: train_expecting(ctx, judge_failed(2)),
+        agentrl.JudgeError,
+        "judge failures dropped 2 of 2 groups",
+    ),
+    Case(
+        "train(inf reward bypassing validation)",
+        lambda ctx: train_expecting(ctx, bypassed_reward_group()),
+        agentrl.RewardError,
+        "group 0, trajectory 1 has reward inf",
+    ),
+    Case(
+        "second backend on a run this process holds",
+        register_a_second_backend_on_the_session_run,
+        agentrl.RunLockedError,
+        f"in use by process {os.getpid()}",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -528,7 +679,9 @@ async def test_a_failed_switch_rolls_back_and_keeps_serving_the_old_adapter(serv
 
 async def test_judge_failures_on_30_percent_of_groups_train_and_are_reported(served_model, real_groups):
     dead_judge = agentrl.Model(name="judge", base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="k")
-    judged = [await agentrl.ruler_score_group(g, dead_judge, swallow_exceptions=True, max_attempts=1) for g in real_groups[:2]]
+    judged = [
+        await agentrl.ruler_score_group(g, dead_judge, swallow_exceptions=True, max_attempts=1) for g in real_groups[:2]
+    ]
     groups = [*judged, *real_groups, *real_groups[:1]]  # 2 of 7 groups (29%) lost to the judge
     step = await served_model.get_step()
     result = await served_model.train(groups, agentrl.TrainConfig(learning_rate=1e-3))
@@ -548,8 +701,14 @@ async def test_server_routes_need_the_backends_key(served_model):
     key = {"Authorization": f"Bearer {server.api_key}"}
     async with httpx.AsyncClient(timeout=30) as client:
         assert (await client.get(f"{root}/health")).status_code == 200
-        for method, path in [("GET", "/v1/models"), ("GET", "/version"), ("POST", "/v1/load_lora_adapter"),
-                             ("POST", "/collective_rpc"), ("POST", "/sleep"), ("GET", "/metrics")]:  # fmt: skip
+        for method, path in [
+            ("GET", "/v1/models"),
+            ("GET", "/version"),
+            ("POST", "/v1/load_lora_adapter"),
+            ("POST", "/collective_rpc"),
+            ("POST", "/sleep"),
+            ("GET", "/metrics"),
+        ]:
             for headers in ({}, {"Authorization": "Bearer wrong"}):
                 response = await client.request(method, f"{root}{path}", headers=headers)
                 assert response.status_code == 401, (path, headers, response.text)
@@ -606,15 +765,20 @@ def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path):
     trainer = Trainer(base_model_path, agentrl.LoRAConfig(), device="meta")
     trainer.model.get_base_model().config._attn_implementation = "eager"  # sdpa's mask check reads values
     sequences = [
-        TokenizedSequence([1, 2, 3, 4, 5, 6], [False, False, False, True, True, True], [0, 0, 0, -1.0, -0.5, -0.2], 1.0, 0),
+        TokenizedSequence(
+            [1, 2, 3, 4, 5, 6], [False, False, False, True, True, True], [0, 0, 0, -1.0, -0.5, -0.2], 1.0, 0
+        ),
         TokenizedSequence([1, 2, 3, 4], [False, False, True, True], [0, 0, -1.0, -0.3], -1.0, 0),
-    ]  # fmt: skip
+    ]
     previous = fx_config.meta_nonzero_assume_all_nonzero
     fx_config.meta_nonzero_assume_all_nonzero = True  # boolean indexing on meta (data-dependent shape)
     try:
         logprobs_BT, entropy_N = token_logprobs(trainer.model, collate(sequences, trainer.pad_token_id).to("meta"))
         assert logprobs_BT.device.type == entropy_N.device.type == "meta"
-        configs = [agentrl.TrainConfig(), agentrl.TrainConfig(kl_coef=0.1, loss="cispo", truncated_importance_sampling=2.0)]
+        configs = [
+            agentrl.TrainConfig(),
+            agentrl.TrainConfig(kl_coef=0.1, loss="cispo", truncated_importance_sampling=2.0),
+        ]
         for config in configs:
             sums = trainer._accumulate_gradients(sequences, config, denominator=5.0)
             assert {t.device.type for t in sums.values()} == {"meta"}
@@ -630,15 +794,28 @@ JSON_VALUES = st.recursive(
 )
 ARGUMENTS = st.one_of(
     st.dictionaries(
-        st.sampled_from(["keywords", "from_addr", "to_addr", "sent_after", "sent_before", "max_results", "message_id",
-                         "answer", "sources", "other"]),
-        JSON_VALUES, max_size=6,
+        st.sampled_from(
+            [
+                "keywords",
+                "from_addr",
+                "to_addr",
+                "sent_after",
+                "sent_before",
+                "max_results",
+                "message_id",
+                "answer",
+                "sources",
+                "other",
+            ]
+        ),
+        JSON_VALUES,
+        max_size=6,
     ).map(lambda d: json.dumps(d, allow_nan=True)),
     JSON_VALUES.map(lambda v: json.dumps(v, allow_nan=True)),
     st.integers(1, 50_000).map(lambda depth: "[" * depth + "]" * depth),
     st.integers(1, 6000).map(lambda digits: '{"keywords": "x", "max_results": 1' + "0" * digits + "}"),
     st.text(max_size=60),
-)  # fmt: skip
+)
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -681,9 +858,13 @@ def test_entry_points_stop_on_signals_even_when_started_as_a_background_job(stop
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     process = subprocess.Popen(
-        [sys.executable, "-c", WAITS_FOR_A_SIGNAL], stdout=subprocess.PIPE, text=True, cwd=ROOT,
-        preexec_fn=like_a_background_job, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-c", WAITS_FOR_A_SIGNAL],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        preexec_fn=like_a_background_job,
+        start_new_session=True,
+    )
     try:
         assert process.stdout.readline().strip() == "ready"
         started = time.monotonic()

@@ -97,10 +97,14 @@ async def test_serve_answers_as_the_checkpoint_until_interrupted(served_model):
     step = CheckpointStore(run_dir).steps()[-1]
     before = run_folder_state(run_dir)
     server = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", "serve", str(run_dir)], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN), start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "agentrl.cli", "serve", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        start_new_session=True,
+    )
     children = []
     try:
         lines = []

@@ -141,10 +141,13 @@ async def test_kl_to_the_base_model_and_other_losses_run_for_real(served_model):
     )
     # Rewards alternate within each group, so every group carries a signal whatever the policy answered.
     groups = [
-        g.model_copy(update={"trajectories": [t.model_copy(update={"reward": float(i % 2)})
-                                              for i, t in enumerate(g.trajectories)]})
+        g.model_copy(
+            update={
+                "trajectories": [t.model_copy(update={"reward": float(i % 2)}) for i, t in enumerate(g.trajectories)]
+            }
+        )
         for g in groups
-    ]  # fmt: skip
+    ]
     config = agentrl.TrainConfig(learning_rate=1e-4, loss="cispo", kl_coef=0.05, truncated_importance_sampling=2.0)
     result = await served_model.train(groups, config)
     assert not result.skipped

@@ -60,8 +60,9 @@ async def test_ruler_scores_a_group_in_one_call_and_keeps_the_old_reward(fake, j
 @pytest.mark.parametrize("bad", ["500", "malformed", "missing_one", "extra_one", "out_of_range", "timeout"])
 async def test_a_bad_answer_is_retried_then_accepted(fake, judge, bad):
     fake.plan(bad)
-    result = await ruler([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], judge,
-                         extra_litellm_params=FAST)  # fmt: skip
+    result = await ruler(
+        [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], judge, extra_litellm_params=FAST
+    )
     assert result.attempts == 2 and result.scores == [0.5, 0.5]
 
 

@@ -8,9 +8,15 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TINY = {
-    "AGENTRL_NB_STEPS": "1", "AGENTRL_NB_GROUPS": "2", "AGENTRL_NB_GROUP_SIZE": "3", "AGENTRL_NB_MAX_MOVES": "2",
-    "AGENTRL_NB_TEST": "2", "AGENTRL_NB_SFT": "4", "AGENTRL_NB_RULER_STEPS": "1", "AGENTRL_NB_MAX_TURNS": "2",
-}  # fmt: skip
+    "AGENTRL_NB_STEPS": "1",
+    "AGENTRL_NB_GROUPS": "2",
+    "AGENTRL_NB_GROUP_SIZE": "3",
+    "AGENTRL_NB_MAX_MOVES": "2",
+    "AGENTRL_NB_TEST": "2",
+    "AGENTRL_NB_SFT": "4",
+    "AGENTRL_NB_RULER_STEPS": "1",
+    "AGENTRL_NB_MAX_TURNS": "2",
+}
 
 
 @pytest.mark.slow

@@ -27,8 +27,11 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
     monkeypatch.setenv("WANDB_MODE", "offline")
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.resume_child", str(tmp_path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     report = None
     deadline = time.monotonic() + 600
     lines = []

@@ -60,8 +60,10 @@ def test_plot_with_no_metrics_yet(tmp_path):
 def test_transcript_shows_additional_histories_and_exceptions():
     from agentrl import History, RolloutException
 
-    traj = Trajectory(messages_and_choices=[{"role": "user", "content": "main"}],
-                      additional_histories=[History(messages_and_choices=[{"role": "user", "content": "branch"}])])  # fmt: skip
+    traj = Trajectory(
+        messages_and_choices=[{"role": "user", "content": "main"}],
+        additional_histories=[History(messages_and_choices=[{"role": "user", "content": "branch"}])],
+    )
     group = TrajectoryGroup([traj], exceptions=[RolloutException(type="TimeoutError", message="judge slow")])
     page = transcript_html([group], "t")
     assert "additional history 1" in page and "branch" in page and "TimeoutError: judge slow" in page

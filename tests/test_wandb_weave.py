@@ -83,8 +83,9 @@ record_step(__import__("pathlib").Path(sys.argv[1]), 1, "train", sample_groups()
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("wandb", "weave")))
 """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "WF_"))}
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
@@ -129,8 +130,9 @@ print("REWARD", trajectory.reward)
     try:
         env = {**os.environ, **fake.environment(), "AGENTRL_TEST_SERVER_KEY": served_model.backend.server.api_key}
         args = [served_model.backend.base_url, served_model.inference_name]
-        result = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True,
-                                text=True, timeout=300)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         reward = float(result.stdout.split("REWARD")[-1])
         rollouts = [c for c in fake.calls if "/op/rollout:" in c["op_name"]]

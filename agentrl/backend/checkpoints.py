@@ -95,7 +95,7 @@ class CheckpointStore:
             for p in self.root.glob(f"{_STAGING_PREFIX}*"):
                 shutil.rmtree(p, ignore_errors=True)
 
-    def delete(self, *, keep_last: int = 1, keep: set[int] = frozenset()) -> list[int]:
+    def delete(self, *, keep_last: int = 1, keep: frozenset[int] | set[int] = frozenset()) -> list[int]:
         """Delete checkpoints except the last `keep_last` and the steps in `keep`. The latest is always
         kept (it is the one being served); returns the deleted steps."""
         if keep_last < 1:

@@ -67,7 +67,9 @@ class LocalBackend:
     def endpoint(self, model: TrainableModel) -> InferenceEndpoint:
         """The server's address and key, and how to tell that it died."""
         server = self.require_server()
-        return InferenceEndpoint(server.base_url, server.api_key, drop_seed=not server.gpu, death_notice=server.death_notice)
+        return InferenceEndpoint(
+            server.base_url, server.api_key, drop_seed=not server.gpu, death_notice=server.death_notice
+        )
 
     def require_server(self) -> VLLMServer:
         """The running server's handle (an error before `register`)."""
@@ -155,8 +157,10 @@ class LocalBackend:
         if screened.num_judge_failed:
             logger.warning(
                 "judge failures dropped %d of %d groups this step; last judge error: %s",
-                screened.num_judge_failed, screened.num_given, screened.last_judge_error,
-            )  # fmt: skip
+                screened.num_judge_failed,
+                screened.num_given,
+                screened.last_judge_error,
+            )
         if screened.trainable:
             await server.sleep()
             try:
@@ -169,9 +173,10 @@ class LocalBackend:
         if not outcome.updated:
             num_zero_variance = round(outcome.metrics.get("frac_zero_variance_groups", 0.0) * len(screened.trainable))
             reason = skip_reason(
-                screened, num_zero_variance=num_zero_variance,
+                screened,
+                num_zero_variance=num_zero_variance,
                 num_skipped_trajectories=int(outcome.metrics.get("num_skipped_trajectories", 0)),
-            )  # fmt: skip
+            )
             logger.warning("step %d skipped, the step counter stays at %d: %s", self.step + 1, self.step, reason)
         metrics = {**outcome.metrics, **screened.metrics()}
         result = await self._commit(StepOutcome(outcome.updated, metrics), split="train", groups=list(groups))
@@ -188,9 +193,11 @@ class LocalBackend:
             for epoch in range(config.epochs):
                 for start in starts:
                     outcome = await self._on_trainer_thread(
-                        trainer.sft_step, histories[start : start + config.batch_size],
-                        learning_rate=config.learning_rate, micro_batch_tokens=config.micro_batch_tokens,
-                    )  # fmt: skip
+                        trainer.sft_step,
+                        histories[start : start + config.batch_size],
+                        learning_rate=config.learning_rate,
+                        micro_batch_tokens=config.micro_batch_tokens,
+                    )
                     metrics = {**outcome.metrics, "epoch": float(epoch)}
                     progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)
                     progress.update(1)
@@ -256,9 +263,14 @@ class LocalBackend:
         logger.warning("%s; the trainer was restored to checkpoint %d", why, step)
 
     async def _record(
-        self, groups: list[TrajectoryGroup], metrics: dict[str, float], *, step: int, split: str,
+        self,
+        groups: list[TrajectoryGroup],
+        metrics: dict[str, float],
+        *,
+        step: int,
+        split: str,
         skipped: bool | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """One step's record in the run folder (and in W&B when it is on)."""
         assert self.model is not None
         record = metrics if skipped is None else {"skipped": skipped, **metrics}

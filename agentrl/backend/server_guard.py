@@ -41,6 +41,11 @@ class RequireServerKey:
             await send({"type": "websocket.close", "code": 1008})
             return
         body = json.dumps({"error": "Unauthorized: this server needs its backend's key"}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,7 +26,13 @@ from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import CheckpointError, TrainingError
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.losses import loss_denominator, policy_loss
-from agentrl.rl.tokenize import TokenBatch, collate, plan_micro_batches, tokenize_groups, tokenize_history
+from agentrl.rl.tokenize import (
+    TokenBatch,
+    collate,
+    plan_micro_batches,
+    tokenize_groups,
+    tokenize_history,
+)
 from agentrl.trajectory import History, TrajectoryGroup, reward_stats
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -75,7 +82,8 @@ def token_logprobs(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Ten
     position's distribution, flat. Logits are computed only at loss positions: with a 49k-token
     vocabulary, the prompt's logits would dominate time and memory and are never used.
     """
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)  # peft wraps the transformers CausalLM
+    causal_lm: Any = get_base_model() if get_base_model is not None else model
     hidden_BTH = causal_lm.model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT).last_hidden_state
     targets_mask_BT = batch.loss_mask_BT[:, 1:].bool()
     hidden_NH = hidden_BTH[:, :-1][targets_mask_BT]
@@ -95,13 +103,17 @@ class Trainer:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).to(self.device)
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(model_path)  # a ChatTokenizer, and pad/eos ids
+        base: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
+        base = base.to(self.device)
         torch.manual_seed(seed)  # the step-0 adapter (LoRA A) is the same for the same seed
         peft_config = LoraConfig(
-            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
-        )  # fmt: skip
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
         # peft keeps the adapter in fp32 over a bf16 base (autocast_adapter_dtype defaults to True).
         self.model = get_peft_model(base, peft_config)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
@@ -119,7 +131,7 @@ class Trainer:
 
     def save(self, folder: Path) -> None:
         """Write the adapter (peft format, which vLLM loads) and the optimizer state into `folder`."""
-        self.model.save_pretrained(folder)
+        self.model.save_pretrained(str(folder))
         torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
 
     def load(self, folder: Path) -> None:
@@ -187,9 +199,11 @@ class Trainer:
         }
         kept_groups = [groups[i] for i in advantages.kept_group_indices]
         tokenized = tokenize_groups(
-            kept_groups, advantages.advantages_P_G, self.tokenizer,
+            kept_groups,
+            advantages.advantages_P_G,
+            self.tokenizer,
             allow_missing_logprobs=config.allow_training_without_logprobs,
-        )  # fmt: skip
+        )
         sequences = tokenized.sequences
         metrics["num_skipped_trajectories"] = float(tokenized.num_skipped_trajectories)
         metrics["tokenize_s"] = time.perf_counter() - started
@@ -198,9 +212,11 @@ class Trainer:
 
         num_loss_tokens = sum(sum(s.loss_mask_T[1:]) for s in sequences)
         denominator = loss_denominator(
-            config.loss_normalization, num_tokens=num_loss_tokens, num_sequences=len(sequences),
+            config.loss_normalization,
+            num_tokens=num_loss_tokens,
+            num_sequences=len(sequences),
             constant=config.normalization_constant,
-        )  # fmt: skip
+        )
         for group in self.optimizer.param_groups:
             group["lr"] = config.learning_rate
             group["weight_decay"] = config.weight_decay
@@ -260,10 +276,17 @@ class Trainer:
                         ref_logprobs_BT, _ = token_logprobs(self.model, batch)
                 logprobs_BT, entropy_N = token_logprobs(self.model, batch)
             out = policy_loss(
-                config.loss, logprobs_BT, sampler_logprobs_BT, batch.advantages_BT[:, 1:], mask_BT,
-                denominator=denominator, ref_logprobs_BT=ref_logprobs_BT, kl_coef=config.kl_coef,
-                kl_estimator=config.kl_estimator, truncated_importance_sampling=config.truncated_importance_sampling,
-            )  # fmt: skip
+                config.loss,
+                logprobs_BT,
+                sampler_logprobs_BT,
+                batch.advantages_BT[:, 1:],
+                mask_BT,
+                denominator=denominator,
+                ref_logprobs_BT=ref_logprobs_BT,
+                kl_coef=config.kl_coef,
+                kl_estimator=config.kl_estimator,
+                truncated_importance_sampling=config.truncated_importance_sampling,
+            )
             out.loss.backward()
             gap_BT = (sampler_logprobs_BT - logprobs_BT.detach()) * mask_BT
             sums["loss"] += out.loss.detach()
@@ -296,10 +319,17 @@ class Trainer:
             nll_sum += nll.detach()
         total_nll = float(nll_sum)
         grad_norm = self._apply_gradients(1.0, loss=total_nll)
-        return StepOutcome(updated=True, metrics={
-            "sft_loss": total_nll, "trained_tokens": float(num_loss_tokens), "num_sequences": float(len(sequences)),
-            "grad_norm": grad_norm, "tokenize_s": tokenize_s, "train_s": time.perf_counter() - started - tokenize_s,
-        })  # fmt: skip
+        return StepOutcome(
+            updated=True,
+            metrics={
+                "sft_loss": total_nll,
+                "trained_tokens": float(num_loss_tokens),
+                "num_sequences": float(len(sequences)),
+                "grad_norm": grad_norm,
+                "tokenize_s": tokenize_s,
+                "train_s": time.perf_counter() - started - tokenize_s,
+            },
+        )
 
     @torch.no_grad()
     def logprobs_of(self, sequences) -> list[list[float]]:

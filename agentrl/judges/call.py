@@ -151,11 +151,19 @@ async def structured_judge_call(
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(max_attempts),
                 wait=wait_exponential(multiplier=0.5, max=8),
-                retry=retry_if_exception_type((InvalidJudgeAnswer, litellm.APIError, litellm.Timeout,
-                                               litellm.APIConnectionError, litellm.RateLimitError,
-                                               litellm.InternalServerError, litellm.ServiceUnavailableError)),
+                retry=retry_if_exception_type(
+                    (
+                        InvalidJudgeAnswer,
+                        litellm.APIError,
+                        litellm.Timeout,
+                        litellm.APIConnectionError,
+                        litellm.RateLimitError,
+                        litellm.InternalServerError,
+                        litellm.ServiceUnavailableError,
+                    )
+                ),
                 reraise=True,
-            ):  # fmt: skip
+            ):
                 with attempt:
                     attempts += 1
                     limiter.attempts += 1

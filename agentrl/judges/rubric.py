@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -110,9 +110,14 @@ async def judge_rubrics(
         )
 
     call = await structured_judge_call(
-        judge_model, rubric_prompt(prompt, response, rubrics), schema, validate,
-        limiter=limiter, max_attempts=max_attempts, extra_litellm_params=extra_litellm_params,
-    )  # fmt: skip
+        judge_model,
+        rubric_prompt(prompt, response, rubrics),
+        schema,
+        validate,
+        limiter=limiter,
+        max_attempts=max_attempts,
+        extra_litellm_params=extra_litellm_params,
+    )
     return call.answer
 
 
@@ -134,7 +139,10 @@ async def rubric_rollout(
         messages_and_choices=[{"role": "user", "content": task.prompt}], metadata={"task_id": task.task_id}
     )
     completion = await model.openai_client().chat.completions.create(
-        model=model.inference_name, messages=trajectory.messages(), max_tokens=max_tokens, temperature=temperature
+        model=model.inference_name,
+        messages=cast(Any, trajectory.messages()),
+        max_tokens=max_tokens,  # dicts, not TypedDicts
+        temperature=temperature,
     )
     choice = completion.choices[0]
     trajectory.messages_and_choices.append(choice)

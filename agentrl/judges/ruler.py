@@ -126,8 +126,16 @@ async def ruler(
         raise ValueError("ruler needs at least one message list")
     if all(m == message_lists[0] for m in message_lists[1:]) and len(message_lists) > 1:
         # Identical attempts deserve identical scores: judge one, copy it.
-        single = await ruler(message_lists[:1], judge_model, rubric=rubric, tools=tools, limiter=limiter,
-                             max_attempts=max_attempts, extra_litellm_params=extra_litellm_params, debug=debug)  # fmt: skip
+        single = await ruler(
+            message_lists[:1],
+            judge_model,
+            rubric=rubric,
+            tools=tools,
+            limiter=limiter,
+            max_attempts=max_attempts,
+            extra_litellm_params=extra_litellm_params,
+            debug=debug,
+        )
         n = len(message_lists)
         return RulerResult(single.scores * n, single.explanations * n, single.attempts, single.latency_s)
     schema = scores_schema(len(message_lists))
@@ -140,9 +148,14 @@ async def ruler(
     if debug:
         logger.info("RULER prompt:\n%s", messages[1]["content"])
     call = await structured_judge_call(
-        judge_model, messages, schema, validate, limiter=limiter,
-        max_attempts=max_attempts, extra_litellm_params=extra_litellm_params,
-    )  # fmt: skip
+        judge_model,
+        messages,
+        schema,
+        validate,
+        limiter=limiter,
+        max_attempts=max_attempts,
+        extra_litellm_params=extra_litellm_params,
+    )
     if debug:
         logger.info("RULER answer: %s", call.answer)
     return RulerResult([s for s, _ in call.answer], [e for _, e in call.answer], call.attempts, call.latency_s)
@@ -170,9 +183,15 @@ async def ruler_score_group(
         return group
     try:
         result = await ruler(
-            [t.messages() for t in group.trajectories], judge_model, rubric=rubric, tools=group.trajectories[0].tools,
-            limiter=limiter, max_attempts=max_attempts, extra_litellm_params=extra_litellm_params, debug=debug,
-        )  # fmt: skip
+            [t.messages() for t in group.trajectories],
+            judge_model,
+            rubric=rubric,
+            tools=group.trajectories[0].tools,
+            limiter=limiter,
+            max_attempts=max_attempts,
+            extra_litellm_params=extra_litellm_params,
+            debug=debug,
+        )
     except JudgeError as error:
         if not swallow_exceptions:
             raise
@@ -186,10 +205,15 @@ async def ruler_score_group(
                 deep=True,
                 update={
                     "reward": score,
-                    "metrics": {**trajectory.metrics, "independent_reward": trajectory.reward, "ruler_score": score,
-                                "ruler_latency_s": result.latency_s, "ruler_attempts": float(result.attempts)},
+                    "metrics": {
+                        **trajectory.metrics,
+                        "independent_reward": trajectory.reward,
+                        "ruler_score": score,
+                        "ruler_latency_s": result.latency_s,
+                        "ruler_attempts": float(result.attempts),
+                    },
                     "logs": [*trajectory.logs, f"RULER: {explanation}"],
                 },
             )
-        )  # fmt: skip
+        )
     return TrajectoryGroup(judged, exceptions=group.exceptions, metadata=group.metadata)

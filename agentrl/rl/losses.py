@@ -35,13 +35,23 @@ def masked_log_ratio(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, m
 
 
 def importance_sampling_loss(
-    cfg: ImportanceSamplingLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT
+    cfg: ImportanceSamplingLoss,
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
 ) -> TokenLoss:
     ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT).exp()
     return TokenLoss(-ratio_BT * advantages_BT, torch.zeros_like(mask_BT, dtype=torch.bool))
 
 
-def ppo_loss(cfg: PPOLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT) -> TokenLoss:
+def ppo_loss(
+    cfg: PPOLoss,
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+) -> TokenLoss:
     ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT).exp()
     unclipped_BT = ratio_BT * advantages_BT
     clipped_BT = ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * advantages_BT
@@ -49,7 +59,13 @@ def ppo_loss(cfg: PPOLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     return TokenLoss(-torch.minimum(unclipped_BT, clipped_BT), clipped_BT < unclipped_BT)
 
 
-def cispo_loss(cfg: CISPOLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT) -> TokenLoss:
+def cispo_loss(
+    cfg: CISPOLoss,
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+) -> TokenLoss:
     ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT).exp()
     weight_BT = ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high).detach()
     # Unlike PPO, a clipped token still gets a gradient, just a bounded one.
@@ -57,13 +73,25 @@ def cispo_loss(cfg: CISPOLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask
     return TokenLoss(-weight_BT * advantages_BT * logprobs_BT, is_clipped_BT)
 
 
-def dro_loss(cfg: DROLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT) -> TokenLoss:
+def dro_loss(
+    cfg: DROLoss,
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+) -> TokenLoss:
     log_ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT)
     objective_BT = logprobs_BT * advantages_BT - 0.5 * cfg.beta * log_ratio_BT.square()
     return TokenLoss(-objective_BT, torch.zeros_like(mask_BT, dtype=torch.bool))
 
 
-def gspo_loss(cfg: GSPOLoss, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT) -> TokenLoss:
+def gspo_loss(
+    cfg: GSPOLoss,
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+) -> TokenLoss:
     log_ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT)
     tokens_B = mask_BT.sum(dim=1).clamp(min=1)
     # Sequence ratio = geometric mean of token ratios, so long and short answers clip alike.

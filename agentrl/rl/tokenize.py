@@ -89,7 +89,9 @@ class TokenizedSequence:
         return len(self.input_ids_T)
 
 
-def demonstrated_tokens(messages: list[dict[str, Any]], index: int, tools, tokenizer: ChatTokenizer) -> SampledTokens:
+def demonstrated_tokens(
+    messages: list[dict[str, Any]], index: int, tools: list[dict[str, Any]] | None, tokenizer: ChatTokenizer
+) -> SampledTokens:
     """Token ids of the hand-written assistant message `messages[index]` as the template renders it.
 
     For supervised warm starts: the ids run from after the generation prompt through the end-of-turn
@@ -132,8 +134,10 @@ def _render_with_placeholders(
         messages[position] = {"role": "assistant", "content": _PLACEHOLDER.format(number)}
     text = tokenizer.apply_chat_template(
         [m if m["content"] is not None else {**m, "content": ""} for m in messages],
-        tools=history.tools, tokenize=False, add_generation_prompt=False,
-    )  # fmt: skip
+        tools=history.tools,
+        tokenize=False,
+        add_generation_prompt=False,
+    )
     return text, sampled
 
 

@@ -12,10 +12,54 @@ import datetime as dt
 import random
 from dataclasses import dataclass, field
 
-FIRST_NAMES = ["Alice", "Bruno", "Chen", "Dana", "Elif", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kavya", "Liam",
-               "Maya", "Nikolai", "Olga", "Priya", "Quinn", "Rosa", "Sami", "Tara", "Umar", "Vera", "Wen", "Yusuf"]  # fmt: skip
-LAST_NAMES = ["Adams", "Becker", "Costa", "Dubois", "Eriksen", "Fischer", "Garcia", "Haddad", "Ito", "Jensen",
-              "Kowalski", "Lopez", "Moreau", "Novak", "Okafor", "Petrov", "Rossi", "Silva", "Tanaka", "Weber"]  # fmt: skip
+FIRST_NAMES = [
+    "Alice",
+    "Bruno",
+    "Chen",
+    "Dana",
+    "Elif",
+    "Farid",
+    "Grace",
+    "Hiro",
+    "Ines",
+    "Jonas",
+    "Kavya",
+    "Liam",
+    "Maya",
+    "Nikolai",
+    "Olga",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tara",
+    "Umar",
+    "Vera",
+    "Wen",
+    "Yusuf",
+]
+LAST_NAMES = [
+    "Adams",
+    "Becker",
+    "Costa",
+    "Dubois",
+    "Eriksen",
+    "Fischer",
+    "Garcia",
+    "Haddad",
+    "Ito",
+    "Jensen",
+    "Kowalski",
+    "Lopez",
+    "Moreau",
+    "Novak",
+    "Okafor",
+    "Petrov",
+    "Rossi",
+    "Silva",
+    "Tanaka",
+    "Weber",
+]
 COMPANIES = ["northwind", "contoso", "fabrikam", "globex", "initech", "umbrella", "tailspin", "litware"]
 PROJECTS = ["Atlas", "Beacon", "Cobalt", "Delta", "Ember", "Falcon", "Granite", "Harbor", "Ion", "Juniper"]
 VENDORS = ["Acme Supplies", "Bright Logistics", "Crestline Print", "Dynamo Cloud", "Evergreen Catering"]
@@ -92,23 +136,39 @@ def _fact_email(rng: random.Random, kind: str, sender: Person, owner: Person) ->
     if kind == "meeting":
         day, hour, minute = rng.choice(WEEKDAYS), rng.randint(9, 16), rng.choice(["00", "15", "30", "45"])
         time_text = f"{hour % 12 or 12}:{minute} {'AM' if hour < 12 else 'PM'}"
-        return (f"{project} review moved", f"Hi {owner.name.split()[0]},\n\nThe {project} design review is moved to "
-                f"{day} at {time_text} in room {rng.randint(100, 499)}.\n\nBest,\n{sender.name}",
-                f"When was the {project} design review moved to?", f"{day} at {time_text}")  # fmt: skip
+        return (
+            f"{project} review moved",
+            f"Hi {owner.name.split()[0]},\n\nThe {project} design review is moved to "
+            f"{day} at {time_text} in room {rng.randint(100, 499)}.\n\nBest,\n{sender.name}",
+            f"When was the {project} design review moved to?",
+            f"{day} at {time_text}",
+        )
     if kind == "invoice":
         vendor, amount = rng.choice(VENDORS), f"${rng.randint(12, 980) * 25:,}"
-        return (f"Invoice from {vendor}", f"Hello,\n\nThe invoice from {vendor} for project {project} comes to "
-                f"{amount}, due at the end of the month.\n\nRegards,\n{sender.name}",
-                f"How much is the invoice from {vendor}?", amount)  # fmt: skip
+        return (
+            f"Invoice from {vendor}",
+            f"Hello,\n\nThe invoice from {vendor} for project {project} comes to "
+            f"{amount}, due at the end of the month.\n\nRegards,\n{sender.name}",
+            f"How much is the invoice from {vendor}?",
+            amount,
+        )
     if kind == "flight":
         city, flight = rng.choice(CITIES), f"{rng.choice(AIRLINES)} {rng.randint(100, 999)}"
-        return (f"Trip to {city}", f"Hi,\n\nYour trip to {city} is booked: flight {flight}, leaving "
-                f"{rng.choice(WEEKDAYS)} morning. The hotel is near the conference centre.\n\n{sender.name}",
-                f"What is the flight number for the trip to {city}?", flight)  # fmt: skip
+        return (
+            f"Trip to {city}",
+            f"Hi,\n\nYour trip to {city} is booked: flight {flight}, leaving "
+            f"{rng.choice(WEEKDAYS)} morning. The hotel is near the conference centre.\n\n{sender.name}",
+            f"What is the flight number for the trip to {city}?",
+            flight,
+        )
     vendor = rng.choice(VENDORS)
-    return (f"Decision on {project} supplier", f"Team,\n\nAfter comparing the offers we decided to go with "
-            f"{vendor} for {project}. Contracts follow next week.\n\n{sender.name}",
-            f"Which supplier was chosen for {project}?", vendor)  # fmt: skip
+    return (
+        f"Decision on {project} supplier",
+        f"Team,\n\nAfter comparing the offers we decided to go with "
+        f"{vendor} for {project}. Contracts follow next week.\n\n{sender.name}",
+        f"Which supplier was chosen for {project}?",
+        vendor,
+    )
 
 
 def generate(*, seed: int = 0, num_inboxes: int = 8, facts_per_inbox: int = 12, routine_per_inbox: int = 10) -> Dataset:
@@ -139,8 +199,16 @@ def generate(*, seed: int = 0, num_inboxes: int = 8, facts_per_inbox: int = 12, 
             else:
                 subject, body = rng.choice(ROUTINE)
             message_id = f"<{inbox_index:02d}.{n:03d}@{company}.mail>"
-            email = Email(message_id, owner.address, f"t{inbox_index:02d}-{n:03d}", subject, body, sender.address,
-                          (owner.address,), sent_at)  # fmt: skip
+            email = Email(
+                message_id,
+                owner.address,
+                f"t{inbox_index:02d}-{n:03d}",
+                subject,
+                body,
+                sender.address,
+                (owner.address,),
+                sent_at,
+            )
             messages.append((email, qa))
         for email, qa in sorted(messages, key=lambda m: m[0].sent_at):
             data.emails.append(email)

@@ -63,11 +63,27 @@ class Preset:
 
 
 PRESETS = {
-    "cpu": Preset("smollm2-135m-instruct", max_turns=4, max_tokens=96, steps=6, groups_per_step=4, group_size=4,
-                  learning_rate=2e-4, sft_examples=48),
-    "gpu": Preset("Qwen/Qwen2.5-3B-Instruct", max_turns=10, max_tokens=512, steps=100, groups_per_step=12,
-                  group_size=8, learning_rate=1e-5, sft_examples=0),
-}  # fmt: skip
+    "cpu": Preset(
+        "smollm2-135m-instruct",
+        max_turns=4,
+        max_tokens=96,
+        steps=6,
+        groups_per_step=4,
+        group_size=4,
+        learning_rate=2e-4,
+        sft_examples=48,
+    ),
+    "gpu": Preset(
+        "Qwen/Qwen2.5-3B-Instruct",
+        max_turns=10,
+        max_tokens=512,
+        steps=100,
+        groups_per_step=12,
+        group_size=8,
+        learning_rate=1e-5,
+        sft_examples=0,
+    ),
+}
 
 
 def normalise(text: str) -> str:
@@ -89,9 +105,12 @@ async def grade_answer(answer: str, question: Question, judge: JudgeModel | None
     if judge is None or is_dont_know(answer):
         return False
     judgement = await agentrl.judge_rubrics(
-        question.question, answer, [f"The response gives this fact, in any wording: {question.answer}"], judge,
+        question.question,
+        answer,
+        [f"The response gives this fact, in any wording: {question.answer}"],
+        judge,
         extra_litellm_params={"max_tokens": 256},
-    )  # fmt: skip
+    )
     return judgement.verdicts[0].passed
 
 
@@ -153,9 +172,12 @@ async def rollout(
         while stats.turns < max_turns and stats.answer is None:
             stats.turns += 1
             completion = await client.chat.completions.create(
-                model=model.inference_name, messages=trajectory.messages(), tools=TOOLS,
-                max_tokens=max_tokens, temperature=1.0,
-            )  # fmt: skip
+                model=model.inference_name,
+                messages=trajectory.messages(),
+                tools=TOOLS,
+                max_tokens=max_tokens,
+                temperature=1.0,
+            )
             choice = completion.choices[0]
             trajectory.messages_and_choices.append(choice)
             calls = choice.message.tool_calls or []
@@ -179,11 +201,15 @@ async def rollout(
         stats.correct = await grade_answer(stats.answer, question, judge)
     trajectory.reward = reward(stats, question, max_turns)
     trajectory.metrics.update(
-        correct=stats.correct, exact_match=stats.answer is not None and answer_is_correct(stats.answer, question.answer),
-        answered=stats.answer is not None, turns=stats.turns, malformed_calls=stats.malformed_calls,
+        correct=stats.correct,
+        exact_match=stats.answer is not None and answer_is_correct(stats.answer, question.answer),
+        answered=stats.answer is not None,
+        turns=stats.turns,
+        malformed_calls=stats.malformed_calls,
         valid_tool_call_rate=1 - stats.malformed_calls / max(stats.turns, 1),
-        found_source=stats.found_source, read_source=stats.read_source,
-    )  # fmt: skip
+        found_source=stats.found_source,
+        read_source=stats.read_source,
+    )
     return trajectory
 
 
@@ -210,14 +236,21 @@ def demonstration(question: Question, env: EmailEnvironment) -> agentrl.History:
     messages = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": question.question},
-        {"role": "assistant", "content": None, "tool_calls": [_call("call_1", "search_emails", {"keywords": keywords})]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_call("call_1", "search_emails", {"keywords": keywords})],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": search.content},
         {"role": "assistant", "content": None, "tool_calls": [_call("call_2", "read_email", {"message_id": source})]},
         {"role": "tool", "tool_call_id": "call_2", "content": read.content},
-        {"role": "assistant", "content": None,
-         "tool_calls": [_call("call_3", "return_final_answer", {"answer": question.answer, "sources": [source]})]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_call("call_3", "return_final_answer", {"answer": question.answer, "sources": [source]})],
+        },
         {"role": "tool", "tool_call_id": "call_3", "content": "Answer recorded."},
-    ]  # fmt: skip
+    ]
     return agentrl.History(messages_and_choices=messages, tools=TOOLS)
 
 

@@ -46,8 +46,16 @@ def build_database(data: Dataset, path: Path) -> Path:
             for email in data.emails:
                 cursor = db.execute(
                     "INSERT INTO messages (message_id, inbox, thread_id, subject, body, from_addr, sent_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (email.message_id, email.inbox, email.thread_id, email.subject, email.body, email.from_addr, email.sent_at.isoformat()),
-                )  # fmt: skip
+                    (
+                        email.message_id,
+                        email.inbox,
+                        email.thread_id,
+                        email.subject,
+                        email.body,
+                        email.from_addr,
+                        email.sent_at.isoformat(),
+                    ),
+                )
                 db.execute(
                     "INSERT INTO messages_fts (rowid, subject, body) VALUES (?, ?, ?)",
                     (cursor.lastrowid, email.subject, email.body),

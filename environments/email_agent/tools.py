@@ -15,27 +15,50 @@ from typing import Any
 from environments.email_agent.mailbox import Mailbox
 
 TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "search_emails",
-        "description": "Search the inbox. Returns message ids, subjects and snippets of emails containing all the keywords.",
-        "parameters": {"type": "object", "properties": {
-            "keywords": {"type": "string", "description": "words that must appear in the email"},
-            "from_addr": {"type": "string"}, "to_addr": {"type": "string"},
-            "sent_after": {"type": "string", "description": "ISO date, e.g. 2026-03-01"},
-            "sent_before": {"type": "string", "description": "ISO date"},
-            "max_results": {"type": "integer", "default": 10}},
-            "required": ["keywords"]}}},
-    {"type": "function", "function": {
-        "name": "read_email",
-        "description": "Read one email by its message id.",
-        "parameters": {"type": "object", "properties": {"message_id": {"type": "string"}}, "required": ["message_id"]}}},
-    {"type": "function", "function": {
-        "name": "return_final_answer",
-        "description": "Give the final answer to the question, with the message ids of the emails it comes from. Say \"I don't know\" if the inbox does not tell.",
-        "parameters": {"type": "object", "properties": {
-            "answer": {"type": "string"}, "sources": {"type": "array", "items": {"type": "string"}}},
-            "required": ["answer", "sources"]}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "search_emails",
+            "description": "Search the inbox. Returns message ids, subjects and snippets of emails containing all the keywords.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "keywords": {"type": "string", "description": "words that must appear in the email"},
+                    "from_addr": {"type": "string"},
+                    "to_addr": {"type": "string"},
+                    "sent_after": {"type": "string", "description": "ISO date, e.g. 2026-03-01"},
+                    "sent_before": {"type": "string", "description": "ISO date"},
+                    "max_results": {"type": "integer", "default": 10},
+                },
+                "required": ["keywords"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read_email",
+            "description": "Read one email by its message id.",
+            "parameters": {
+                "type": "object",
+                "properties": {"message_id": {"type": "string"}},
+                "required": ["message_id"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "return_final_answer",
+            "description": 'Give the final answer to the question, with the message ids of the emails it comes from. Say "I don\'t know" if the inbox does not tell.',
+            "parameters": {
+                "type": "object",
+                "properties": {"answer": {"type": "string"}, "sources": {"type": "array", "items": {"type": "string"}}},
+                "required": ["answer", "sources"],
+            },
+        },
+    },
+]
 TOOL_NAMES = {t["function"]["name"] for t in TOOLS}
 TOOL_SCHEMAS: dict[str, dict[str, Any]] = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
@@ -112,10 +135,13 @@ def execute(mailbox: Mailbox, name: str, arguments: str) -> ToolOutcome:
         return _error(str(error))
     if name == "search_emails":
         hits = mailbox.search(
-            args["keywords"], from_addr=args.get("from_addr"), to_addr=args.get("to_addr"),
-            sent_after=args.get("sent_after"), sent_before=args.get("sent_before"),
+            args["keywords"],
+            from_addr=args.get("from_addr"),
+            to_addr=args.get("to_addr"),
+            sent_after=args.get("sent_after"),
+            sent_before=args.get("sent_before"),
             max_results=max(1, min(args.get("max_results", 10), 50)),
-        )  # fmt: skip
+        )
         if not hits:
             return ToolOutcome(content="No emails found. Try fewer or other keywords.")
         return ToolOutcome(content=json.dumps([asdict(h) for h in hits]), found_ids=tuple(h.message_id for h in hits))

@@ -56,9 +56,16 @@ def ruler_rewards(model: agentrl.TrainableModel, judge: str | None) -> AfterEach
     return score
 
 
-async def run(preset_name: str = "cpu", steps: int | None = None, base_model: str | None = None,
-              name: str = "email-agent", base_path: str = ".agentrl", test_questions: int = 18,
-              reward: str = "match", judge: str | None = None) -> RunSummary:  # fmt: skip
+async def run(
+    preset_name: str = "cpu",
+    steps: int | None = None,
+    base_model: str | None = None,
+    name: str = "email-agent",
+    base_path: str = ".agentrl",
+    test_questions: int = 18,
+    reward: str = "match",
+    judge: str | None = None,
+) -> RunSummary:
     if reward not in REWARDS:
         raise ValueError(f"unknown reward {reward!r}; choose one of: {', '.join(REWARDS)}")
     preset = PRESETS[preset_name]
@@ -75,18 +82,29 @@ async def run(preset_name: str = "cpu", steps: int | None = None, base_model: st
     def make_groups(model: agentrl.TrainableModel, step: int):
         batch = train[(step * preset.groups_per_step) % len(train) :][: preset.groups_per_step]
         return (
-            agentrl.TrajectoryGroup(rollout(model, q, env, max_turns=preset.max_turns, max_tokens=preset.max_tokens,
-                                            judge=judge_for(model, judge) if reward == "judge" else None)
-                                    for _ in range(preset.group_size))
+            agentrl.TrajectoryGroup(
+                rollout(
+                    model,
+                    q,
+                    env,
+                    max_turns=preset.max_turns,
+                    max_tokens=preset.max_tokens,
+                    judge=judge_for(model, judge) if reward == "judge" else None,
+                )
+                for _ in range(preset.group_size)
+            )
             for q in batch
-        )  # fmt: skip
+        )
 
     return await train_and_evaluate(
-        model, make_groups=make_groups, evaluate=held_out, steps=preset.steps,
+        model,
+        make_groups=make_groups,
+        evaluate=held_out,
+        steps=preset.steps,
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
         after_each=ruler_rewards(model, judge) if reward == "ruler" else None,
         warm_start=(lambda m: warm_start(m, env, preset.sft_examples)) if preset.sft_examples else None,
-    )  # fmt: skip
+    )
 
 
 async def evaluate_run(preset_name: str = "cpu", name: str = "email-agent", base_path: str = ".agentrl") -> dict:
@@ -96,7 +114,9 @@ async def evaluate_run(preset_name: str = "cpu", name: str = "email-agent", base
     return await evaluate_base_and_checkpoint(model, lambda m: evaluate(m, env.data.split("test"), env, preset))
 
 
-COMMANDS = EnvironmentCommands(run=run, evaluate_run=evaluate_run, default_name="email-agent", rewards=("match", "judge", "ruler"))
+COMMANDS = EnvironmentCommands(
+    run=run, evaluate_run=evaluate_run, default_name="email-agent", rewards=("match", "judge", "ruler")
+)
 """What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
 
 

@@ -23,12 +23,18 @@ async def held_out(model: agentrl.Model) -> list[agentrl.Trajectory]:
     return await evaluate(model, TEST)
 
 
-async def run(preset: str = "cpu", steps: int | None = None, base_model: str | None = None,
-              name: str = "main-job", base_path: str = ".agentrl") -> RunSummary:  # fmt: skip
+async def run(
+    preset: str = "cpu",
+    steps: int | None = None,
+    base_model: str | None = None,
+    name: str = "main-job",
+    base_path: str = ".agentrl",
+) -> RunSummary:
     """Train on the larger-number task (one preset: it is small enough for any machine)."""
     steps = steps if steps is not None else DEFAULT_STEPS
-    model = agentrl.TrainableModel(name=name, project="larger-number", base_path=base_path,
-                                   **({"base_model": base_model} if base_model else {}))  # fmt: skip
+    model = agentrl.TrainableModel(
+        name=name, project="larger-number", base_path=base_path, **({"base_model": base_model} if base_model else {})
+    )
     train = scenarios("train", steps * GROUPS_PER_STEP, seed=1)
 
     def make_groups(model: agentrl.TrainableModel, step: int):
@@ -36,9 +42,12 @@ async def run(preset: str = "cpu", steps: int | None = None, base_model: str | N
         return (agentrl.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE)) for s in batch)
 
     return await train_and_evaluate(
-        model, make_groups=make_groups, evaluate=held_out, steps=steps,
+        model,
+        make_groups=make_groups,
+        evaluate=held_out,
+        steps=steps,
         config=agentrl.TrainConfig(learning_rate=LEARNING_RATE),
-    )  # fmt: skip
+    )
 
 
 async def evaluate_run(preset: str = "cpu", name: str = "main-job", base_path: str = ".agentrl") -> dict:

@@ -58,12 +58,30 @@ class Preset:
 PRESETS = {
     # Shows learning on a 2-core CPU with the packaged model: a 3x3 board, a low target, short games.
     # Sized for < 30 min: a step's cost grows with the moves the agent survives (each move is a turn).
-    "cpu": Preset(size=3, target=64, max_moves=6, base_model="smollm2-135m-instruct", steps=12,
-                  groups_per_step=4, group_size=6, learning_rate=5e-4, max_tokens=12),
+    "cpu": Preset(
+        size=3,
+        target=64,
+        max_moves=6,
+        base_model="smollm2-135m-instruct",
+        steps=12,
+        groups_per_step=4,
+        group_size=6,
+        learning_rate=5e-4,
+        max_tokens=12,
+    ),
     # The real game for a GPU and a model that can plan.
-    "gpu": Preset(size=4, target=2048, max_moves=600, base_model="Qwen/Qwen2.5-3B-Instruct", steps=200,
-                  groups_per_step=16, group_size=16, learning_rate=1e-5, max_tokens=64),
-}  # fmt: skip
+    "gpu": Preset(
+        size=4,
+        target=2048,
+        max_moves=600,
+        base_model="Qwen/Qwen2.5-3B-Instruct",
+        steps=200,
+        groups_per_step=16,
+        group_size=16,
+        learning_rate=1e-5,
+        max_tokens=64,
+    ),
+}
 
 
 def scenarios(split: str, count: int, preset: Preset) -> list[Scenario]:
@@ -125,9 +143,12 @@ async def rollout(model: agentrl.Model, scenario: Scenario, *, max_tokens: int =
         metadata={"seed": scenario.seed},
     )
     trajectory.metrics.update(
-        max_tile=game.max_tile, moves=game.moves, won=game.won, invalid_move=invalid,
+        max_tile=game.max_tile,
+        moves=game.moves,
+        won=game.won,
+        invalid_move=invalid,
         tagged_move_rate=tagged_moves / max(len(turns), 1),
-    )  # fmt: skip
+    )
     return trajectory
 
 

@@ -17,8 +17,14 @@ from environments.training import RunSummary, evaluate_base_and_checkpoint, trai
 from environments.twenty_forty_eight.env import PRESETS, evaluate, rollout, scenarios
 
 
-async def run(preset_name: str = "cpu", steps: int | None = None, base_model: str | None = None,
-              name: str = "2048-agent", base_path: str = ".agentrl", test_games: int = 24) -> RunSummary:  # fmt: skip
+async def run(
+    preset_name: str = "cpu",
+    steps: int | None = None,
+    base_model: str | None = None,
+    name: str = "2048-agent",
+    base_path: str = ".agentrl",
+    test_games: int = 24,
+) -> RunSummary:
     preset = PRESETS[preset_name]
     preset = replace(
         preset, steps=steps if steps is not None else preset.steps, base_model=base_model or preset.base_model
@@ -36,13 +42,17 @@ async def run(preset_name: str = "cpu", steps: int | None = None, base_model: st
         )
 
     return await train_and_evaluate(
-        model, make_groups=make_groups, evaluate=lambda m: evaluate(m, test, max_tokens=preset.max_tokens),
-        steps=preset.steps, config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
-    )  # fmt: skip
+        model,
+        make_groups=make_groups,
+        evaluate=lambda m: evaluate(m, test, max_tokens=preset.max_tokens),
+        steps=preset.steps,
+        config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
+    )
 
 
-async def evaluate_run(preset_name: str = "cpu", name: str = "2048-agent", base_path: str = ".agentrl",
-                       test_games: int = 24) -> dict[str, dict[str, float]]:  # fmt: skip
+async def evaluate_run(
+    preset_name: str = "cpu", name: str = "2048-agent", base_path: str = ".agentrl", test_games: int = 24
+) -> dict[str, dict[str, float]]:
     """Held-out metrics of the prompted base model and of the run's latest checkpoint."""
     preset = PRESETS[preset_name]
     model = agentrl.TrainableModel(name=name, project="2048", base_model=preset.base_model, base_path=base_path)
