@@ -13,11 +13,14 @@ import signal
 from types import FrameType
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+def _as_sigint(signum: int, frame: FrameType | None) -> None:
+    # Re-sent as SIGINT, SIGTERM takes Ctrl-C's path: under asyncio.run that cancels the main task
+    # (its `finally` blocks run in order); a KeyboardInterrupt raised here instead could land inside
+    # any task, a server's included, and skip the cleanup.
+    signal.raise_signal(signal.SIGINT)
 
 
 def handle_stop_signals() -> None:
     """Make SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (call from the main thread)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also lets asyncio.run cancel its main task
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, _as_sigint)

@@ -836,10 +836,15 @@ import asyncio, sys
 from agentrl.stop_signals import handle_stop_signals
 
 async def main():
+    from agentrl.gateway.serve import Gateway
+
+    gateway = Gateway("http://127.0.0.1:9", "k")  # a server in the loop, as a backend runs one
+    await gateway.start()
     try:
         print("ready", flush=True)
         await asyncio.sleep(120)
     finally:
+        await gateway.stop()
         print("cleaned up", flush=True)
 
 handle_stop_signals()

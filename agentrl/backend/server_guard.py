@@ -17,15 +17,19 @@ SERVER_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable for --api-key, so its /v1
 OPEN_PATHS = frozenset({"/health"})
 
 
-class RequireServerKey:
-    """Answers 401 to any HTTP request without `Authorization: Bearer <key>`, except for /health."""
+class BearerGuard:
+    """Answers 401 to any HTTP request without `Authorization: Bearer <key>`, except on `open_paths`.
 
-    def __init__(self, app: Any) -> None:
-        key = os.environ.get(SERVER_KEY_ENV)
+    The key is compared by its SHA-256 digest in constant time, so neither its length nor its
+    prefix leaks through timing.
+    """
+
+    def __init__(self, app: Any, key: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
         if not key:
-            raise RuntimeError(f"{SERVER_KEY_ENV} is not set; the server would be open to every local user")
+            raise RuntimeError("a BearerGuard needs a non-empty key")
         self.app = app
         self.key_digest = hashlib.sha256(key.encode()).digest()
+        self.open_paths = open_paths
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         headers = dict(scope.get("headers") or [])
@@ -34,18 +38,23 @@ class RequireServerKey:
         return scheme.lower() == "bearer" and hmac.compare_digest(digest, self.key_digest)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self._authorized(scope):
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths or self._authorized(scope):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = json.dumps({"error": "Unauthorized: this server needs its backend's key"}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
+        body = json.dumps({"error": {"message": "Unauthorized: send the key as a bearer token", "code": 401}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+class RequireServerKey(BearerGuard):
+    """The guard vLLM loads with `--middleware`: its key comes from the server's environment."""
+
+    def __init__(self, app: Any) -> None:
+        key = os.environ.get(SERVER_KEY_ENV)
+        if not key:
+            raise RuntimeError(f"{SERVER_KEY_ENV} is not set; the server would be open to every local user")
+        super().__init__(app, key)

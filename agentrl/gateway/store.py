@@ -1,0 +1,151 @@
+"""What the server sampled, kept by completion id for the trainer (bounded: oldest out first).
+
+A client that drops the extra fields of a response (token ids, logprobs) can still have its
+completion trained on: the trainer asks for it by the completion's id.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+from pydantic import BaseModel
+
+from agentrl.errors import TokenizationError
+from agentrl.trajectory import TrajectoryGroup
+
+
+class SampledChoice(BaseModel):
+    """One choice of one completion, as the server sampled it."""
+
+    prompt_token_ids: list[int] | None
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+class SampledStore:
+    """The sampled token data of the last `max_completions` completions, by completion id."""
+
+    def __init__(self, max_completions: int = 100_000) -> None:
+        self.max_completions = max_completions
+        self._by_id: OrderedDict[str, list[SampledChoice]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def put(self, completion_id: str, choices: list[SampledChoice]) -> None:
+        self._by_id[completion_id] = choices
+        self._by_id.move_to_end(completion_id)
+        while len(self._by_id) > self.max_completions:
+            self._by_id.popitem(last=False)
+
+    def get(self, completion_id: str) -> list[SampledChoice]:
+        """The choices of a completion; `TokenizationError` naming the fix when it is not (or no longer) kept."""
+        try:
+            return self._by_id[completion_id]
+        except KeyError:
+            raise TokenizationError(
+                f"the gateway keeps no sampled tokens for completion {completion_id!r}: it was not sampled through this "
+                f"gateway, or it was evicted (the gateway keeps the last {self.max_completions}). Keep the Choice with "
+                "its token_ids/logprobs, or train sooner after sampling"
+            ) from None
+
+
+def sampled_choices(response: dict[str, Any]) -> list[SampledChoice]:
+    """The token data of a whole (non-streamed) chat or text completion response, one per choice."""
+    prompt_ids = response.get("prompt_token_ids")
+    choices = []
+    for choice in sorted(response.get("choices") or [], key=lambda c: c.get("index", 0)):
+        choices.append(
+            SampledChoice(
+                prompt_token_ids=prompt_ids or choice.get("prompt_token_ids"),
+                token_ids=list(choice.get("token_ids") or []),
+                logprobs=_logprob_values(choice.get("logprobs")),
+            )
+        )
+    return choices
+
+
+def _logprob_values(logprobs: dict[str, Any] | None) -> list[float]:
+    if not logprobs:
+        return []
+    if "content" in logprobs:  # chat: [{"token", "logprob", ...}]
+        return [entry["logprob"] for entry in logprobs["content"] or []]
+    return list(logprobs.get("token_logprobs") or [])  # text completions
+
+
+class StreamAccumulator:
+    """Collects a streamed completion's token data chunk by chunk, per choice index."""
+
+    def __init__(self) -> None:
+        self.completion_id: str | None = None
+        self.prompt_token_ids: list[int] | None = None
+        self.token_ids: dict[int, list[int]] = {}
+        self.logprobs: dict[int, list[float]] = {}
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        self.completion_id = self.completion_id or chunk.get("id")
+        if chunk.get("prompt_token_ids"):
+            self.prompt_token_ids = chunk["prompt_token_ids"]
+        for choice in chunk.get("choices") or []:
+            index = choice.get("index", 0)
+            self.token_ids.setdefault(index, []).extend(choice.get("token_ids") or [])
+            self.logprobs.setdefault(index, []).extend(_logprob_values(choice.get("logprobs")))
+
+    def choices(self) -> list[SampledChoice]:
+        return [
+            SampledChoice(
+                prompt_token_ids=self.prompt_token_ids, token_ids=self.token_ids[i], logprobs=self.logprobs[i]
+            )
+            for i in sorted(self.token_ids)
+        ]
+
+
+def fill_sampled_tokens(groups: list[TrajectoryGroup], store: SampledStore) -> list[TrajectoryGroup]:
+    """Groups whose Choices lack token data but name their `completion_id` get it from `store`.
+
+    For clients that drop a response's extra fields: keep the completion's id on the Choice
+    (`choice.completion_id = completion.id`, or the gateway's own stamp) and the trainer still
+    trains on the exact tokens sampled. Choices with token data, and message dicts, are untouched.
+    """
+    return [_filled_group(group, store) for group in groups]
+
+
+def _filled_group(group: TrajectoryGroup, store: SampledStore) -> TrajectoryGroup:
+    if not any(_needs_lookup(c) for t in group.trajectories for h in t.histories() for c in h.choices()):
+        return group
+    trajectories = []
+    for trajectory in group.trajectories:
+        items = [_filled(item, store) for item in trajectory.messages_and_choices]
+        extra = [
+            h.model_copy(update={"messages_and_choices": [_filled(i, store) for i in h.messages_and_choices]})
+            for h in trajectory.additional_histories
+        ]
+        trajectories.append(
+            trajectory.model_copy(update={"messages_and_choices": items, "additional_histories": extra})
+        )
+    return TrajectoryGroup(trajectories, exceptions=group.exceptions, metadata=group.metadata)
+
+
+def _needs_lookup(choice: Choice) -> bool:
+    # Without `token_ids` a Choice may still hold logprobs whose tokens are text (litellm keeps those):
+    # only the ids the server sampled are exact, so the store's copy wins.
+    extra = choice.model_extra or {}
+    return extra.get("token_ids") is None and bool(extra.get("completion_id"))
+
+
+def _filled(item: Any, store: SampledStore) -> Any:
+    if not isinstance(item, Choice) or not _needs_lookup(item):
+        return item
+    completion_id = str((item.model_extra or {})["completion_id"])
+    choices = store.get(completion_id)
+    if item.index >= len(choices):
+        raise TokenizationError(f"completion {completion_id!r} has {len(choices)} choices, not an index {item.index}")
+    sampled = choices[item.index]
+    content: list[dict[str, Any]] = [
+        {"token": f"token_id:{token_id}", "logprob": logprob, "bytes": None, "top_logprobs": []}
+        for token_id, logprob in zip(sampled.token_ids, sampled.logprobs, strict=True)
+    ]
+    data = {**item.model_dump(), "logprobs": {"content": content}, "token_ids": sampled.token_ids}
+    return Choice.model_validate(data)

@@ -1,0 +1,144 @@
+"""What the gateway costs: added latency per completion and sampled throughput, gateway vs direct.
+
+    .venv/bin/python -m benchmarks.gateway
+
+On one LocalBackend (the packaged model on vLLM), the same chat completions are sent straight to
+vLLM and through the gateway, alternating, at concurrency 1 and 64. Added latency = the p50/p99
+of the per-request difference at concurrency 1 (same prompt, greedy, fixed length, so both sides
+do the same work); throughput = sampled tokens/s at concurrency 64. Writes
+benchmarks/results/gateway.json and the README table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import statistics
+import tempfile
+import time
+
+import httpx
+
+import agentrl
+from agentrl.files import write_json_atomic
+from benchmarks.readme import replace_section
+from benchmarks.step_breakdown import RESULTS, cpu_name
+
+GATEWAY_RESULTS = RESULTS.with_name("gateway.json")
+START, END = "<!-- benchmark:gateway:start -->", "<!-- benchmark:gateway:end -->"
+MAX_TOKENS = 16
+
+
+async def timed_completions(client: httpx.AsyncClient, url: str, name: str, count: int, concurrency: int):
+    """`count` completions, `concurrency` at a time: (per-request seconds, sampled tokens, wall seconds)."""
+    body = {
+        "model": name,
+        "messages": [{"role": "user", "content": "Count from one to twenty."}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
+    semaphore = asyncio.Semaphore(concurrency)
+    latencies, tokens = [], 0
+
+    async def one() -> None:
+        nonlocal tokens
+        async with semaphore:
+            started = time.perf_counter()
+            response = await client.post(f"{url}/chat/completions", json=body)
+            latencies.append(time.perf_counter() - started)
+            response.raise_for_status()
+            tokens += response.json()["usage"]["completion_tokens"]
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(count)))
+    return latencies, tokens, time.perf_counter() - started
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+async def measure(requests: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        model = agentrl.TrainableModel(name="gateway-bench", project="bench", base_path=tmp)
+        backend = agentrl.LocalBackend()
+        try:
+            await model.register(backend)
+            server, gateway = backend.require_server(), backend.gateway
+            assert gateway is not None
+            direct = httpx.AsyncClient(timeout=600, headers={"Authorization": f"Bearer {server.api_key}"})
+            through = httpx.AsyncClient(timeout=600)
+            name = model.inference_name
+            await timed_completions(direct, server.base_url, name, 4, 4)  # warm both paths
+            await timed_completions(through, gateway.base_url, name, 4, 4)
+            added = []
+            for _ in range(requests):  # concurrency 1, alternating, so drift hits both sides alike
+                (d,), _, _ = await timed_completions(direct, server.base_url, name, 1, 1)
+                (g,), _, _ = await timed_completions(through, gateway.base_url, name, 1, 1)
+                added.append((g - d) * 1000)
+            results = {"added_ms_c1": {"p50": percentile(added, 50), "p99": percentile(added, 99)}}
+            for concurrency in (64,):
+                _, d_tokens, d_wall = await timed_completions(
+                    direct, server.base_url, name, 4 * concurrency, concurrency
+                )
+                g_lat, g_tokens, g_wall = await timed_completions(
+                    through, gateway.base_url, name, 4 * concurrency, concurrency
+                )
+                d_lat, _, _ = await timed_completions(direct, server.base_url, name, 4 * concurrency, concurrency)
+                results[f"c{concurrency}"] = {
+                    "direct_tokens_per_s": d_tokens / d_wall,
+                    "gateway_tokens_per_s": g_tokens / g_wall,
+                    "direct_p50_s": percentile(d_lat, 50),
+                    "gateway_p50_s": percentile(g_lat, 50),
+                    "gateway_p99_s": percentile(g_lat, 99),
+                    "direct_p99_s": percentile(d_lat, 99),
+                }
+            await direct.aclose()
+            await through.aclose()
+        finally:
+            await backend.close()
+    return {
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "date": datetime.date.today().isoformat(),
+        "requests_c1": requests,
+        "max_tokens": MAX_TOKENS,
+        "results": results,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=100, help="completions at concurrency 1, per side")
+    args = parser.parse_args()
+    result = asyncio.run(measure(args.requests))
+    write_json_atomic(GATEWAY_RESULTS, result)
+    r, c64 = result["results"], result["results"]["c64"]
+    ratio = c64["gateway_tokens_per_s"] / c64["direct_tokens_per_s"]
+    table = "\n".join(
+        [
+            START,
+            f"Gateway overhead, packaged model on the local vLLM server, {result['machine']}, {result['date']} "
+            f"({result['requests_c1']} alternating requests at concurrency 1; {MAX_TOKENS} tokens each):",
+            "",
+            "| what | direct to vLLM | through the gateway |",
+            "| --- | --- | --- |",
+            f"| added latency per completion, concurrency 1 | - | p50 {r['added_ms_c1']['p50']:.2f} ms, "
+            f"p99 {r['added_ms_c1']['p99']:.2f} ms |",
+            f"| latency, concurrency 64 (p50 / p99) | {c64['direct_p50_s']:.2f} / {c64['direct_p99_s']:.2f} s | "
+            f"{c64['gateway_p50_s']:.2f} / {c64['gateway_p99_s']:.2f} s |",
+            f"| sampled tokens/s, concurrency 64 | {c64['direct_tokens_per_s']:.0f} | "
+            f"{c64['gateway_tokens_per_s']:.0f} ({ratio:.1%} of direct) |",
+            END,
+        ]
+    )
+    replace_section(START, END, table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""The gateway: any client's completions are trainable on exactly the tokens the server sampled.
+
+The same two-turn, tool-offering rollout is written four ways (the model's own client, a plain
+openai client at the gateway, litellm, raw HTTP) against the real vLLM server behind the real
+gateway; the trainer's tokens are compared with what the server sampled, and all four train.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+import agentrl
+from agentrl.backend.server import free_port
+from agentrl.gateway.serve import Gateway
+from agentrl.gateway.store import SampledChoice, SampledStore, fill_sampled_tokens
+from agentrl.rl.tokenize import sampled_tokens
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+Complete = Callable[[list[dict[str, Any]]], Awaitable[Any]]
+
+
+async def two_turns(complete: Complete, reward: float) -> agentrl.Trajectory:
+    """Ask, answer any tool call (or nudge), ask again: two sampled assistant turns."""
+    trajectory = agentrl.Trajectory(
+        messages_and_choices=[
+            {"role": "system", "content": "You can call the add tool."},
+            {"role": "user", "content": "What is 2 + 3?"},
+        ],
+        tools=TOOLS,
+    )
+    for _ in range(2):
+        choice = await complete(trajectory.messages())
+        # Assigning (not appending) validates: a response's choice as a plain dict becomes a Choice.
+        trajectory.messages_and_choices = [*trajectory.messages_and_choices, choice]
+        calls = trajectory.choices()[-1].message.tool_calls or []
+        for call in calls:
+            trajectory.messages_and_choices.append({"role": "tool", "tool_call_id": call.id, "content": "5"})
+        if not calls:
+            trajectory.messages_and_choices.append({"role": "user", "content": "Answer with the number only."})
+    trajectory.reward = reward
+    return trajectory
+
+
+def clients(model: agentrl.TrainableModel) -> dict[str, Complete]:
+    gateway = model.backend.gateway
+    name = model.inference_name
+    params: dict[str, Any] = {"tools": TOOLS, "max_tokens": 24, "temperature": 1.0}
+
+    async def own_client(messages):
+        completion = await model.openai_client().chat.completions.create(model=name, messages=messages, **params)
+        return completion.choices[0]
+
+    async def plain_openai(messages):
+        client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused")
+        completion = await client.chat.completions.create(model=name, messages=messages, **params)
+        await client.close()
+        return completion.choices[0]
+
+    async def with_litellm(messages):
+        from agentrl.judges.call import litellm  # imported with its bundled price list: no network at import
+
+        response = await litellm.acompletion(
+            model=f"openai/{name}", api_base=gateway.base_url, api_key="unused", messages=messages, **params
+        )
+        choice = response.choices[0].model_dump(exclude_none=True)
+        choice.setdefault("completion_id", response.id)  # what a client that drops extra fields keeps
+        return choice
+
+    async def raw_http(messages):
+        async with httpx.AsyncClient(timeout=120) as client:
+            response = await client.post(
+                f"{gateway.base_url}/chat/completions", json={"model": name, "messages": messages, **params}
+            )
+        response.raise_for_status()
+        return response.json()["choices"][0]
+
+    return {"own client": own_client, "openai at gateway": plain_openai, "litellm": with_litellm, "raw http": raw_http}
+
+
+async def test_four_clients_train_on_exactly_the_sampled_tokens(served_model):
+    gateway = served_model.backend.gateway
+    trajectories = {
+        label: [await two_turns(complete, reward=float(i)) for i in range(2)]
+        for label, complete in clients(served_model).items()
+    }
+    for label, group in trajectories.items():
+        if label == "own client":
+            continue  # it talks to vLLM directly; its Choices carry the ids (tested in test_closed_loop)
+        (filled,) = fill_sampled_tokens([agentrl.TrajectoryGroup(group)], gateway.store)
+        for trajectory in filled.trajectories:
+            assert len(trajectory.choices()) == 2, label
+            for choice in trajectory.choices():
+                completion_id = (choice.model_extra or {})["completion_id"]
+                kept = gateway.store.get(completion_id)[choice.index]
+                assert sampled_tokens(choice).token_ids == kept.token_ids, label  # exact, not re-tokenized
+                assert sampled_tokens(choice).logprobs == kept.logprobs, label
+    step = await served_model.get_step()
+    groups = [agentrl.TrajectoryGroup(group) for group in trajectories.values()]
+    result = await served_model.train(groups, agentrl.TrainConfig(learning_rate=1e-4))
+    assert result.step == step + 1 and not result.skipped
+    assert result.metrics["num_sequences"] == 8 and result.metrics["trained_tokens"] > 0
+
+
+async def test_a_streamed_completion_is_kept_and_trains_by_its_id(served_model):
+    gateway = served_model.backend.gateway
+    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused")
+    stream = await client.chat.completions.create(
+        model=served_model.inference_name,
+        messages=[{"role": "user", "content": "Count to five."}],
+        max_tokens=16,
+        temperature=1.0,
+        stream=True,
+    )
+    text, streamed_ids, completion_id, finish_reason = "", [], None, None
+    async for chunk in stream:
+        completion_id = chunk.id
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish_reason = choice.finish_reason or finish_reason
+            streamed_ids += (choice.model_extra or {}).get("token_ids") or []
+    await client.close()
+    (kept,) = gateway.store.get(completion_id)
+    assert kept.token_ids == streamed_ids and len(kept.logprobs) == len(streamed_ids) > 0
+    assert kept.prompt_token_ids
+    # A streaming client builds its own Choice: the text it read, and the completion's id.
+    choice = {"index": 0, "finish_reason": finish_reason, "message": {"role": "assistant", "content": text}}
+    groups = [
+        agentrl.TrajectoryGroup(
+            agentrl.Trajectory(
+                messages_and_choices=[{"role": "user", "content": "Count to five."}, {**choice, "completion_id": cid}],
+                reward=r,
+            )
+            for cid, r in ((completion_id, 0.0), (completion_id, 1.0))
+        )
+    ]
+    step = await served_model.get_step()
+    result = await served_model.train(groups, agentrl.TrainConfig(learning_rate=1e-4))
+    assert result.step == step + 1 and result.metrics["trained_tokens"] == 2 * len(streamed_ids)
+
+
+async def test_a_token_guards_every_route_and_admin_routes_do_not_exist(served_model):
+    server = served_model.backend.server
+    gateway = Gateway(f"http://127.0.0.1:{server.port}", server.api_key, token="s3cret")
+    await gateway.start()
+    root = f"http://127.0.0.1:{gateway.port}"
+    routes = [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+              ("GET", "/v1/sampled/x"), ("POST", "/v1/load_lora_adapter"), ("POST", "/sleep"),
+              ("POST", "/collective_rpc")]  # fmt: skip
+    try:
+        async with httpx.AsyncClient(timeout=60) as client:
+            for method, path in routes:
+                for headers in ({}, {"Authorization": "Bearer wrong"}):
+                    assert (await client.request(method, root + path, headers=headers)).status_code == 401, path
+            good = {"Authorization": "Bearer s3cret"}
+            models = await client.get(f"{root}/v1/models", headers=good)
+            assert served_model.inference_name in {m["id"] for m in models.json()["data"]}
+            for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/sleep", "/collective_rpc"):
+                assert (await client.post(root + path, headers=good, json={})).status_code == 404, path
+            text = await client.post(
+                f"{root}/v1/completions",
+                headers=good,
+                json={"model": served_model.inference_name, "prompt": "1, 2, 3,", "max_tokens": 4},
+            )
+            completion = text.json()
+            assert text.status_code == 200 and completion["choices"][0]["token_ids"]
+            kept = (await client.get(f"{root}/v1/sampled/{completion['id']}", headers=good)).json()
+            assert kept[0]["token_ids"] == completion["choices"][0]["token_ids"]
+    finally:
+        await gateway.stop()
+
+
+def test_beyond_loopback_a_token_is_required():
+    with pytest.raises(agentrl.ConfigurationError, match="beyond loopback, without a token"):
+        Gateway("http://127.0.0.1:1", "k", host="0.0.0.0")
+
+
+async def test_a_dead_upstream_is_reported_with_its_notice():
+    gateway = Gateway(
+        f"http://127.0.0.1:{free_port()}", "k", death_notice=lambda: "the vLLM server exited with code 3; log ..."
+    )
+    await gateway.start()
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.post(f"{gateway.base_url}/chat/completions", json={"model": "m", "messages": []})
+        assert response.status_code == 503 and "exited with code 3" in response.json()["error"]["message"]
+    finally:
+        await gateway.stop()
+
+
+def test_the_store_is_bounded_and_an_evicted_completion_names_the_fix():
+    store = SampledStore(max_completions=2)
+    for name in ("a", "b", "c"):
+        store.put(name, [SampledChoice(prompt_token_ids=[1], token_ids=[2], logprobs=[-0.1])])
+    assert len(store) == 2 and store.get("c")[0].token_ids == [2]
+    with pytest.raises(agentrl.TokenizationError, match="evicted .* keeps the last 2"):
+        store.get("a")
+    choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}}
+    group = agentrl.TrajectoryGroup([agentrl.Trajectory(messages_and_choices=[{**choice, "completion_id": "a"}])])
+    with pytest.raises(agentrl.TokenizationError, match="'a'"):
+        fill_sampled_tokens([group], store)
+    json.dumps(store.get("b")[0].model_dump())  # what /v1/sampled returns is plain JSON
