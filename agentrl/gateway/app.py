@@ -121,14 +121,21 @@ def create_gateway_app(
 
 
 async def _relay(upstream: httpx.Response, store: SampledStore) -> AsyncIterator[bytes]:
-    """Pass the server-sent events through as they come, and keep the token data once the stream ends."""
-    accumulated = StreamAccumulator()
+    """Pass the server-sent events through as they come, and keep the token data once the stream ends.
+
+    The data is kept before the final `[DONE]` goes out: a client that reads it and trains at once
+    must find its completion in the store (seen in the suite: storing after the last byte raced it).
+    """
+    accumulated, kept = StreamAccumulator(), False
     try:
         async for line in upstream.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
+            if line == "data: [DONE]" and accumulated.completion_id is not None:
+                store.put(accumulated.completion_id, accumulated.choices())
+                kept = True
+            elif line.startswith("data: "):
                 accumulated.add(json.loads(line[len("data: ") :]))
             yield (line + "\n").encode()
     finally:
         await upstream.aclose()
-        if accumulated.completion_id is not None:
+        if not kept and accumulated.completion_id is not None:
             store.put(accumulated.completion_id, accumulated.choices())
