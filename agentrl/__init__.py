@@ -2,6 +2,7 @@
 
 from agentrl.backend.local import LocalBackend
 from agentrl.backend.protocol import Backend
+from agentrl.backend.remote import RemoteBackend
 from agentrl.config import (
     CISPOLoss,
     DROLoss,
@@ -46,7 +47,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 
@@ -67,6 +68,7 @@ __all__ = [
     "ImportanceSamplingLoss",
     "JudgeError",
     "LocalBackend",
+    "RemoteBackend",
     "LoRAConfig",
     "Model",
     "ModelNotFoundError",

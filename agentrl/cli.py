@@ -6,6 +6,7 @@ agentrl eval 2048 [--name RUN] [--preset cpu|gpu]
 agentrl runs                      list runs: step, best reward, path
 agentrl show PROJECT/NAME         a run's metrics per step, and where its transcripts and plot are
 agentrl serve PROJECT/NAME [--step N]   an OpenAI-compatible endpoint with that checkpoint
+agentrl backend serve [--host H] [--port P]   a backend service for `RemoteBackend` (train from another host)
 agentrl doctor                    check the installation and say what to fix
 """
 
@@ -173,6 +174,31 @@ def serve(
         asyncio.run(serve_forever())
     except KeyboardInterrupt:
         pass
+
+
+backend_app = typer.Typer(no_args_is_help=True, help="Run a backend service that RemoteBackend trains on.")
+app.add_typer(backend_app, name="backend")
+
+
+@backend_app.command("serve")
+def backend_serve(
+    host: str = typer.Option("127.0.0.1", help="interface to listen on (0.0.0.0: every interface)"),
+    port: int = typer.Option(8000, help="port for the gateway (/v1) and the backend's routes (/backend)"),
+    runs: str = typer.Option(".agentrl", help="root folder of the runs it trains; its token file lives here"),
+    seed: int = typer.Option(0, help="seed of new adapters"),
+) -> None:
+    """Serve a LocalBackend and its gateway on HOST:PORT for `agentrl.RemoteBackend("http://HOST:PORT")`.
+
+    Its token comes from AGENTRL_TOKEN, or is generated once, printed and kept (mode 0600) in
+    RUNS/backend.token; every route needs it. Models register over HTTP; Ctrl-C stops it."""
+    from agentrl.backend.service import serve_backend
+
+    try:
+        asyncio.run(serve_backend(Path(runs), host=host, port=port, seed=seed))
+    except KeyboardInterrupt:
+        pass
+    except ConfigurationError as error:
+        raise typer.BadParameter(str(error)) from error
 
 
 @app.command()

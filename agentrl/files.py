@@ -18,11 +18,14 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file (flushed to disk) and a rename, so a crash never leaves half a file."""
+def write_text_atomic(path: Path, text: str, *, mode: int = 0o666) -> None:
+    """Write through a temporary file (flushed to disk) and a rename, so a crash never leaves half a file.
+
+    `mode` (less the umask) is set when the file is created, so a secret is never readable by others.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

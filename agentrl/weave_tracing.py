@@ -79,6 +79,7 @@ def traced(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             import weave
 
             op = weave.op(fn, postprocess_inputs=lambda inputs: {k: _traceable(v) for k, v in inputs.items()})
-        return await op(*args, **kwargs)
+        result: R = await op(*args, **kwargs)
+        return result
 
     return call

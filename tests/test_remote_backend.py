@@ -1,0 +1,174 @@
+"""RemoteBackend against `agentrl backend serve` in another process: real HTTP, real vLLM, real trainer.
+
+One service process for the module (restarted once, on the same port and runs folder); client
+processes train on it as a notebook on a laptop would train on a GPU host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import agentrl
+from agentrl.backend.server import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # a service with its own vLLM server and trainer
+
+
+class Service:
+    """`agentrl backend serve` as a subprocess, its stdout collected."""
+
+    def __init__(self, runs: Path, port: int) -> None:
+        self.runs, self.port = runs, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self) -> str:
+        """Start it and wait until it listens; returns what it printed (its output goes to a file, never a full pipe)."""
+        env = {k: v for k, v in os.environ.items() if k != "AGENTRL_TOKEN"}
+        log = self.runs.parent / f"service-{time.monotonic_ns()}.log"
+        command = [sys.executable, "-m", "agentrl.cli", "backend", "serve", "--port", str(self.port)]
+        with open(log, "w") as out:
+            self.process = subprocess.Popen(
+                [*command, "--runs", str(self.runs)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
+            )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if "agentrl backend serving at" in (output := log.read_text()):
+                return output
+            time.sleep(0.2)
+        raise AssertionError(f"the service did not start:\n{log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=60)
+            self.process = None
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    service = Service(tmp_path_factory.mktemp("service-runs"), free_port())
+    first_output = service.start()
+    service.first_output = first_output
+    yield service
+    service.stop()
+
+
+@pytest.fixture
+def token(service) -> str:
+    return (service.runs / "backend.token").read_text().strip()
+
+
+def run_client(service: Service, token: str, name: str, steps: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "remote_client.py"), service.url, name, str(steps)],
+        cwd=ROOT,
+        env={**os.environ, "AGENTRL_TOKEN": token},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def test_the_token_is_generated_once_printed_and_private(service, token):
+    assert token in service.first_output and "0600" in service.first_output
+    assert (service.runs / "backend.token").stat().st_mode & 0o777 == 0o600
+
+
+ROUTES = [("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+          ("GET", "/v1/sampled/x"), ("POST", "/backend/register"), ("POST", "/backend/get_step"),
+          ("POST", "/backend/train"), ("POST", "/backend/train_sft"), ("POST", "/backend/log"),
+          ("POST", "/backend/delete_checkpoints"), ("POST", "/v1/load_lora_adapter")]  # fmt: skip
+
+
+async def test_without_the_token_every_route_answers_401_and_nothing_changes(service, token):
+    before = snapshot(service.runs)
+    body = {"model": {"name": "intruder", "project": "remote"}}
+    async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+        for method, path in ROUTES:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):  # no scheme: refused
+                response = await client.request(method, path, headers=headers, json=body)
+                assert response.status_code == 401, (path, headers, response.text)
+    assert snapshot(service.runs) == before
+    backend = agentrl.RemoteBackend(service.url, token="wrong")
+    with pytest.raises(agentrl.ConfigurationError, match="refused the token"):
+        await agentrl.TrainableModel(name="intruder", project="remote").register(backend)
+    await backend.close()
+    with pytest.raises(agentrl.ConfigurationError, match="needs the service's token"):
+        agentrl.RemoteBackend(service.url, token="")
+
+
+def test_a_client_process_trains_several_steps_on_the_service(service, token):
+    client = run_client(service, token, "agent", 2)
+    output, _ = client.communicate(timeout=600)
+    assert client.returncode == 0, output[-3000:]
+    assert "REGISTERED agent@0" in output and "STEP 1 agent@1" in output and "STEP 2 agent@2" in output
+    run = service.runs / "remote" / "agent"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000", "0001", "0002"]
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    served = httpx.get(f"{service.url}/v1/models", headers={"Authorization": f"Bearer {token}"}).json()
+    assert {"agent@2", "base"} <= {m["id"] for m in served["data"]}
+
+
+async def test_a_client_killed_mid_train_leaves_a_whole_step_and_a_new_client_continues(service, token):
+    client = run_client(service, token, "agent", 1)
+    assert client.stdout is not None
+    for line in client.stdout:
+        if line.startswith("TRAINING"):
+            break
+    time.sleep(0.5)  # the train request is on its way or being served
+    client.kill()
+    client.wait()
+
+    model = agentrl.TrainableModel(name="agent", project="remote")
+    backend = agentrl.RemoteBackend(service.url, token=token)
+    await asyncio.wait_for(model.register(backend), timeout=300)  # waits for a step in progress
+    step = await model.get_step()
+    run = service.runs / "remote" / "agent"
+    print(f"\nafter the kill the run is at step {step} (2 before it)")
+    assert step in (2, 3)
+    assert max(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == step
+    assert not list((run / "checkpoints").glob(".staging-*"))
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == step
+    served = {m["id"] for m in (await backend._client.get("/v1/models")).json()["data"]}
+    assert f"agent@{step}" in served and f"agent@{step - 1}" not in served
+    await backend.close()
+
+    client = run_client(service, token, "agent", 1)
+    output, _ = client.communicate(timeout=600)
+    assert client.returncode == 0 and f"STEP {step + 1} agent@{step + 1}" in output, output[-3000:]
+
+
+async def test_after_a_restart_the_client_is_told_and_continues_after_register(service, token):
+    model = agentrl.TrainableModel(name="agent", project="remote")
+    backend = agentrl.RemoteBackend(service.url, token=token)
+    await model.register(backend)
+    step = await model.get_step()
+    service.stop()
+    with pytest.raises(agentrl.ServerError, match="cannot reach the agentrl backend"):
+        await model.get_step()
+    assert "generated a token" not in service.start()  # the saved token is reused
+    with pytest.raises(agentrl.ServerError, match="restarted .* register"):
+        await model.get_step()
+    await model.register(backend)
+    assert await model.get_step() == step and model.inference_name == f"agent@{step}"
+    from tests.remote_client import sampled_group
+
+    result = await model.train([await sampled_group(model) for _ in range(2)], agentrl.TrainConfig(learning_rate=1e-3))
+    assert result.step == step + 1 and model.inference_name == f"agent@{step + 1}"
+    assert (service.runs / "remote" / "agent" / "checkpoints" / f"{step + 1:04d}").is_dir()
+    await backend.close()
