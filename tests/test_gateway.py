@@ -221,6 +221,11 @@ def test_the_store_is_bounded_and_an_evicted_completion_names_the_fix():
     with pytest.raises(agentrl.TokenizationError, match="'a'"):
         fill_sampled_tokens([group], store)
     json.dumps(store.get("b")[0].model_dump())  # what /v1/sampled returns is plain JSON
+    by_tokens = SampledStore(max_tokens=10)  # long prompts: the token budget bounds memory, not the count
+    for name in ("a", "b", "c"):
+        by_tokens.put(name, [SampledChoice(prompt_token_ids=[1, 2, 3], token_ids=[4, 5], logprobs=[-0.1, -0.2])])
+    assert len(by_tokens) == 2 and by_tokens.num_tokens == 10
+    assert by_tokens.get("c")[0] == SampledChoice(prompt_token_ids=[1, 2, 3], token_ids=[4, 5], logprobs=[-0.1, -0.2])
 
 
 async def test_a_blocking_client_is_answered_while_it_blocks_the_event_loop(served_model):

@@ -7,7 +7,9 @@ completion trained on: the trainer asks for it by the completion's id.
 from __future__ import annotations
 
 import threading
+from array import array
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from openai.types.chat.chat_completion import Choice
@@ -25,38 +27,77 @@ class SampledChoice(BaseModel):
     logprobs: list[float]
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """A choice packed into typed arrays: 4 bytes per token id, 8 per logprob (Python lists take 36 and 32)."""
+
+    prompt_token_ids: array[int] | None
+    token_ids: array[int]
+    logprobs: array[float]
+
+    @classmethod
+    def pack(cls, choice: SampledChoice) -> _Kept:
+        prompt = array("i", choice.prompt_token_ids) if choice.prompt_token_ids is not None else None
+        return cls(prompt, array("i", choice.token_ids), array("d", choice.logprobs))
+
+    def unpack(self) -> SampledChoice:
+        prompt = self.prompt_token_ids.tolist() if self.prompt_token_ids is not None else None
+        return SampledChoice(
+            prompt_token_ids=prompt, token_ids=self.token_ids.tolist(), logprobs=self.logprobs.tolist()
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids or ()) + len(self.token_ids)
+
+
 class SampledStore:
-    """The sampled token data of the last `max_completions` completions, by completion id.
+    """The sampled token data of recent completions, by completion id: oldest out first beyond
+    `max_completions` completions or `max_tokens` tokens (prompts included), so memory stays bounded
+    (about 20 bytes a token) however long the run.
 
     Thread-safe: the gateway's thread puts, the trainer's caller gets.
     """
 
-    def __init__(self, max_completions: int = 100_000) -> None:
+    def __init__(self, max_completions: int = 100_000, max_tokens: int = 20_000_000) -> None:
         self.max_completions = max_completions
-        self._by_id: OrderedDict[str, list[SampledChoice]] = OrderedDict()
+        self.max_tokens = max_tokens
+        self._by_id: OrderedDict[str, list[_Kept]] = OrderedDict()
+        self._num_tokens = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._by_id)
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens kept, prompts included."""
+        return self._num_tokens
+
     def put(self, completion_id: str, choices: list[SampledChoice]) -> None:
+        kept = [_Kept.pack(choice) for choice in choices]
         with self._lock:
-            self._by_id[completion_id] = choices
-            self._by_id.move_to_end(completion_id)
-            while len(self._by_id) > self.max_completions:
-                self._by_id.popitem(last=False)
+            if (previous := self._by_id.pop(completion_id, None)) is not None:
+                self._num_tokens -= sum(k.num_tokens for k in previous)
+            self._by_id[completion_id] = kept
+            self._num_tokens += sum(k.num_tokens for k in kept)
+            while len(self._by_id) > 1 and (
+                len(self._by_id) > self.max_completions or self._num_tokens > self.max_tokens
+            ):
+                _, evicted = self._by_id.popitem(last=False)
+                self._num_tokens -= sum(k.num_tokens for k in evicted)
 
     def get(self, completion_id: str) -> list[SampledChoice]:
         """The choices of a completion; `TokenizationError` naming the fix when it is not (or no longer) kept."""
-        try:
-            with self._lock:
-                return self._by_id[completion_id]
-        except KeyError:
+        with self._lock:
+            kept = self._by_id.get(completion_id)
+        if kept is None:
             raise TokenizationError(
                 f"the gateway keeps no sampled tokens for completion {completion_id!r}: it was not sampled through this "
-                f"gateway, or it was evicted (the gateway keeps the last {self.max_completions}). Keep the Choice with "
-                "its token_ids/logprobs, or train sooner after sampling"
-            ) from None
+                f"gateway, or it was evicted (the gateway keeps the last {self.max_completions} completions and "
+                f"{self.max_tokens} tokens). Keep the Choice with its token_ids/logprobs, or train sooner after sampling"
+            )
+        return [k.unpack() for k in kept]
 
 
 def sampled_choices(response: dict[str, Any]) -> list[SampledChoice]:
