@@ -29,6 +29,7 @@ from agentrl.errors import (
 )
 from agentrl.gather import ExceptionBudget, gather_trajectories, gather_trajectory_groups
 from agentrl.model import Model, TrainableModel, TrainResult
+from agentrl.pipeline import train_pipelined
 from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
 from agentrl.weave_tracing import disable_weave, enable_weave, traced
 
@@ -83,6 +84,7 @@ __all__ = [
     "TokenizationError",
     "TrainConfig",
     "TrainResult",
+    "train_pipelined",
     "TrainingError",
     "TrainableModel",
     "Trajectory",

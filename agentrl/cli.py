@@ -16,6 +16,7 @@ import asyncio
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -49,12 +50,15 @@ def train(
         None, help="litellm model id for --reward judge|ruler (default: the base model, served locally)"
     ),
     weave: str | None = typer.Option(None, help="trace every rollout into this Weave project (entity/project)"),
+    max_steps_off_policy: int | None = typer.Option(
+        None, help="train pipelined: rollouts sample up to this many steps ahead of the trainer (default: synchronous)"
+    ),
 ) -> None:
     """Train an agent on an environment, printing held-out metrics before and after.
 
     Metrics also go to W&B when WANDB_API_KEY is set (WANDB_MODE=offline works without a network)."""
     entry = _entry(env)
-    choice = {}
+    choice: dict[str, Any] = {}
     if reward is not None or judge is not None:
         offering = ", ".join(e for e in environment_names() if load_environment(e).rewards)
         if not entry.rewards:
@@ -72,6 +76,8 @@ def train(
         from agentrl.weave_tracing import enable_weave
 
         enable_weave(weave)
+    if max_steps_off_policy is not None:
+        choice["max_steps_off_policy"] = max_steps_off_policy
     asyncio.run(entry.run(preset, steps, model, name=name or entry.default_name, base_path=base_path, **choice))
 
 

@@ -240,9 +240,18 @@ class TrainableModel(Model):
         self._step = await self._require_backend().get_step(self)
         return self._step
 
-    async def train(self, groups: list[TrajectoryGroup], config: TrainConfig | None = None) -> TrainResult:
-        """One GRPO step on these groups; the server then serves the new checkpoint."""
-        result = await self._require_backend().train(self, groups, config or TrainConfig())
+    async def train(
+        self,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        *,
+        step_metrics: dict[str, float] | None = None,
+    ) -> TrainResult:
+        """One GRPO step on these groups; the server then serves the new checkpoint.
+
+        `step_metrics`: numbers about this step measured outside the backend (a pipelined loop's
+        staleness and idle time), recorded with the step's own in metrics.jsonl."""
+        result = await self._require_backend().train(self, groups, config or TrainConfig(), step_metrics=step_metrics)
         self._step = result.step
         return result
 

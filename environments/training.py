@@ -14,6 +14,8 @@ import agentrl
 from agentrl.gather import AfterEach
 from agentrl.tracking import summarize
 
+OFF_POLICY_TIS = 2.0
+"""Truncated importance sampling for pipelined runs: an off-policy turn's weight is capped at 2x."""
 MakeGroups = Callable[[agentrl.TrainableModel, int], Iterable[agentrl.TrajectoryGroup]]
 Evaluate = Callable[[agentrl.Model], Awaitable[list[agentrl.Trajectory]]]
 WarmStart = Callable[[agentrl.TrainableModel], Awaitable[None]]
@@ -32,6 +34,23 @@ class RunSummary:
     seconds: float
 
 
+def print_step(result: agentrl.TrainResult, timing: str = "") -> None:
+    """One line per step: reward, signal, tokens, sampler/trainer gap, and (pipelined) staleness and idle time."""
+    m = result.metrics
+    pipelined = (
+        f", staleness {m['staleness_mean']:.2f} (max {m['staleness_max']:.0f}, dropped {m['num_groups_stale_dropped']:.0f}),"
+        f" idle trainer {m['trainer_idle_frac']:.0%} sampler {m['sampler_idle_frac']:.0%}, {m['steps_per_hour']:.0f} steps/h"
+        if "staleness_mean" in m
+        else ""
+    )
+    print(
+        f"step {result.step}: reward {m['reward_mean']:.3f} ± {m['reward_std']:.3f}, "
+        f"zero-variance groups {m.get('frac_zero_variance_groups', 0):.0%}, trained tokens {m.get('trained_tokens', 0):.0f}, "
+        f"kl(sampler||trainer) {m.get('kl_sampler_trainer', 0):.4f}{timing}{pipelined}"
+        + (f" (skipped: {result.skip_reason})" if result.skipped else "")
+    )
+
+
 def fmt_metrics(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if k not in ("reward_std", "num_trajectories"))
 
@@ -46,8 +65,12 @@ async def train_and_evaluate(
     max_exception_rate: float = 0.1,
     after_each: AfterEach | None = None,
     warm_start: WarmStart | None = None,
+    max_steps_off_policy: int | None = None,
 ) -> RunSummary:
     """Register `model`, evaluate it, train `steps` steps (resuming where it stopped), evaluate again.
+
+    With `max_steps_off_policy` set, the steps run pipelined (`agentrl.train_pipelined`): the next
+    steps' rollouts sample while a step trains; None is the synchronous loop.
 
     A model that is already registered keeps its backend (and it stays up afterwards); otherwise a
     LocalBackend is started and closed here. `warm_start` (e.g. supervised training on
@@ -68,7 +91,25 @@ async def train_and_evaluate(
             await warm_start(model)
             after_warm_start = await model.log(await evaluate(model), split="val")
             print(f"held-out after the warm start (step {await model.get_step()}): {fmt_metrics(after_warm_start)}")
-        for step in range(await model.get_step(), start_step + steps + (after_warm_start is not None)):
+        first, last = await model.get_step(), start_step + steps + (after_warm_start is not None)
+        if max_steps_off_policy is not None:
+            if max_steps_off_policy > 0 and not config.truncated_importance_sampling:
+                config = config.model_copy(update={"truncated_importance_sampling": OFF_POLICY_TIS})
+            print(
+                f"pipelined: rollouts run up to {max_steps_off_policy} step(s) ahead of the trainer "
+                f"(truncated importance sampling at {config.truncated_importance_sampling:g})"
+            )
+            await agentrl.train_pipelined(
+                model,
+                make_groups,
+                steps=last - first,
+                max_steps_off_policy=max_steps_off_policy,
+                config=config,
+                after_each=after_each,
+                max_exception_rate=max_exception_rate,
+                on_step=print_step,
+            )
+        for step in range(first, last if max_steps_off_policy is None else first):
             step_started = time.perf_counter()
             groups = await agentrl.gather_trajectory_groups(
                 make_groups(model, step),
@@ -77,13 +118,7 @@ async def train_and_evaluate(
                 desc=f"step {step + 1} rollouts",
             )
             result = await model.train(groups, config)
-            m = result.metrics
-            print(
-                f"step {result.step}: reward {m['reward_mean']:.3f} ± {m['reward_std']:.3f}, "
-                f"zero-variance groups {m.get('frac_zero_variance_groups', 0):.0%}, trained tokens {m.get('trained_tokens', 0):.0f}, "
-                f"kl(sampler||trainer) {m.get('kl_sampler_trainer', 0):.4f}, {time.perf_counter() - step_started:.1f} s"
-                + (f" (skipped: {result.skip_reason})" if result.skipped else "")
-            )
+            print_step(result, f", {time.perf_counter() - step_started:.1f} s")
         end_step = await model.get_step()
         after = await model.log(await evaluate(model), split="val")
         print(f"\nheld-out at step {start_step}: {fmt_metrics(before)}")

@@ -1,4 +1,4 @@
-"""Run by test_resume.py in its own process: register, train one step, report, then wait to be killed.
+"""Run by test_resume.py in its own process: register, train one pipelined step, report, then wait to be killed.
 
 Metrics go to an offline W&B run (the test sets WANDB_MODE=offline), to check that the resumed run appends to it."""
 
@@ -13,16 +13,28 @@ from environments.larger_number.task import rollout, scenarios
 async def main(base_path: str) -> None:
     model = agentrl.TrainableModel(name="resumable", project="tests", base_path=base_path, wandb=True)
     await model.register(agentrl.LocalBackend())
-    groups = await agentrl.gather_trajectory_groups(
-        [agentrl.TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in scenarios("train", 4, seed=5)],
-        show_progress=False,
+    train = scenarios("train", 8, seed=5)
+
+    def make_groups(model: agentrl.TrainableModel, step: int) -> list[agentrl.TrajectoryGroup]:
+        return [agentrl.TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in train[4 * step : 4 * step + 4]]
+
+    async def report_then_wait(result: agentrl.TrainResult) -> None:
+        assert not result.skipped, "no signal in 4 groups of 8; rerun"
+        adapter = model.run_dir / "checkpoints" / f"{result.step:04d}" / "adapter_model.safetensors"
+        server_pgid = model._backend.server.process.pid
+        digest = hashlib.sha256(adapter.read_bytes()).hexdigest()
+        print(f"CHECKPOINTED {result.step} {digest} {server_pgid}", flush=True)
+        await asyncio.sleep(3600)  # the test kills us here, with the next step's rollouts in flight
+
+    # Pipelined: the next step's groups are sampling when the kill comes; none of them may train later.
+    await agentrl.train_pipelined(
+        model,
+        make_groups,
+        steps=2,
+        max_steps_off_policy=1,
+        config=agentrl.TrainConfig(learning_rate=1e-3, truncated_importance_sampling=2.0),
+        on_step=report_then_wait,
     )
-    result = await model.train(groups, agentrl.TrainConfig(learning_rate=1e-3))
-    assert not result.skipped, "no signal in 4 groups of 8; rerun"
-    adapter = model.run_dir / "checkpoints" / f"{result.step:04d}" / "adapter_model.safetensors"
-    server_pgid = model._backend.server.process.pid
-    print(f"CHECKPOINTED {result.step} {hashlib.sha256(adapter.read_bytes()).hexdigest()} {server_pgid}", flush=True)
-    await asyncio.sleep(3600)  # the test kills us here, mid-run
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ gateway; the trainer's tokens are compared with what the server sampled, and all
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -98,10 +99,10 @@ def clients(model: agentrl.TrainableModel) -> dict[str, Complete]:
 
 async def test_four_clients_train_on_exactly_the_sampled_tokens(served_model):
     gateway = served_model.backend.gateway
-    trajectories = {
-        label: [await two_turns(complete, reward=float(i)) for i in range(2)]
-        for label, complete in clients(served_model).items()
-    }
+    completers = clients(served_model)
+    rollouts = [two_turns(complete, reward=float(i)) for complete in completers.values() for i in range(2)]
+    done = iter(await asyncio.gather(*rollouts))  # all eight at once, as rollouts run
+    trajectories = {label: [next(done), next(done)] for label in completers}
     for label, group in trajectories.items():
         (filled,) = fill_sampled_tokens([agentrl.TrajectoryGroup(group)], gateway.store)
         for trajectory in filled.trajectories:
@@ -262,19 +263,20 @@ async def test_two_models_train_on_one_backend_each_served_as_its_own(served_mod
     assert second.inference_name == "second@0" and backend.server.process is not None  # the same server
     first_step = await served_model.get_step()
 
-    result = await second.train(
-        [await two_sampled_trajectories(second, "Say yes.")], agentrl.TrainConfig(learning_rate=1e-3)
-    )
-    assert result.step == 1 and await served_model.get_step() == first_step  # the first model did not move
+    for expected in (1, 2):
+        groups = [await two_sampled_trajectories(second, "Say yes.")]
+        result = await second.train(groups, agentrl.TrainConfig(learning_rate=1e-3))
+        assert result.step == expected and await served_model.get_step() == first_step  # the first did not move
     result = await served_model.train(
         [await two_sampled_trajectories(served_model, "Say no.")], agentrl.TrainConfig(learning_rate=1e-3)
     )
-    assert result.step == first_step + 1 and await second.get_step() == 1
+    assert result.step == first_step + 1 and await second.get_step() == 2
 
     async with httpx.AsyncClient(timeout=30) as client:
         served = {m["id"] for m in (await client.get(f"{backend.gateway.base_url}/models")).json()["data"]}
-    assert {"base", "second@1", served_model.inference_name} <= served and "second@0" not in served
-    assert sorted(p.name for p in (second.run_dir / "checkpoints").iterdir()) == ["0000", "0001"]
+    # Each model's adapter and the one before it (for requests that named it just before the swap).
+    assert {"base", "second@2", "second@1", served_model.inference_name} <= served and "second@0" not in served
+    assert sorted(p.name for p in (second.run_dir / "checkpoints").iterdir()) == ["0000", "0001", "0002"]
     assert not (served_model.run_dir / "checkpoints" / "0000" / "second").exists()
     trainer = backend.trainer
     first = get_peft_model_state_dict(trainer.model, adapter_name=backend.session(served_model).adapter)
@@ -283,9 +285,9 @@ async def test_two_models_train_on_one_backend_each_served_as_its_own(served_mod
     completion = await second.openai_client().chat.completions.create(
         model=second.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )
-    assert completion.model == "second@1"
+    assert completion.model == "second@2"
     again = agentrl.TrainableModel(name="second", project="two-models", base_path=str(tmp_path))
-    assert await backend.register(again) == 1  # the same run again: its session, not a second lock
+    assert await backend.register(again) == 2  # the same run again: its session, not a second lock
 
 
 def torch_equal(a, b) -> bool:

@@ -145,7 +145,7 @@ async def test_a_client_killed_mid_train_leaves_a_whole_step_and_a_new_client_co
     assert not list((run / "checkpoints").glob(".staging-*"))
     assert len((run / "metrics.jsonl").read_text().splitlines()) == step
     served = {m["id"] for m in (await backend._client.get("/v1/models")).json()["data"]}
-    assert f"agent@{step}" in served and f"agent@{step - 1}" not in served
+    assert f"agent@{step}" in served and f"agent@{step - 2}" not in served
     await backend.close()
 
     client = run_client(service, token, "agent", 1)

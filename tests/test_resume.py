@@ -81,6 +81,8 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
     finally:
         await backend.close()
     assert os.path.isdir(model.run_dir / "checkpoints" / "0000")
+    trained = [m for m in agentrl.tracking.read_metrics(model.run_dir) if m["split"] == "train"]
+    assert [m["step"] for m in trained] == [1] and trained[0]["staleness_max"] == 0  # the in-flight groups died
 
     # W&B: the resumed process appended to the killed one's W&B run, at the step it resumed from.
     assert len(list(model.run_dir.glob("wandb/offline-run-*"))) == 2  # the killed process's and ours

@@ -2,9 +2,9 @@
 
 Models of one base model share one vLLM server (each served as "{name}@{step}", the base model as
 "base"), one gateway in front of it, and one trainer (one LoRA adapter and optimizer per model);
-each has its own run folder, lock, checkpoints and step. A training step, in order: (GPU: the server sleeps) -> the trainer updates the LoRA -> the new
-checkpoint is written atomically -> the server loads it as "{name}@{step}" and drops the old
-adapter. The checkpoint is on disk before the server switches, so a crash at any point resumes
+each has its own run folder, lock, checkpoints and step. A training step, in order: (one GPU: the
+server sleeps) -> the trainer updates the LoRA -> the new checkpoint is written atomically -> the
+server loads it as "{name}@{step}" and drops the adapter before the previous one. The checkpoint is on disk before the server switches, so a crash at any point resumes
 from a complete checkpoint that the step counter agrees with. A save or a switch that fails puts
 the trainer back to the last served checkpoint, so a retry applies exactly one step; a step
 that cannot train (see `agentrl.rl.screen`) says why in `TrainResult.skip_reason`.
@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
+SERVED_ADAPTERS = 2
+"""Adapters kept loaded per model: the new one and the one before, so a request that named the old
+adapter just before a swap (a pipelined rollout's next turn) is still answered, by the adapter it named."""
+
 
 @dataclass
 class _Engine:
@@ -70,6 +74,8 @@ class ModelSession:
     lock: RunLock
     step: int = 0
     wandb: WandbMetrics | None = None
+    served: list[int] = field(default_factory=list)
+    """Steps whose adapters the server holds, oldest first (the last `SERVED_ADAPTERS`)."""
     busy: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held by a call that changes the step (train, train_sft), so one runs at a time per model."""
 
@@ -80,6 +86,9 @@ class ModelSession:
 class LocalBackend:
     """Serves and trains `TrainableModel`s of one base model on this machine (vLLM + torch/peft).
 
+    `trainer_device` ("cuda:1") puts the trainer on a GPU of its own: the server (on the first GPU)
+    then keeps sampling while a step trains, which pipelined training needs. By default the trainer
+    shares the server's device, and the server sleeps while it trains.
     `host`, `port` and `token` say where its OpenAI-compatible gateway listens (by default a free
     port on loopback, with no token); a token is required beyond loopback.
     """
@@ -88,12 +97,14 @@ class LocalBackend:
         self,
         *,
         seed: int = 0,
+        trainer_device: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
         routes: Sequence[BaseRoute] = (),
     ) -> None:
         self.seed = seed
+        self.trainer_device = trainer_device
         self.sessions: dict[str, ModelSession] = {}
         """Registered models by run folder."""
         self.gateway = Gateway(host=host, port=port, token=token, routes=routes)
@@ -198,7 +209,7 @@ class LocalBackend:
                 )
             return engine
         model_path = await self._on_trainer_thread(resolve_base_model, model.base_model)
-        trainer = await self._on_trainer_thread(Trainer, model_path, seed=self.seed)
+        trainer = await self._on_trainer_thread(Trainer, model_path, seed=self.seed, device=self.trainer_device)
         server = VLLMServer(
             model_path, model.run_dir / "logs" / "vllm.log", model.server, max_lora_rank=model.lora.rank
         )
@@ -226,6 +237,7 @@ class LocalBackend:
                 WandbMetrics, model.run_dir, project=model.project, name=model.name, config=config
             )
         await engine.server.load_adapter(session.served_name(), store.path(session.step))
+        session.served.append(session.step)
         logger.info("serving %s from %s at %s", session.served_name(), store.path(session.step), self.gateway.base_url)
         return session
 
@@ -249,14 +261,23 @@ class LocalBackend:
     async def get_step(self, model: TrainableModel) -> int:
         return self.session(model).step
 
-    async def train(self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig) -> TrainResult:
+    async def train(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        step_metrics: dict[str, float] | None = None,
+    ) -> TrainResult:
         """One GRPO step; the server serves the new checkpoint when it returns."""
         session = self.session(model)
         async with session.busy:
-            return await self._train(session, groups, config)
+            return await self._train(session, groups, config, dict(step_metrics or {}))
 
-    async def _train(self, session: ModelSession, groups: list[TrajectoryGroup], config: TrainConfig) -> TrainResult:
-        trainer, server = self.trainer, self.server
+    async def _train(
+        self, session: ModelSession, groups: list[TrajectoryGroup], config: TrainConfig, step_metrics: dict[str, float]
+    ) -> TrainResult:
+        trainer = self.trainer
         groups = fill_sampled_tokens(groups, self.gateway.store)  # Choices that kept only their completion id
         screened = screen_groups(groups)  # raises RewardError for a missing or non-finite reward
         if (error := judge_failure_error(screened, config.max_judge_failure_rate)) is not None:
@@ -269,11 +290,11 @@ class LocalBackend:
                 screened.last_judge_error,
             )
         if screened.trainable:
-            await server.sleep()
+            await self._make_room()
             try:
                 outcome = await self._on_trainer_thread(trainer.train_step, session.adapter, screened.trainable, config)
             finally:
-                await server.wake_up()
+                await self._give_room_back()
         else:
             outcome = StepOutcome(updated=False)
         reason = None
@@ -291,16 +312,30 @@ class LocalBackend:
                 session.step,
                 reason,
             )
-        metrics = {**outcome.metrics, **screened.metrics()}
+        metrics = {**step_metrics, **outcome.metrics, **screened.metrics()}
         result = await self._commit(session, StepOutcome(outcome.updated, metrics), split="train", groups=list(groups))
         return dataclasses.replace(result, skip_reason=reason, last_judge_error=screened.last_judge_error)
+
+    @property
+    def shares_a_device(self) -> bool:
+        """Whether the trainer trains on the GPU the server samples on (the default on a GPU host): then the
+        server sleeps while a step trains, and nothing samples meanwhile (no pipelining on one GPU)."""
+        return self.trainer_device in (None, "cuda", "cuda:0")
+
+    async def _make_room(self) -> None:
+        if self.shares_a_device:
+            await self.server.sleep()
+
+    async def _give_room_back(self) -> None:
+        if self.shares_a_device:
+            await self.server.wake_up()
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:
         """Supervised steps on demonstrations (their assistant messages are the targets), then one checkpoint."""
         session = self.session(model)
         async with session.busy:
             metrics: dict[str, float] = {}
-            await self.server.sleep()
+            await self._make_room()
             starts = range(0, len(histories), config.batch_size)
             progress = tqdm(total=config.epochs * len(starts), desc="sft", unit="batch")
             try:
@@ -318,7 +353,7 @@ class LocalBackend:
                         progress.update(1)
             finally:
                 progress.close()
-                await self.server.wake_up()
+                await self._give_room_back()
             return await self._commit(session, StepOutcome(bool(metrics), metrics), split="sft", groups=[])
 
     async def _commit(
@@ -361,10 +396,13 @@ class LocalBackend:
                 f"at checkpoint {old_step} again and {session.served_name(old_step)} is still what a rollout gets. "
                 "Call train again once the server answers; if it died, register the model with a new backend"
             ) from error
-        try:
-            await server.unload_adapter(session.served_name(old_step))
-        except ServerError as error:  # the new adapter serves; the old one only holds a slot
-            logger.warning("could not unload %s: %s", session.served_name(old_step), error)
+        session.served.append(new_step)
+        while len(session.served) > SERVED_ADAPTERS:
+            retired = session.served.pop(0)
+            try:
+                await server.unload_adapter(session.served_name(retired))
+            except ServerError as error:  # the new adapter serves; an old one only holds a slot
+                logger.warning("could not unload %s: %s", session.served_name(retired), error)
         metrics["swap_s"] = time.perf_counter() - started
         session.step = new_step
         await self._record(session, groups, metrics, step=new_step, split=split, skipped=False)

@@ -43,8 +43,16 @@ class Backend(Protocol):
         """The step of the checkpoint now served."""
         ...
 
-    async def train(self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig) -> TrainResult:
-        """One GRPO step; the new checkpoint is served when it returns (or the skip says why)."""
+    async def train(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        step_metrics: dict[str, float] | None = None,
+    ) -> TrainResult:
+        """One GRPO step; the new checkpoint is served when it returns (or the skip says why). `step_metrics`
+        are recorded with the step's own."""
         ...
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:

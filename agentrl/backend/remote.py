@@ -92,10 +92,17 @@ class RemoteBackend:
     async def get_step(self, model: TrainableModel) -> int:
         return int((await self._call("/backend/get_step", self._ref(model)))["step"])
 
-    async def train(self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig) -> TrainResult:
+    async def train(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        step_metrics: dict[str, float] | None = None,
+    ) -> TrainResult:
         from agentrl.model import TrainResult
 
-        request = TrainRequest(model=self._ref(model), groups=groups, config=config)
+        request = TrainRequest(model=self._ref(model), groups=groups, config=config, step_metrics=step_metrics or {})
         return TrainResult(**await self._call("/backend/train", request))
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:

@@ -145,7 +145,8 @@ class BackendService:
         return StepReply(step=await self.backend.get_step(self._model(ref))).model_dump()
 
     async def _train(self, request: TrainRequest) -> dict[str, Any]:
-        result = await self.backend.train(self._model(request.model), request.groups, request.config)
+        model = self._model(request.model)
+        result = await self.backend.train(model, request.groups, request.config, step_metrics=request.step_metrics)
         return dataclasses.asdict(result)
 
     async def _train_sft(self, request: SFTRequest) -> dict[str, Any]:

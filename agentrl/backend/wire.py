@@ -46,6 +46,7 @@ class TrainRequest(_Message):
     model: ModelRef
     groups: list[TrajectoryGroup]
     config: TrainConfig
+    step_metrics: dict[str, float] = {}
 
 
 class SFTRequest(_Message):

@@ -117,9 +117,12 @@ def create_gateway_app(
             if response.status_code != 200:
                 return Response(response.content, status_code=response.status_code, media_type="application/json")
             data = response.json()
-            store.put(data["id"], sampled_choices(data))
+            sampled = sampled_choices(data)
+            store.put(data["id"], sampled)
             for choice in data.get("choices") or []:
                 choice["completion_id"] = data["id"]  # for the trainer's lookup when a client drops the token data
+                if sampled and sampled[0].policy_step is not None:
+                    choice["policy_step"] = sampled[0].policy_step  # which adapter sampled this turn
             return JSONResponse(data)
         if response.status_code != 200:
             content = await response.aread()

@@ -6,6 +6,7 @@ completion trained on: the trainer asks for it by the completion's id.
 
 from __future__ import annotations
 
+import re
 import threading
 from array import array
 from collections import OrderedDict
@@ -25,6 +26,14 @@ class SampledChoice(BaseModel):
     prompt_token_ids: list[int] | None
     token_ids: list[int]
     logprobs: list[float]
+    policy_step: int | None = None
+    """The step of the adapter that sampled it ("name@step"); None for the base model."""
+
+
+def policy_step_of(served_name: Any) -> int | None:
+    """The step in a served adapter's name ("agent@12" -> 12); None for any other name."""
+    match = re.fullmatch(r".+@(\d+)", served_name) if isinstance(served_name, str) else None
+    return int(match.group(1)) if match else None
 
 
 @dataclass(frozen=True)
@@ -34,16 +43,20 @@ class _Kept:
     prompt_token_ids: array[int] | None
     token_ids: array[int]
     logprobs: array[float]
+    policy_step: int | None
 
     @classmethod
     def pack(cls, choice: SampledChoice) -> _Kept:
         prompt = array("i", choice.prompt_token_ids) if choice.prompt_token_ids is not None else None
-        return cls(prompt, array("i", choice.token_ids), array("d", choice.logprobs))
+        return cls(prompt, array("i", choice.token_ids), array("d", choice.logprobs), choice.policy_step)
 
     def unpack(self) -> SampledChoice:
         prompt = self.prompt_token_ids.tolist() if self.prompt_token_ids is not None else None
         return SampledChoice(
-            prompt_token_ids=prompt, token_ids=self.token_ids.tolist(), logprobs=self.logprobs.tolist()
+            prompt_token_ids=prompt,
+            token_ids=self.token_ids.tolist(),
+            logprobs=self.logprobs.tolist(),
+            policy_step=self.policy_step,
         )
 
     @property
@@ -103,6 +116,7 @@ class SampledStore:
 def sampled_choices(response: dict[str, Any]) -> list[SampledChoice]:
     """The token data of a whole (non-streamed) chat or text completion response, one per choice."""
     prompt_ids = response.get("prompt_token_ids")
+    policy_step = policy_step_of(response.get("model"))
     choices = []
     for choice in sorted(response.get("choices") or [], key=lambda c: c.get("index", 0)):
         choices.append(
@@ -110,6 +124,7 @@ def sampled_choices(response: dict[str, Any]) -> list[SampledChoice]:
                 prompt_token_ids=prompt_ids or choice.get("prompt_token_ids"),
                 token_ids=list(choice.get("token_ids") or []),
                 logprobs=_logprob_values(choice.get("logprobs")),
+                policy_step=policy_step,
             )
         )
     return choices
@@ -128,12 +143,14 @@ class StreamAccumulator:
 
     def __init__(self) -> None:
         self.completion_id: str | None = None
+        self.policy_step: int | None = None
         self.prompt_token_ids: list[int] | None = None
         self.token_ids: dict[int, list[int]] = {}
         self.logprobs: dict[int, list[float]] = {}
 
     def add(self, chunk: dict[str, Any]) -> None:
         self.completion_id = self.completion_id or chunk.get("id")
+        self.policy_step = self.policy_step if self.policy_step is not None else policy_step_of(chunk.get("model"))
         if chunk.get("prompt_token_ids"):
             self.prompt_token_ids = chunk["prompt_token_ids"]
         for choice in chunk.get("choices") or []:
@@ -144,7 +161,10 @@ class StreamAccumulator:
     def choices(self) -> list[SampledChoice]:
         return [
             SampledChoice(
-                prompt_token_ids=self.prompt_token_ids, token_ids=self.token_ids[i], logprobs=self.logprobs[i]
+                prompt_token_ids=self.prompt_token_ids,
+                token_ids=self.token_ids[i],
+                logprobs=self.logprobs[i],
+                policy_step=self.policy_step,
             )
             for i in sorted(self.token_ids)
         ]
@@ -196,4 +216,6 @@ def _filled(item: Any, store: SampledStore) -> Any:
         for token_id, logprob in zip(sampled.token_ids, sampled.logprobs, strict=True)
     ]
     data = {**item.model_dump(), "logprobs": {"content": content}, "token_ids": sampled.token_ids}
+    if sampled.policy_step is not None:
+        data.setdefault("policy_step", sampled.policy_step)
     return Choice.model_validate(data)

@@ -65,6 +65,7 @@ async def run(
     test_questions: int = 18,
     reward: str = "match",
     judge: str | None = None,
+    max_steps_off_policy: int | None = None,
 ) -> RunSummary:
     if reward not in REWARDS:
         raise ValueError(f"unknown reward {reward!r}; choose one of: {', '.join(REWARDS)}")
@@ -104,6 +105,7 @@ async def run(
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
         after_each=ruler_rewards(model, judge) if reward == "ruler" else None,
         warm_start=(lambda m: warm_start(m, env, preset.sft_examples)) if preset.sft_examples else None,
+        max_steps_off_policy=max_steps_off_policy,
     )
 
 

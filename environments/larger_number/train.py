@@ -29,6 +29,7 @@ async def run(
     base_model: str | None = None,
     name: str = "main-job",
     base_path: str = ".agentrl",
+    max_steps_off_policy: int | None = None,
 ) -> RunSummary:
     """Train on the larger-number task (one preset: it is small enough for any machine)."""
     steps = steps if steps is not None else DEFAULT_STEPS
@@ -47,6 +48,7 @@ async def run(
         evaluate=held_out,
         steps=steps,
         config=agentrl.TrainConfig(learning_rate=LEARNING_RATE),
+        max_steps_off_policy=max_steps_off_policy,
     )
 
 
@@ -64,9 +66,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--name", default="main-job")
     parser.add_argument("--base-path", default=".agentrl")
+    parser.add_argument(
+        "--max-steps-off-policy",
+        type=int,
+        default=None,
+        help="train pipelined: rollouts sample up to this many steps ahead of the trainer (default: synchronous)",
+    )
     args = parser.parse_args()
     handle_stop_signals()
-    asyncio.run(run(steps=args.steps, name=args.name, base_path=args.base_path))
+    asyncio.run(
+        run(
+            steps=args.steps,
+            name=args.name,
+            base_path=args.base_path,
+            max_steps_off_policy=args.max_steps_off_policy,
+        )
+    )
 
 
 if __name__ == "__main__":

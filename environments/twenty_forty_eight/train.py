@@ -24,6 +24,7 @@ async def run(
     name: str = "2048-agent",
     base_path: str = ".agentrl",
     test_games: int = 24,
+    max_steps_off_policy: int | None = None,
 ) -> RunSummary:
     preset = PRESETS[preset_name]
     preset = replace(
@@ -47,6 +48,7 @@ async def run(
         evaluate=lambda m: evaluate(m, test, max_tokens=preset.max_tokens),
         steps=preset.steps,
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
+        max_steps_off_policy=max_steps_off_policy,
     )
 
 

@@ -1,0 +1,188 @@
+"""Pipelined training: rollouts keep sampling while the trainer trains, and a step starts on the first
+finished groups instead of waiting for the slowest.
+
+The synchronous loop alternates: gather a step's groups, then train while nothing samples. Here
+the groups of the next `max_steps_off_policy` steps are already sampling (against whatever
+adapter is served) while a step trains, and each step takes the first groups to finish. Every
+sampled turn records the adapter step that produced it (`policy_step`, stamped by the gateway), and
+the loss uses the sampler's own logprobs as the old policy, so an off-policy turn is importance-
+corrected; `TrainConfig(truncated_importance_sampling=2.0)` bounds that correction, the setting we
+recommend for `max_steps_off_policy > 0`. A group whose oldest turn is more than
+`max_steps_off_policy` steps behind the step it would train is dropped and counted, never trained.
+With `max_steps_off_policy=0` the loop is the synchronous one: each step's groups start after the
+previous step, and train together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from agentrl.config import TrainConfig
+from agentrl.errors import ConfigurationError
+from agentrl.gather import AfterEach, gather_trajectory_groups
+from agentrl.model import TrainableModel, TrainResult
+from agentrl.trajectory import TrajectoryGroup
+
+logger = logging.getLogger(__name__)
+
+MakeGroups = Callable[[TrainableModel, int], Iterable[TrajectoryGroup]]
+"""A step's groups, unresolved (their rollouts as awaitables): `make_groups(model, step)`."""
+OnStep = Callable[[TrainResult], Awaitable[None] | None]
+
+
+def oldest_policy_step(group: TrajectoryGroup, started_at: int) -> int:
+    """The oldest adapter step among a group's sampled turns; a turn that does not say (a client that
+    dropped the gateway's `policy_step`) counts as `started_at`, the step served when its rollout began,
+    which is never newer than the truth."""
+    steps = [
+        step if isinstance(step := (choice.model_extra or {}).get("policy_step"), int) else started_at
+        for trajectory in group.trajectories
+        for history in trajectory.histories()
+        for choice in history.choices()
+    ]
+    return min(steps, default=started_at)
+
+
+@dataclass
+class _Finished:
+    group: TrajectoryGroup
+    oldest_step: int
+
+
+class _SamplerClock:
+    """Time during which no group was sampling: the sampler's idle time."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.idle_s = 0.0
+        self._idle_since: float | None = time.perf_counter()
+
+    def started(self) -> None:
+        if self.in_flight == 0 and self._idle_since is not None:
+            self.idle_s += time.perf_counter() - self._idle_since
+            self._idle_since = None
+        self.in_flight += 1
+
+    def finished(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle_since = time.perf_counter()
+
+    def idle_until_now(self) -> float:
+        running = time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0
+        return self.idle_s + running
+
+
+async def train_pipelined(
+    model: TrainableModel,
+    make_groups: MakeGroups,
+    *,
+    steps: int,
+    max_steps_off_policy: int = 1,
+    config: TrainConfig | None = None,
+    after_each: AfterEach | None = None,
+    max_exception_rate: float | None = 0.1,
+    on_step: OnStep | None = None,
+) -> list[TrainResult]:
+    """Train `steps` steps of `model` (registered) with sampling and training overlapped; returns each step's result.
+
+    `make_groups(model, step)` gives the groups of loop step `step` (counted from the model's step at
+    the start, as the synchronous loop counts), their rollouts unstarted; a step trains on as many
+    finished groups as its `make_groups` gave. `after_each` (a judge) runs on each group as it
+    finishes; `on_step` after each step (an evaluation every N steps, a print). Each step's
+    metrics.jsonl line adds `staleness_mean`/`staleness_max` (steps between a group's oldest turn
+    and the step it trained), `num_groups_stale_dropped`, and over the cycle since the previous
+    step began training: `trainer_idle_frac` (waiting for groups), `sampler_idle_frac` (no group
+    sampling) and `steps_per_hour`.
+    """
+    if isinstance(max_steps_off_policy, bool) or not isinstance(max_steps_off_policy, int) or max_steps_off_policy < 0:
+        raise ConfigurationError(f"max_steps_off_policy must be an int >= 0, got {max_steps_off_policy!r}")
+    config = config or TrainConfig()
+    first = await model.get_step()
+    ready: list[_Finished] = []
+    arrived = asyncio.Event()
+    tasks: set[asyncio.Task[None]] = set()
+    failures: list[BaseException] = []
+    sampler = _SamplerClock()
+    sizes: dict[int, int] = {}  # groups per loop step, as make_groups gave them
+    launched = 0  # loop steps whose groups were started
+
+    async def sample(group: TrajectoryGroup) -> None:
+        started_at = model._step  # the adapter served when the rollout begins
+        try:
+            finished = await gather_trajectory_groups(
+                [group], max_exception_rate=max_exception_rate, after_each=after_each, show_progress=False
+            )
+            for resolved in finished:
+                ready.append(_Finished(resolved, oldest_policy_step(resolved, started_at)))
+        except Exception as error:  # noqa: BLE001 - raised in the loop, which stops everything
+            failures.append(error)
+        finally:
+            sampler.finished()
+            arrived.set()
+
+    def launch(done: int) -> None:
+        """Start the groups of every loop step that may sample now: up to `max_steps_off_policy` ahead."""
+        nonlocal launched
+        while launched < steps and launched <= done + max_steps_off_policy:
+            groups = list(make_groups(model, first + launched))
+            sizes[launched] = len(groups)
+            for group in groups:
+                sampler.started()  # counted from now: the loop must not think nothing is coming
+                task = asyncio.ensure_future(sample(group))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            launched += 1
+
+    results: list[TrainResult] = []
+    try:
+        cycle_started, sampler_idle_at_cycle_start = time.perf_counter(), 0.0
+        for done in range(steps):
+            launch(done)
+            waiting_started = time.perf_counter()
+            taken: list[_Finished] = []
+            dropped = 0
+            while len(taken) < sizes[done]:
+                if failures:
+                    raise failures[0]
+                if not ready:
+                    if sampler.in_flight == 0:
+                        break  # a judge dropped some groups and nothing else is sampling: train on what there is
+                    arrived.clear()
+                    await arrived.wait()
+                    continue
+                finished = ready.pop(0)
+                if model._step - finished.oldest_step > max_steps_off_policy:
+                    dropped += 1
+                    continue
+                taken.append(finished)
+            if dropped:
+                logger.warning("dropped %d groups sampled more than %d steps ago", dropped, max_steps_off_policy)
+            # A cycle runs from the previous step's start of training to this one's: one training and one wait.
+            now = time.perf_counter()
+            cycle_s = max(now - cycle_started, 1e-9)
+            sampler_idle = sampler.idle_until_now()
+            staleness = [model._step - f.oldest_step for f in taken]
+            step_metrics = {
+                "max_steps_off_policy": float(max_steps_off_policy),
+                "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
+                "staleness_max": float(max(staleness, default=0)),
+                "num_groups_stale_dropped": float(dropped),
+                "trainer_idle_frac": (now - waiting_started) / cycle_s,
+                "sampler_idle_frac": (sampler_idle - sampler_idle_at_cycle_start) / cycle_s,
+                "steps_per_hour": 3600.0 / cycle_s,
+            }
+            cycle_started, sampler_idle_at_cycle_start = now, sampler_idle
+            result = await model.train([f.group for f in taken], config, step_metrics=step_metrics)
+            results.append(result)
+            if on_step is not None and (pending := on_step(result)) is not None:
+                await pending
+        return results
+    finally:
+        for task in list(tasks):  # groups for steps that will not train
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,154 @@
+"""Pipelined training on the real server and trainer: staleness bounds, turns that cross a swap, and
+`max_steps_off_policy=0` as the synchronous loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import agentrl
+from agentrl.pipeline import oldest_policy_step
+from agentrl.tracking import load_trajectories
+
+PROMPT = [{"role": "user", "content": "Name a fruit."}]
+
+
+async def turn(model: agentrl.TrainableModel, messages: list) -> object:
+    completion = await model.openai_client().chat.completions.create(
+        model=model.inference_name, messages=messages, max_tokens=4, temperature=1.0
+    )
+    return completion.choices[0]
+
+
+def policy_steps(trajectory: agentrl.Trajectory) -> list[int]:
+    return [(c.model_extra or {})["policy_step"] for c in trajectory.choices()]
+
+
+def trained_groups(model: agentrl.TrainableModel, step: int) -> list[agentrl.TrajectoryGroup]:
+    return load_trajectories(model.run_dir / "trajectories" / f"train-{step:04d}.jsonl")
+
+
+async def two_turns(model, reward: float, between=None) -> agentrl.Trajectory:
+    trajectory = agentrl.Trajectory(messages_and_choices=[*PROMPT, await turn(model, PROMPT)], reward=reward)
+    if between is not None:
+        await between()
+    trajectory.messages_and_choices = [*trajectory.messages_and_choices, {"role": "user", "content": "Another one."}]
+    trajectory.messages_and_choices = [*trajectory.messages_and_choices, await turn(model, trajectory.messages())]
+    return trajectory
+
+
+async def test_off_policy_zero_is_the_synchronous_loop(served_model):
+    start = await served_model.get_step()
+    names: dict[int, set[str]] = {}
+
+    def make_groups(model, step):
+        async def rollout(reward):
+            names.setdefault(step, set()).add(model.inference_name)
+            return await two_turns(model, reward)
+
+        return [agentrl.TrajectoryGroup(rollout(float(r)) for r in range(2)) for _ in range(2)]
+
+    results = await agentrl.train_pipelined(
+        served_model, make_groups, steps=2, max_steps_off_policy=0, config=agentrl.TrainConfig(learning_rate=1e-4)
+    )
+    assert [r.step for r in results] == [start + 1, start + 2]
+    # Each step's rollouts sampled the adapter of the step before, as `gather, then train` does.
+    assert names == {start: {f"test-agent@{start}"}, start + 1: {f"test-agent@{start + 1}"}}
+    for result in results:
+        assert result.metrics["staleness_max"] == 0 and result.metrics["num_groups_stale_dropped"] == 0
+        groups = trained_groups(served_model, result.step)
+        assert len(groups) == 2
+        assert {s for g in groups for t in g.trajectories for s in policy_steps(t)} == {result.step - 1}
+
+
+async def test_a_turn_after_a_swap_keeps_its_own_step_and_nothing_trains_too_stale(served_model):
+    start = await served_model.get_step()
+    first_step_done, crossing_done = asyncio.Event(), asyncio.Event()
+    crossing_left = [4]
+
+    async def crossing(model, reward):  # turn 1 at step `start`, turn 2 after the swap to `start + 1`
+        trajectory = await two_turns(model, reward, first_step_done.wait)
+        crossing_left[0] -= 1
+        if not crossing_left[0]:
+            crossing_done.set()
+        return trajectory
+
+    async def after_crossing(model, reward):  # so the crossing groups are the first to finish for step 2
+        await crossing_done.wait()
+        return await two_turns(model, reward)
+
+    def make_groups(model, step):
+        rollout = {start: two_turns, start + 1: crossing}.get(step, after_crossing)
+        return [agentrl.TrajectoryGroup(rollout(model, float(r)) for r in range(2)) for _ in range(2)]
+
+    results = await agentrl.train_pipelined(
+        served_model,
+        make_groups,
+        steps=3,
+        max_steps_off_policy=1,
+        config=agentrl.TrainConfig(learning_rate=1e-4, truncated_importance_sampling=2.0),
+        on_step=lambda result: first_step_done.set(),
+    )
+    assert [r.step for r in results] == [start + 1, start + 2, start + 3]
+    crossed = [policy_steps(t) for g in trained_groups(served_model, start + 2) for t in g.trajectories]
+    assert crossed and all(steps == [start, start + 1] for steps in crossed), crossed
+    assert results[1].metrics["staleness_max"] == 1  # trained at step start + 1 from a turn of step start
+    for result in results:  # the bound, checked from every trained turn's recorded step
+        for group in trained_groups(served_model, result.step):
+            assert (result.step - 1) - oldest_policy_step(group, started_at=-1) <= 1
+        assert 0 <= result.metrics["trainer_idle_frac"] <= 1 and 0 <= result.metrics["sampler_idle_frac"] <= 1
+        assert result.metrics["steps_per_hour"] > 0
+    lines = [m for m in agentrl.tracking.read_metrics(served_model.run_dir) if m.get("step") == start + 2]
+    assert lines and lines[-1]["staleness_max"] == 1  # recorded in metrics.jsonl with the step
+
+
+async def test_groups_older_than_the_bound_are_dropped_and_counted(served_model):
+    start = await served_model.get_step()
+    release = asyncio.Event()
+
+    def make_groups(model, step):
+        if step == start:  # one slow group, sampled at step `start`, finishes only after two swaps
+            slow = agentrl.TrajectoryGroup(two_turns(model, float(r), release.wait) for r in range(2))
+            return [slow, agentrl.TrajectoryGroup(two_turns(model, float(r)) for r in range(2))]
+        return [agentrl.TrajectoryGroup(two_turns(model, float(r)) for r in range(2))]
+
+    steps_done = []
+
+    def after(result):
+        steps_done.append(result.step)
+        if len(steps_done) == 2:
+            release.set()
+
+    results = await agentrl.train_pipelined(
+        served_model,
+        make_groups,
+        steps=3,
+        max_steps_off_policy=1,
+        config=agentrl.TrainConfig(learning_rate=1e-4),
+        on_step=after,
+    )
+    assert sum(r.metrics["num_groups_stale_dropped"] for r in results) >= 1
+    for result in results:
+        assert result.metrics["staleness_max"] <= 1
+
+
+def test_a_negative_bound_is_refused():
+    with pytest.raises(agentrl.ConfigurationError, match="max_steps_off_policy must be an int >= 0"):
+        asyncio.run(
+            agentrl.train_pipelined(agentrl.TrainableModel(name="m"), lambda m, s: [], steps=1, max_steps_off_policy=-1)
+        )
+
+
+def test_a_groups_oldest_step_counts_an_unstamped_turn_as_the_rollouts_start():
+    from agentrl.gateway.store import policy_step_of
+
+    def choice(**extra):
+        return {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}, **extra}
+
+    stamped = agentrl.Trajectory(messages_and_choices=[*PROMPT, choice(policy_step=7), choice(policy_step=9)])
+    unstamped = agentrl.Trajectory(messages_and_choices=[*PROMPT, choice()])  # a client dropped the field
+    assert oldest_policy_step(agentrl.TrajectoryGroup([stamped]), started_at=8) == 7
+    assert oldest_policy_step(agentrl.TrajectoryGroup([stamped, unstamped]), started_at=5) == 5
+    assert oldest_policy_step(agentrl.TrajectoryGroup([]), started_at=3) == 3
+    assert [policy_step_of(n) for n in ("agent@12", "a@b@3", "base", "agent@", None)] == [12, 3, None, None, None]
