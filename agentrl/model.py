@@ -8,7 +8,6 @@ logprobs on every chat completion, so the Choices a rollout keeps are ready for 
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,8 +23,6 @@ from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError
 from agentrl.tracking import DEFAULT_BEST_BY
 from agentrl.trajectory import Trajectory, TrajectoryGroup
-
-logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from agentrl.trajectory import History

@@ -108,8 +108,7 @@ async def train_pipelined(
     tasks: set[asyncio.Task[None]] = set()
     failures: list[BaseException] = []
     sampler = _SamplerClock()
-    sizes: dict[int, int] = {}  # groups per loop step, as make_groups gave them
-    launched = 0  # loop steps whose groups were started
+    sizes: list[int] = []  # groups per loop step whose groups were started, as make_groups gave them
 
     async def sample(group: TrajectoryGroup) -> None:
         started_at = model._step  # the adapter served when the rollout begins
@@ -127,16 +126,14 @@ async def train_pipelined(
 
     def launch(done: int) -> None:
         """Start the groups of every loop step that may sample now: up to `max_steps_off_policy` ahead."""
-        nonlocal launched
-        while launched < steps and launched <= done + max_steps_off_policy:
-            groups = list(make_groups(model, first + launched))
-            sizes[launched] = len(groups)
+        while len(sizes) < steps and len(sizes) <= done + max_steps_off_policy:
+            groups = list(make_groups(model, first + len(sizes)))
+            sizes.append(len(groups))
             for group in groups:
                 sampler.started()  # counted from now: the loop must not think nothing is coming
                 task = asyncio.ensure_future(sample(group))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-            launched += 1
 
     results: list[TrainResult] = []
     try:

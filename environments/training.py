@@ -109,16 +109,17 @@ async def train_and_evaluate(
                 max_exception_rate=max_exception_rate,
                 on_step=print_step,
             )
-        for step in range(first, last if max_steps_off_policy is None else first):
-            step_started = time.perf_counter()
-            groups = await agentrl.gather_trajectory_groups(
-                make_groups(model, step),
-                max_exception_rate=max_exception_rate,
-                after_each=after_each,
-                desc=f"step {step + 1} rollouts",
-            )
-            result = await model.train(groups, config)
-            print_step(result, f", {time.perf_counter() - step_started:.1f} s")
+        else:
+            for step in range(first, last):
+                step_started = time.perf_counter()
+                groups = await agentrl.gather_trajectory_groups(
+                    make_groups(model, step),
+                    max_exception_rate=max_exception_rate,
+                    after_each=after_each,
+                    desc=f"step {step + 1} rollouts",
+                )
+                result = await model.train(groups, config)
+                print_step(result, f", {time.perf_counter() - step_started:.1f} s")
         end_step = await model.get_step()
         after = await model.log(await evaluate(model), split="val")
         print(f"\nheld-out at step {start_step}: {fmt_metrics(before)}")

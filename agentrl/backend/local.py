@@ -149,9 +149,12 @@ class LocalBackend:
 
     def endpoint(self, model: TrainableModel) -> InferenceEndpoint:
         """The gateway's address and token, and how to tell that the server died."""
-        return InferenceEndpoint(
-            self.gateway.base_url, self.gateway.token or "agentrl", death_notice=self.server.death_notice
-        )
+        return InferenceEndpoint(self.gateway.base_url, self._client_key, death_notice=self.server.death_notice)
+
+    @property
+    def _client_key(self) -> str:
+        """What clients send as their API key: the gateway's token, or any non-empty string without one."""
+        return self.gateway.token or "agentrl"
 
     @property
     def base_url(self) -> str:
@@ -164,9 +167,7 @@ class LocalBackend:
         a local judge through litellm's hosted_vllm route, so the adapter never judges its own work."""
         from agentrl.model import Model
 
-        return Model(
-            name="base", base_url=self.base_url, api_key=self.gateway.token or "agentrl", litellm_provider="hosted_vllm"
-        )
+        return Model(name="base", base_url=self.base_url, api_key=self._client_key, litellm_provider="hosted_vllm")
 
     async def register(self, model: TrainableModel) -> int:
         """Lock the run folder, resume `model` from its latest valid checkpoint (or create step 0), serve it.

@@ -60,7 +60,7 @@ class RemoteBackend:
         )
 
     async def _call(self, path: str, message: BaseModel) -> Any:
-        headers = {SERVICE_HEADER: self._instance} if self._instance and path != "/backend/register" else {}
+        headers = {SERVICE_HEADER: self._instance} if self._instance else {}  # the service ignores it on register
         try:
             response = await self._client.post(path, content=message.model_dump_json(), headers=headers)
         except httpx.TransportError as error:

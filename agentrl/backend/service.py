@@ -47,19 +47,19 @@ TOKEN_FILE = "backend.token"
 M = TypeVar("M", bound=BaseModel)
 
 
-def service_token(runs_dir: Path) -> tuple[str, bool]:
-    """The service's token and whether it was just generated: `AGENTRL_TOKEN`, else the one saved beside
-    the runs ({runs_dir}/backend.token, mode 0600), else a new one saved there."""
+def service_token(runs_dir: Path) -> tuple[str, str, bool]:
+    """The service's token, where it came from, and whether it was just generated: `AGENTRL_TOKEN`, else
+    the one saved beside the runs ({runs_dir}/backend.token, mode 0600), else a new one saved there."""
     if token := os.environ.get(TOKEN_ENV, "").strip():
-        return token, False
+        return token, TOKEN_ENV, False
     path = runs_dir / TOKEN_FILE
     if path.exists():
         token = path.read_text().strip()
         if token:
-            return token, False
+            return token, str(path), False
     token = secrets.token_urlsafe(32)
     write_text_atomic(path, token + "\n", mode=0o600)
-    return token, True
+    return token, str(path), True
 
 
 def _status_of(error: Exception) -> int:
@@ -77,7 +77,7 @@ class BackendService:
         self.runs_dir = runs_dir
         self.instance = uuid.uuid4().hex
         self.models: dict[tuple[str, str], TrainableModel] = {}
-        self._steps: set[asyncio.Task[Any]] = set()  # running calls, kept to their end if their client leaves
+        self._calls: set[asyncio.Task[Any]] = set()  # running calls, kept to their end if their client leaves
         self.backend = LocalBackend(seed=seed, host=host, port=port, token=token, routes=self.routes())
 
     def routes(self) -> list[Route]:
@@ -106,8 +106,8 @@ class BackendService:
             try:
                 parsed = message.model_validate_json(await request.body())
                 task = asyncio.ensure_future(call(parsed))
-                self._steps.add(task)
-                task.add_done_callback(self._steps.discard)
+                self._calls.add(task)
+                task.add_done_callback(self._calls.discard)
                 result = await asyncio.shield(task)  # a client that disconnects does not cut a step in half
             except Exception as error:  # noqa: BLE001 - every failure goes back to the client, named
                 if not isinstance(error, (AgentRLError, ValidationError)):
@@ -164,19 +164,18 @@ class BackendService:
 async def serve_backend(runs_dir: Path, *, host: str, port: int, seed: int = 0) -> None:
     """Run the service until interrupted: print where it listens (and a new token, once), then serve."""
     runs_dir.mkdir(parents=True, exist_ok=True)
-    token, generated = service_token(runs_dir)
+    token, source, generated = service_token(runs_dir)
     service = BackendService(runs_dir, host=host, port=port, token=token, seed=seed)
     try:
         await service.backend.gateway.start()
         if generated:
             print(f"generated a token, saved (mode 0600) in {runs_dir / TOKEN_FILE}:\n  {token}", flush=True)
-        source = TOKEN_ENV if os.environ.get(TOKEN_ENV, "").strip() else str(runs_dir / TOKEN_FILE)
         print(
             f"agentrl backend serving at {service.backend.gateway.root_url} (runs in {runs_dir}, token from {source})",
             flush=True,
         )
         await asyncio.Event().wait()
     finally:
-        if service._steps:
-            await asyncio.gather(*service._steps, return_exceptions=True)  # a step in progress ends whole
+        if service._calls:
+            await asyncio.gather(*service._calls, return_exceptions=True)  # a step in progress ends whole
         await service.backend.close()
