@@ -1,6 +1,8 @@
 """Synchronous vs pipelined training on the main job's task: steps per hour, held-out reward, idle time.
 
     .venv/bin/python -m benchmarks.pipeline [--steps 12] [--eval-every 4]
+    .venv/bin/python -m benchmarks.pipeline --spread    # held-out reward only, per loss setting
+
 
 Same task (larger-number), model, sizes (8 groups of 8 a step), learning rate and scenarios for
 each mode: the synchronous loop, then `train_pipelined` with `max_steps_off_policy` 1 and 2
@@ -9,6 +11,10 @@ each run on its saved checkpoints (every `--eval-every` steps), so evaluation ne
 A timeline model then predicts the pipelined gain when sampling and training have their own
 devices, from the synchronous run's measured per-phase times. Writes
 benchmarks/results/pipeline.json and the README table.
+
+`--spread` asks whether pipelining costs reward: one more run of each loop with and without
+truncated importance sampling, held-out reward at the start and the end only (its step times are
+not comparable: use the main mode for those). Writes benchmarks/results/pipeline_spread.json.
 """
 
 from __future__ import annotations
@@ -30,13 +36,25 @@ from environments.larger_number.task import evaluate, rollout, scenarios
 from environments.larger_number.train import GROUP_SIZE, GROUPS_PER_STEP, LEARNING_RATE
 
 PIPELINE_RESULTS = RESULTS.with_name("pipeline.json")
+SPREAD_RESULTS = RESULTS.with_name("pipeline_spread.json")
+SPREAD_VARIANTS = ((1, 0.0), (1, 2.0), (None, 0.0), (None, 2.0))
+"""(max_steps_off_policy, truncated_importance_sampling) of each `--spread` run; None: synchronous."""
 START, END = "<!-- benchmark:pipeline:start -->", "<!-- benchmark:pipeline:end -->"
 TARGET_REWARD = 0.8
 TRAIN_PHASES = ("tokenize_s", "train_s", "save_s", "swap_s")
 
 
-async def run_mode(max_steps_off_policy: int | None, steps: int, eval_every: int) -> dict[str, Any]:
-    """Train `steps` steps in one mode (None: synchronous) on a fresh run, then evaluate its checkpoints."""
+async def run_mode(
+    max_steps_off_policy: int | None, steps: int, eval_every: int, truncated_importance_sampling: float | None = None
+) -> dict[str, Any]:
+    """Train `steps` steps in one mode (None: synchronous) on a fresh run, then evaluate its checkpoints.
+
+    `truncated_importance_sampling` None is each mode's recommended setting: off when synchronous, 2 pipelined."""
+    if truncated_importance_sampling is None:
+        truncated_importance_sampling = 0.0 if max_steps_off_policy is None else 2.0
+    config = agentrl.TrainConfig(
+        learning_rate=LEARNING_RATE, truncated_importance_sampling=truncated_importance_sampling
+    )
     train = scenarios("train", steps * GROUPS_PER_STEP, seed=1)
     test = scenarios("test", 128)
 
@@ -45,6 +63,7 @@ async def run_mode(max_steps_off_policy: int | None, steps: int, eval_every: int
         return [agentrl.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE)) for s in batch]
 
     label = "synchronous" if max_steps_off_policy is None else f"pipelined, max_steps_off_policy={max_steps_off_policy}"
+    label += f", TIS {truncated_importance_sampling:g}" if truncated_importance_sampling else ""
     with tempfile.TemporaryDirectory() as tmp:
         model = agentrl.TrainableModel(name="bench", project="pipeline", base_path=tmp)
         backend = agentrl.LocalBackend()
@@ -59,10 +78,9 @@ async def run_mode(max_steps_off_policy: int | None, steps: int, eval_every: int
                     sampled = time.perf_counter()
                     groups = await agentrl.gather_trajectory_groups(make_groups(model, step), show_progress=False)
                     rollout_s.append(time.perf_counter() - sampled)
-                    results.append(await model.train(groups, agentrl.TrainConfig(learning_rate=LEARNING_RATE)))
+                    results.append(await model.train(groups, config))
                     finished_at.append(time.perf_counter() - started)
             else:
-                config = agentrl.TrainConfig(learning_rate=LEARNING_RATE, truncated_importance_sampling=2.0)
                 results = await agentrl.train_pipelined(
                     model,
                     make_groups,
@@ -133,7 +151,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--spread", action="store_true", help="held-out reward per loop and loss setting")
     args = parser.parse_args()
+    if args.spread:
+        spread = [asyncio.run(run_mode(off, args.steps, args.steps, tis)) for off, tis in SPREAD_VARIANTS]
+        keep = ("mode", "max_steps_off_policy", "steps", "held_out_reward", "staleness_mean")
+        runs = [{key: run[key] for key in keep} for run in spread]
+        write_json_atomic(SPREAD_RESULTS, {"machine": f"{cpu_name()}, {os.cpu_count()} cores", "runs": runs})
+        for run in runs:
+            print(run)
+        return
     runs = [asyncio.run(run_mode(mode, args.steps, args.eval_every)) for mode in (None, 1, 2)]
     model = timeline_model(runs[0])
     result = {

@@ -133,6 +133,38 @@ async def test_groups_older_than_the_bound_are_dropped_and_counted(served_model)
         assert result.metrics["staleness_max"] <= 1
 
 
+async def test_after_each_scores_every_group_before_it_trains(served_model):
+    """A judge (here a stand-in that ranks by answer length) rescores each group as it finishes, in
+    pipelined mode as in `gather_trajectory_groups`: groups whose own rewards are all equal train on
+    the judge's rewards, and the trained trajectories carry them."""
+    start = await served_model.get_step()
+    judged: list[int] = []
+
+    async def rank_by_length(group: agentrl.TrajectoryGroup) -> agentrl.TrajectoryGroup:
+        judged.append(len(group.trajectories))
+        lengths = [len(t.messages()[-1]["content"] or "") + i / 10 for i, t in enumerate(group.trajectories)]
+        ranks = {length: rank for rank, length in enumerate(sorted(lengths))}
+        scored = [t.model_copy(update={"reward": float(ranks[n])}) for t, n in zip(group.trajectories, lengths)]
+        return group.model_copy(update={"trajectories": scored})
+
+    def make_groups(model, step):  # every rollout's own reward is 0: without the judge, no signal
+        return [agentrl.TrajectoryGroup(two_turns(model, 0.0) for _ in range(2)) for _ in range(2)]
+
+    results = await agentrl.train_pipelined(
+        served_model,
+        make_groups,
+        steps=2,
+        max_steps_off_policy=1,
+        config=agentrl.TrainConfig(learning_rate=1e-4),
+        after_each=rank_by_length,
+    )
+    assert [r.step for r in results] == [start + 1, start + 2] and not any(r.skipped for r in results)
+    assert judged.count(2) >= 4  # every trained group was judged (groups sampled for a third step may be too)
+    for result in results:
+        rewards = sorted(t.reward for g in trained_groups(served_model, result.step) for t in g.trajectories)
+        assert rewards == [0.0, 0.0, 1.0, 1.0]
+
+
 def test_a_negative_bound_is_refused():
     with pytest.raises(agentrl.ConfigurationError, match="max_steps_off_policy must be an int >= 0"):
         asyncio.run(
