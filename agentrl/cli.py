@@ -192,6 +192,9 @@ def backend_serve(
     port: int = typer.Option(8000, help="port for the gateway (/v1) and the backend's routes (/backend)"),
     runs: str = typer.Option(".agentrl", help="root folder of the runs it trains; its token file lives here"),
     seed: int = typer.Option(0, help="seed of new adapters"),
+    trainer_device: str = typer.Option(
+        "", help="the trainer's device, e.g. cuda:1 (a GPU the servers do not use: sampling goes on while it trains)"
+    ),
 ) -> None:
     """Serve a LocalBackend and its gateway on HOST:PORT for `agentrl.RemoteBackend("http://HOST:PORT")`.
 
@@ -200,7 +203,7 @@ def backend_serve(
     from agentrl.backend.service import serve_backend
 
     try:
-        asyncio.run(serve_backend(Path(runs), host=host, port=port, seed=seed))
+        asyncio.run(serve_backend(Path(runs), host=host, port=port, seed=seed, trainer_device=trainer_device or None))
     except KeyboardInterrupt:
         pass
     except ConfigurationError as error:

@@ -167,5 +167,12 @@ class ServerConfig(_Frozen):
     """How long a rollout's request may wait for an answer before it fails (a hung server fails then, once)."""
     tool_call_parser: str = "hermes"
     """vLLM tool-call parser; "hermes" reads <tool_call>{json}</tool_call>, which the packaged template asks for."""
+    replicas: int = Field(default=1, gt=0)
+    """vLLM servers of the model behind the gateway. On a CPU each gets its own share of the cores; on
+    GPUs each gets its own `tensor_parallel_size x data_parallel_size` devices."""
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    """vLLM's `--tensor-parallel-size` for each replica: a model split over this many devices."""
+    data_parallel_size: int = Field(default=1, gt=0)
+    """vLLM's `--data-parallel-size` for each replica: copies inside one server, balanced by vLLM."""
     extra_args: tuple[str, ...] = ()
     """Further `vllm serve` arguments, passed verbatim."""

@@ -31,12 +31,22 @@ START, END = "<!-- benchmark:gateway:start -->", "<!-- benchmark:gateway:end -->
 MAX_TOKENS = 16
 
 
-async def timed_completions(client: httpx.AsyncClient, url: str, name: str, count: int, concurrency: int):
-    """`count` completions, `concurrency` at a time: (per-request seconds, sampled tokens, wall seconds)."""
+async def timed_completions(
+    client: httpx.AsyncClient,
+    url: str,
+    name: str,
+    count: int,
+    concurrency: int,
+    *,
+    distinct_prompts: bool = False,
+    max_tokens: int = MAX_TOKENS,
+):
+    """`count` completions, `concurrency` at a time: (per-request seconds, sampled tokens, wall seconds).
+    `distinct_prompts` numbers each request's prompt, so they are separate conversations (spread over replicas)."""
     body = {
         "model": name,
         "messages": [{"role": "user", "content": "Count from one to twenty."}],
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "temperature": 0.0,
         "ignore_eos": True,
         "logprobs": True,
@@ -45,17 +55,20 @@ async def timed_completions(client: httpx.AsyncClient, url: str, name: str, coun
     semaphore = asyncio.Semaphore(concurrency)
     latencies, tokens = [], 0
 
-    async def one() -> None:
+    async def one(index: int) -> None:
         nonlocal tokens
+        request = body
+        if distinct_prompts:
+            request = {**body, "messages": [{"role": "user", "content": f"Count from {index} to {index + 20}."}]}
         async with semaphore:
             started = time.perf_counter()
-            response = await client.post(f"{url}/chat/completions", json=body)
+            response = await client.post(f"{url}/chat/completions", json=request)
             latencies.append(time.perf_counter() - started)
             response.raise_for_status()
             tokens += response.json()["usage"]["completion_tokens"]
 
     started = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(count)))
+    await asyncio.gather(*(one(index) for index in range(count)))
     return latencies, tokens, time.perf_counter() - started
 
 

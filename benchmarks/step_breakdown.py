@@ -92,7 +92,7 @@ async def run(steps: int, groups_per_step: int, group_size: int) -> dict:
                 )
                 print(json.dumps(rows[-1]))
             trainer_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-            server_peak = peak_rss_gib(backend.server.process.pid)
+            server_peak = peak_rss_gib(backend.server.replicas[0].process.pid)
         finally:
             await backend.close()
     measured = [r for r in rows[1:] if not r["skipped"]] or rows  # step 1 warms up kernels; report it apart

@@ -21,7 +21,7 @@ async def main(base_path: str) -> None:
     async def report_then_wait(result: agentrl.TrainResult) -> None:
         assert not result.skipped, "no signal in 4 groups of 8; rerun"
         adapter = model.run_dir / "checkpoints" / f"{result.step:04d}" / "adapter_model.safetensors"
-        server_pgid = model._backend.server.process.pid
+        server_pgid = model._backend.server.replicas[0].process.pid
         digest = hashlib.sha256(adapter.read_bytes()).hexdigest()
         print(f"CHECKPOINTED {result.step} {digest} {server_pgid}", flush=True)
         await asyncio.sleep(3600)  # the test kills us here, with the next step's rollouts in flight

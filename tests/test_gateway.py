@@ -18,6 +18,7 @@ import pytest
 
 import agentrl
 from agentrl.backend.server import free_port
+from agentrl.gateway.app import Replica
 from agentrl.gateway.serve import Gateway
 from agentrl.gateway.store import SampledChoice, SampledStore, fill_sampled_tokens
 from agentrl.rl.tokenize import sampled_tokens
@@ -157,9 +158,8 @@ async def test_a_streamed_completion_is_kept_and_trains_by_its_id(served_model):
 
 
 async def test_a_token_guards_every_route_and_admin_routes_do_not_exist(served_model):
-    server = served_model.backend.server
     gateway = Gateway(token="s3cret")
-    gateway.connect(f"http://127.0.0.1:{server.port}", server.api_key)
+    gateway.connect(served_model.backend.server.gateway_replicas())
     await gateway.start()
     root = f"http://127.0.0.1:{gateway.port}"
     routes = [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
@@ -203,7 +203,7 @@ async def test_a_dead_upstream_is_reported_with_its_notice():
             assert response.status_code == 503 and "no model is registered" in response.json()["error"]["message"]
             assert (await client.get(f"{gateway.base_url}/models")).json()["data"] == []
             notice = "the vLLM server exited with code 3; log ..."
-            gateway.connect(f"http://127.0.0.1:{free_port()}", "k", death_notice=lambda: notice)
+            gateway.connect([Replica(f"http://127.0.0.1:{free_port()}", "k", death_notice=lambda: notice)])
             response = await client.post(f"{gateway.base_url}/chat/completions", json=request)
         assert response.status_code == 503 and "exited with code 3" in response.json()["error"]["message"]
     finally:
@@ -260,7 +260,7 @@ async def test_two_models_train_on_one_backend_each_served_as_its_own(served_mod
     backend = served_model.backend
     second = agentrl.TrainableModel(name="second", project="two-models", base_path=str(tmp_path))
     await second.register(backend)
-    assert second.inference_name == "second@0" and backend.server.process is not None  # the same server
+    assert second.inference_name == "second@0" and backend.server.live  # the same server
     first_step = await served_model.get_step()
 
     for expected in (1, 2):

@@ -128,7 +128,11 @@ agentrl.disable_weave()
 print("REWARD", trajectory.reward)
 """
     try:
-        env = {**os.environ, **fake.environment(), "AGENTRL_TEST_SERVER_KEY": served_model.backend.server.api_key}
+        env = {
+            **os.environ,
+            **fake.environment(),
+            "AGENTRL_TEST_SERVER_KEY": served_model.backend.server.replicas[0].api_key,
+        }
         args = [served_model.backend.base_url, served_model.inference_name]
         result = subprocess.run(
             [sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300

@@ -1,7 +1,7 @@
 """LocalBackend: the inference server, trainer and checkpoints of one or more models, on this machine.
 
-Models of one base model share one vLLM server (each served as "{name}@{step}", the base model as
-"base"), one gateway in front of it, and one trainer (one LoRA adapter and optimizer per model);
+Models of one base model share its vLLM server (each served as "{name}@{step}", the base model as
+"base"; `ServerConfig.replicas` servers with the gateway balancing over them), one gateway in front, and one trainer (one LoRA adapter and optimizer per model);
 each has its own run folder, lock, checkpoints and step. A training step, in order: (one GPU: the
 server sleeps) -> the trainer updates the LoRA -> the new checkpoint is written atomically -> the
 server loads it as "{name}@{step}" and drops the adapter before the previous one. The checkpoint is on disk before the server switches, so a crash at any point resumes
@@ -26,8 +26,8 @@ from tqdm.auto import tqdm
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.protocol import InferenceEndpoint
+from agentrl.backend.replicas import ServerReplicas
 from agentrl.backend.run_lock import RunLock
-from agentrl.backend.server import VLLMServer
 from agentrl.backend.trainer import StepOutcome, Trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.config import SFTConfig, TrainConfig
@@ -55,11 +55,11 @@ adapter just before a swap (a pipelined rollout's next turn) is still answered, 
 
 @dataclass
 class _Engine:
-    """What the models of a backend share: the base model, its vLLM server and the trainer."""
+    """What the models of a backend share: the base model, its vLLM servers and the trainer."""
 
     base_model: str
     model_path: str
-    server: VLLMServer
+    server: ServerReplicas
     trainer: Trainer
 
 
@@ -128,8 +128,8 @@ class LocalBackend:
         return self._engine
 
     @property
-    def server(self) -> VLLMServer:
-        """The vLLM server (an error before the first `register`)."""
+    def server(self) -> ServerReplicas:
+        """The vLLM server replicas (an error before the first `register`)."""
         return self.engine.server
 
     @property
@@ -211,18 +211,11 @@ class LocalBackend:
             return engine
         model_path = await self._on_trainer_thread(resolve_base_model, model.base_model)
         trainer = await self._on_trainer_thread(Trainer, model_path, seed=self.seed, device=self.trainer_device)
-        server = VLLMServer(
-            model_path, model.run_dir / "logs" / "vllm.log", model.server, max_lora_rank=model.lora.rank
-        )
+        server = ServerReplicas(model_path, model.run_dir / "logs", model.server, max_lora_rank=model.lora.rank)
         self._engine = _Engine(model.base_model, model_path, server, trainer)
         await server.start()
         await self.gateway.start()
-        self.gateway.connect(
-            f"http://127.0.0.1:{server.port}",
-            server.api_key,
-            death_notice=server.death_notice,
-            drop_seed=not server.gpu,
-        )
+        self.gateway.connect(server.gateway_replicas(), drop_seed=not server.gpu)
         return self._engine
 
     async def _open_session(self, model: TrainableModel, engine: _Engine, lock: RunLock) -> ModelSession:
@@ -319,9 +312,14 @@ class LocalBackend:
 
     @property
     def shares_a_device(self) -> bool:
-        """Whether the trainer trains on the GPU the server samples on (the default on a GPU host): then the
-        server sleeps while a step trains, and nothing samples meanwhile (no pipelining on one GPU)."""
-        return self.trainer_device in (None, "cuda", "cuda:0")
+        """Whether the trainer trains on a GPU the servers sample on (the default on a GPU host): then the
+        servers sleep while a step trains, and nothing samples meanwhile (no pipelining on one GPU).
+        The servers take cuda:0 up to their device count; a trainer above them has its own."""
+        device = self.trainer_device or "cuda:0"
+        if not device.startswith("cuda"):
+            return False
+        index = int(device.partition(":")[2] or 0)
+        return self._engine is None or index < self._engine.server.devices
 
     async def _make_room(self) -> None:
         if self.shares_a_device:

@@ -81,6 +81,10 @@ def server_command(
     if gpu:
         # Sleep mode frees the GPU for the trainer between rollouts; its endpoints need dev mode.
         command += ["--enable-sleep-mode", "--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    if config.tensor_parallel_size > 1:
+        command += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
+    if config.data_parallel_size > 1:
+        command += ["--data-parallel-size", str(config.data_parallel_size)]
     return command + list(config.extra_args)
 
 
@@ -122,8 +126,18 @@ def tail(path: Path, lines: int = 40) -> str:
 class VLLMServer:
     """One vLLM server process serving a base model and the LoRA adapters loaded into it."""
 
-    def __init__(self, model_path: str, log_path: Path, config: ServerConfig, *, max_lora_rank: int) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        log_path: Path,
+        config: ServerConfig,
+        *,
+        max_lora_rank: int,
+        placement: dict[str, str] | None = None,
+    ) -> None:
         self.model_path = model_path
+        self.placement = placement or {}
+        """Environment that pins it to its cores or devices (`replicas.placements`); empty: all of them."""
         self.log_path = log_path
         self.config = config
         self.max_lora_rank = max_lora_rank
@@ -151,7 +165,7 @@ class VLLMServer:
                 command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=server_env(self.config, gpu=self.gpu, api_key=self.api_key),
+                env={**server_env(self.config, gpu=self.gpu, api_key=self.api_key), **self.placement},
                 start_new_session=True,  # its own process group: stop() ends the engine workers too
                 preexec_fn=_die_with_parent,
             )

@@ -73,12 +73,16 @@ def _status_of(error: Exception) -> int:
 class BackendService:
     """The /backend/ routes over one `LocalBackend` whose runs live under `runs_dir`."""
 
-    def __init__(self, runs_dir: Path, *, host: str, port: int, token: str, seed: int = 0) -> None:
+    def __init__(
+        self, runs_dir: Path, *, host: str, port: int, token: str, seed: int = 0, trainer_device: str | None = None
+    ) -> None:
         self.runs_dir = runs_dir
         self.instance = uuid.uuid4().hex
         self.models: dict[tuple[str, str], TrainableModel] = {}
         self._calls: set[asyncio.Task[Any]] = set()  # running calls, kept to their end if their client leaves
-        self.backend = LocalBackend(seed=seed, host=host, port=port, token=token, routes=self.routes())
+        self.backend = LocalBackend(
+            seed=seed, trainer_device=trainer_device, host=host, port=port, token=token, routes=self.routes()
+        )
 
     def routes(self) -> list[Route]:
         return [
@@ -161,11 +165,13 @@ class BackendService:
         return await self.backend.delete_checkpoints(model, keep_last=request.keep_last, best_by=request.best_by)
 
 
-async def serve_backend(runs_dir: Path, *, host: str, port: int, seed: int = 0) -> None:
+async def serve_backend(
+    runs_dir: Path, *, host: str, port: int, seed: int = 0, trainer_device: str | None = None
+) -> None:
     """Run the service until interrupted: print where it listens (and a new token, once), then serve."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     token, source, generated = service_token(runs_dir)
-    service = BackendService(runs_dir, host=host, port=port, token=token, seed=seed)
+    service = BackendService(runs_dir, host=host, port=port, token=token, seed=seed, trainer_device=trainer_device)
     try:
         await service.backend.gateway.start()
         if generated:

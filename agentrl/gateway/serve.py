@@ -11,13 +11,13 @@ import asyncio
 import ipaddress
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import uvicorn
 from starlette.routing import BaseRoute
 
 from agentrl.errors import ConfigurationError, ServerError
-from agentrl.gateway.app import Upstream, create_gateway_app
+from agentrl.gateway.app import Replica, Upstream, create_gateway_app
 from agentrl.gateway.store import SampledStore
 
 
@@ -57,12 +57,10 @@ class Gateway:
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
 
-    def connect(
-        self, url: str, key: str, *, death_notice: Callable[[], str | None] | None = None, drop_seed: bool = False
-    ) -> None:
-        """Forward completions to the vLLM server at `url` ("http://127.0.0.1:PORT") with its key."""
-        self.upstream.key, self.upstream.death_notice, self.upstream.drop_seed = key, death_notice, drop_seed
-        self.upstream.url = url
+    def connect(self, replicas: Sequence[Replica], *, drop_seed: bool = False) -> None:
+        """Forward completions to these vLLM servers (replicas of one model), balanced by requests in flight."""
+        self.upstream.drop_seed = drop_seed
+        self.upstream.replicas = list(replicas)
 
     @property
     def started(self) -> bool:
