@@ -82,7 +82,7 @@ async def measure(requests: int) -> dict:
         backend = agentrl.LocalBackend()
         try:
             await model.register(backend)
-            server, gateway = backend.server, backend.gateway
+            (server,), gateway = backend.server.replicas, backend.gateway
             direct = httpx.AsyncClient(timeout=600, headers={"Authorization": f"Bearer {server.api_key}"})
             through = httpx.AsyncClient(timeout=600)
             name = model.inference_name

@@ -705,7 +705,7 @@ async def test_server_routes_need_the_backends_key(served_model):
     """vLLM's --api-key guards /v1 only; the guard closes every other route (GPU dev routes included)."""
     import httpx
 
-    server = served_model.backend.server
+    (server,) = served_model.backend.server.replicas
     root = f"http://127.0.0.1:{server.port}"
     key = {"Authorization": f"Bearer {server.api_key}"}
     async with httpx.AsyncClient(timeout=30) as client:

@@ -15,9 +15,9 @@ taken out of rotation and reported once, with its log; the others keep serving.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
-import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -83,7 +83,9 @@ class Upstream:
         least_busy = min(live, key=lambda r: r.in_flight)
         if conversation is None:
             return least_busy
-        own = live[zlib.crc32(conversation.encode()) % len(live)]
+        # blake2b, not crc32: crc32's low bits are linear in the text, and prompts that differ in a digit
+        # ("Say 1.", "Say 2.") all landed on one replica.
+        own = live[int.from_bytes(hashlib.blake2b(conversation.encode(), digest_size=8).digest(), "big") % len(live)]
         return own if own.in_flight <= least_busy.in_flight + AFFINITY_SLACK else least_busy
 
     def why_none(self) -> str | None:
