@@ -19,9 +19,11 @@ and it reports a flag vLLM does not know (tried with an extra `--bogus-flag`).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.metadata
 import importlib.util
 import sys
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,9 +40,11 @@ def load_agentrl_module(name: str, path: Path):  # type: ignore[no-untyped-def]
     return module
 
 
-def main() -> int:
-    import importlib
+ENTRYPOINT = "vllm.entrypoints.openai.api_server"
+"""The module the backend runs with `python -m`."""
 
+
+def main() -> int:
     import vllm.envs
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -53,12 +57,9 @@ def main() -> int:
             continue
     else:
         raise SystemExit("could not find vLLM's OpenAI frontend arguments (FrontendArgs)")
-    entrypoint = command_module = "vllm.entrypoints.openai.api_server"
 
     version = importlib.metadata.version("vllm")
     print(f"vllm {version}")
-    import types
-
     for package in ("agentrl", "agentrl.backend"):  # empty packages: only the modules below get imported
         sys.modules[package] = types.ModuleType(package)
         sys.modules[package].__path__ = [str(ROOT / package.replace(".", "/"))]  # type: ignore[attr-defined]
@@ -75,8 +76,8 @@ def main() -> int:
     frontend_fields = {field.name for field in dataclasses.fields(frontend)} if frontend else set()
     frontend_source = Path(cli_args.__file__).read_text()
     problems = []
-    if command[1:3] != ["-m", command_module] or importlib.util.find_spec(entrypoint) is None:
-        problems.append(f"the command runs {command[1:3]}, and {entrypoint} is not a module of this vLLM")
+    if command[1:3] != ["-m", ENTRYPOINT] or importlib.util.find_spec(ENTRYPOINT) is None:
+        problems.append(f"the command runs {command[1:3]}, and {ENTRYPOINT} is not a module of this vLLM")
     for word in command[3:]:
         if not word.startswith("--"):
             continue

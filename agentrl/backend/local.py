@@ -1,7 +1,8 @@
 """LocalBackend: the inference server, trainer and checkpoints of one or more models, on this machine.
 
-Models of one base model share its vLLM server (each served as "{name}@{step}", the base model as
-"base"; `ServerConfig.replicas` servers with the gateway balancing over them), one gateway in front, and one trainer (one LoRA adapter and optimizer per model);
+Models of one base model share its vLLM servers (each served as "{name}@{step}", the base model as
+"base"; `ServerConfig.replicas` of them), one gateway in front balancing over them, and one
+trainer (one LoRA adapter and optimizer per model);
 each has its own run folder, lock, checkpoints and step. A training step, in order: (one GPU: the
 server sleeps) -> the trainer updates the LoRA -> the new checkpoint is written atomically -> the
 server loads it as "{name}@{step}" and drops the adapter before the previous one. The checkpoint is on disk before the server switches, so a crash at any point resumes

@@ -147,7 +147,8 @@ def create_gateway_app(
 
     async def send(body: dict[str, Any], path: str) -> tuple[Replica, httpx.Response] | JSONResponse:
         """Send to a replica; when its process died, take it out and try the next (nothing was returned yet)."""
-        while (replica := upstream.pick(conversation_key(body))) is not None:
+        conversation = conversation_key(body)
+        while (replica := upstream.pick(conversation)) is not None:
             replica.in_flight += 1
             replica.sent += 1
             try:
