@@ -195,6 +195,12 @@ def backend_serve(
     trainer_device: str = typer.Option(
         "", help="the trainer's device, e.g. cuda:1 (a GPU the servers do not use: sampling goes on while it trains)"
     ),
+    trainer_ranks: int = typer.Option(
+        1, min=1, help="data-parallel trainer processes (torch.distributed; on GPUs, one per device from the first)"
+    ),
+    shard_trainer: bool = typer.Option(
+        False, help="shard the model's layers over the trainer ranks (FSDP2), for a model too large for one device"
+    ),
 ) -> None:
     """Serve a LocalBackend and its gateway on HOST:PORT for `agentrl.RemoteBackend("http://HOST:PORT")`.
 
@@ -203,7 +209,17 @@ def backend_serve(
     from agentrl.backend.service import serve_backend
 
     try:
-        asyncio.run(serve_backend(Path(runs), host=host, port=port, seed=seed, trainer_device=trainer_device or None))
+        asyncio.run(
+            serve_backend(
+                Path(runs),
+                host=host,
+                port=port,
+                seed=seed,
+                trainer_device=trainer_device or None,
+                trainer_ranks=trainer_ranks,
+                shard_trainer=shard_trainer,
+            )
+        )
     except KeyboardInterrupt:
         pass
     except ConfigurationError as error:

@@ -1,12 +1,17 @@
-"""One vs two inference replicas on this machine: sampled tokens/s through the gateway and swap time.
+"""One vs two inference replicas, and one vs two trainer ranks, on this machine.
 
-    .venv/bin/python -m benchmarks.scale [--requests 128]
+    .venv/bin/python -m benchmarks.scale [--requests 128] [--steps 3]
 
 For each replica count, a fresh LocalBackend serves the packaged model (`ServerConfig(replicas=N)`);
 the same distinct-prompt chat completions (64 tokens each, greedy, `ignore_eos`) go through the
 gateway at concurrency 32 to the model's adapter, after a warm-up; the swap is the time to load a
 checkpoint into every replica (what a step's swap waits for), median of 5. On two cores, two
-replicas get one core each: the figures show what coordination costs, not a speed-up. Writes
+replicas get one core each: the figures show what coordination costs, not a speed-up.
+
+Trainer ranks, without a server: the same GRPO steps (8 groups x 8 answers of 4-120 tokens, real
+token ids, default TrainConfig) on one trainer (both cores), on two data-parallel ranks (a core
+each) and on two sharded ranks (FSDP2); the median of `--steps` steps after a warm-up step, the
+time the ranks spent summing gradients, and the weights each rank holds. Writes
 benchmarks/results/scale.json and the README table.
 """
 
@@ -32,6 +37,7 @@ from benchmarks.step_breakdown import RESULTS, cpu_name
 SCALE_RESULTS = RESULTS.with_name("scale.json")
 START, END = "<!-- benchmark:scale:start -->", "<!-- benchmark:scale:end -->"
 CONCURRENCY, TOKENS = 32, 64
+RANK_SETUPS = {"1 trainer": (1, False), "2 ranks (DDP)": (2, False), "2 ranks (FSDP2)": (2, True)}
 
 
 async def measure(replicas: int, requests: int) -> dict[str, Any]:
@@ -73,15 +79,63 @@ async def measure(replicas: int, requests: int) -> dict[str, Any]:
     return result
 
 
+def measure_ranks(setup: str, steps: int) -> dict[str, Any]:
+    """GRPO step time of one trainer or of trainer ranks on the same synthetic groups."""
+    from transformers import AutoTokenizer
+
+    from agentrl.backend.ranks import TrainerRanks
+    from agentrl.backend.trainer import Trainer
+    from agentrl.base_models import resolve_base_model
+    from tests.helpers import synthetic_groups
+
+    ranks, sharded = RANK_SETUPS[setup]
+    path = resolve_base_model("smollm2-135m-instruct")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    started = time.perf_counter()
+    trainer = Trainer(path) if ranks == 1 else TrainerRanks(path, ranks=ranks, sharded=sharded)
+    trainer.add_adapter("default", agentrl.LoRAConfig())
+    start_s = time.perf_counter() - started
+    outcomes = []
+    try:
+        for step in range(steps + 1):  # the first warms up
+            groups = synthetic_groups(tokenizer, seed=step, size=8, max_words=80)
+            started = time.perf_counter()
+            outcome = trainer.train_step("default", groups, agentrl.TrainConfig())
+            outcomes.append((time.perf_counter() - started, outcome.metrics))
+        held = trainer.parameter_bytes() if isinstance(trainer, TrainerRanks) else [trainer.parameter_bytes()]
+    finally:
+        if isinstance(trainer, TrainerRanks):
+            trainer.close()
+    timed = outcomes[1:]
+    step_s = statistics.median(s for s, _ in timed)
+    tokens = statistics.median(m["total_tokens"] for _, m in timed)
+    result = {
+        "setup": setup,
+        "ranks": ranks,
+        "sharded": sharded,
+        "start_s": start_s,
+        "step_s_median": step_s,
+        "tokens_per_step": tokens,
+        "trained_tokens_per_s": tokens / step_s,
+        "allreduce_s_median": statistics.median(m.get("allreduce_s", 0.0) for _, m in timed),
+        "weights_gib_per_rank": [b / 2**30 for b in held],
+    }
+    print(result, flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     runs = [asyncio.run(measure(replicas, args.requests)) for replicas in (1, 2)]
+    rank_runs = [measure_ranks(setup, args.steps) for setup in RANK_SETUPS]
     result = {
         "machine": f"{cpu_name()}, {os.cpu_count()} cores",
         "date": datetime.date.today().isoformat(),
         "runs": runs,
+        "rank_runs": rank_runs,
     }
     write_json_atomic(SCALE_RESULTS, result)
     one = runs[0]["tokens_per_s"]
@@ -89,6 +143,14 @@ def main() -> None:
         f"| {r['replicas']} | {r['tokens_per_s']:.0f} ({r['tokens_per_s'] / one:.2f}x) | "
         f"{' / '.join(map(str, r['requests_per_replica']))} | {r['swap_s_median'] * 1000:.0f} ms | {r['start_s']:.0f} s |"
         for r in runs
+    ]
+    single = rank_runs[0]["step_s_median"]
+    summing = [f"{r['allreduce_s_median'] * 1000:.0f} ms" if r["ranks"] > 1 else "-" for r in rank_runs]
+    rank_rows = [
+        f"| {r['setup']} | {r['step_s_median']:.1f} s ({single / r['step_s_median']:.2f}x) | "
+        f"{r['trained_tokens_per_s']:.0f} | {summed} | "
+        f"{' / '.join(f'{g * 1024:.0f}' for g in r['weights_gib_per_rank'])} MiB | {r['start_s']:.0f} s |"
+        for r, summed in zip(rank_runs, summing, strict=True)
     ]
     table = "\n".join(
         [
@@ -99,6 +161,13 @@ def main() -> None:
             "| replicas | sampled tokens/s | requests per replica | swap (load into every replica) | start |",
             "| --- | --- | --- | --- | --- |",
             *rows,
+            "",
+            f"Trainer ranks (no server), a GRPO step on 8 x 8 synthetic answers "
+            f"(~{rank_runs[0]['tokens_per_step']:.0f} tokens), median of {args.steps} steps:",
+            "",
+            "| trainer | step | tokens/s | summing gradients | weights per rank | start |",
+            "| --- | --- | --- | --- | --- | --- |",
+            *rank_rows,
             END,
         ]
     )

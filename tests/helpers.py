@@ -1,8 +1,13 @@
 """Builders for test data that mirror what vLLM returns."""
 
+import random
 from typing import Any
 
 from openai.types.chat.chat_completion import Choice
+
+import agentrl
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven cats watch from the old stone wall".split()
 
 
 def make_choice(
@@ -28,3 +33,30 @@ def make_choice(
     if not ids_as_tokens:
         data["token_ids"] = token_ids
     return Choice.model_validate(data)
+
+
+def synthetic_groups(
+    tokenizer: Any, *, seed: int, size: int = 4, num_groups: int | None = None, max_words: int = 30
+) -> list[agentrl.TrajectoryGroup]:
+    """Groups of sampled answers (real token ids, random words, 3 to `max_words` long) with random
+    rewards and made-up sampler logprobs: training input without a server."""
+    rng = random.Random(seed)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    groups = []
+    for g in range(size if num_groups is None else num_groups):
+        trajectories = []
+        for _ in range(size):
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, max_words)))
+            ids = tokenizer.encode(text, add_special_tokens=False) + [end]
+            logprobs = [-rng.uniform(0.5, 4.0) for _ in ids]
+            trajectories.append(
+                agentrl.Trajectory(
+                    messages_and_choices=[
+                        {"role": "user", "content": f"Say something about animal number {g}."},
+                        make_choice(ids, logprobs, content=tokenizer.decode(ids[:-1])),
+                    ],
+                    reward=rng.random(),
+                )
+            )
+        groups.append(agentrl.TrajectoryGroup(trajectories))
+    return groups

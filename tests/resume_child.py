@@ -1,4 +1,5 @@
-"""Run by test_resume.py in its own process: register, train one pipelined step, report, then wait to be killed.
+"""Run by test_resume.py in its own process: register (two sharded trainer ranks), train one pipelined step,
+report, then wait to be killed.
 
 Metrics go to an offline W&B run (the test sets WANDB_MODE=offline), to check that the resumed run appends to it."""
 
@@ -12,7 +13,7 @@ from environments.larger_number.task import rollout, scenarios
 
 async def main(base_path: str) -> None:
     model = agentrl.TrainableModel(name="resumable", project="tests", base_path=base_path, wandb=True)
-    await model.register(agentrl.LocalBackend())
+    await model.register(agentrl.LocalBackend(trainer_ranks=2, shard_trainer=True))
     train = scenarios("train", 8, seed=5)
 
     def make_groups(model: agentrl.TrainableModel, step: int) -> list[agentrl.TrajectoryGroup]:
@@ -22,8 +23,9 @@ async def main(base_path: str) -> None:
         assert not result.skipped, "no signal in 4 groups of 8; rerun"
         adapter = model.run_dir / "checkpoints" / f"{result.step:04d}" / "adapter_model.safetensors"
         server_pgid = model._backend.server.replicas[0].process.pid
+        rank_pids = ",".join(map(str, model._backend.trainer.pids))
         digest = hashlib.sha256(adapter.read_bytes()).hexdigest()
-        print(f"CHECKPOINTED {result.step} {digest} {server_pgid}", flush=True)
+        print(f"CHECKPOINTED {result.step} {digest} {server_pgid} {rank_pids}", flush=True)
         await asyncio.sleep(3600)  # the test kills us here, with the next step's rollouts in flight
 
     # Pipelined: the next step's groups are sampling when the kill comes; none of them may train later.

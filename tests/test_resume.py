@@ -1,4 +1,10 @@
-"""Resume: kill a training process (SIGKILL) after a checkpoint; a new one resumes at that step with the same weights."""
+"""Resume: kill a training process (SIGKILL) after a checkpoint; a new one resumes at that step with the same weights.
+
+Both runs train with two trainer ranks (torch.distributed), the killed one sharded (FSDP2), the new
+one replicated: the killed run's ranks and server go with it, and every rank of the new run holds
+the checkpoint's weights (checkpoints are whole tensors, whatever wrote them). Loading with one
+rank is covered by the checkpoint tests in test_bad_input.py.
+"""
 
 import asyncio
 import hashlib
@@ -9,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
-from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
 
 import agentrl
@@ -43,7 +49,7 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
             break
     try:
         assert report, "the child never checkpointed:\n" + "".join(lines[-40:])
-        _, step, digest, server_pgid = report
+        _, step, digest, server_pgid, rank_pids = report
         # While the child runs, its run folder is locked: a second process (this one) is refused.
         with pytest.raises(agentrl.RunLockedError, match=f"in use by process {child.pid}"):
             await agentrl.TrainableModel(name="resumable", project="tests", base_path=str(tmp_path)).register(
@@ -53,14 +59,26 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
         child.send_signal(signal.SIGKILL)  # no cleanup code runs in the child; its lock goes with it
         child.wait(timeout=30)
 
-    # Its vLLM server is told of its parent's death and goes too: no orphans.
+    # Its vLLM server and trainer ranks are told of its death and go too: no orphans.
+    ranks = [int(pid) for pid in rank_pids.split(",")]
+    assert len(ranks) == 2
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def leftovers() -> list:
+        return group_processes(int(server_pgid)) + [pid for pid in ranks if alive(pid)]
+
     deadline = time.monotonic() + 60
-    while group_processes(int(server_pgid)) and time.monotonic() < deadline:
+    while leftovers() and time.monotonic() < deadline:
         await asyncio.sleep(1)
-    assert group_processes(int(server_pgid)) == []
+    assert leftovers() == []
 
     model = agentrl.TrainableModel(name="resumable", project="tests", base_path=str(tmp_path), wandb=True)
-    backend = agentrl.LocalBackend()
+    backend = agentrl.LocalBackend(trainer_ranks=2)
     try:
         await model.register(backend)
         assert await model.get_step() == int(step) == 1
@@ -68,11 +86,11 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
         checkpoint = model.run_dir / "checkpoints" / "0001" / "adapter_model.safetensors"
         assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() == digest
         saved = load_file(checkpoint)
-        live = get_peft_model_state_dict(backend.trainer.model, adapter_name=backend.session(model).adapter)
-        assert saved.keys() == live.keys()
-        for key in saved:
-            torch.testing.assert_close(live[key].float(), saved[key].float(), rtol=0, atol=0)
-        assert backend.trainer.adapters[backend.session(model).adapter].optimizer.state  # AdamW's moments came back too
+        for rank in (0, 1):
+            live = backend.trainer.adapter_weights(backend.session(model).adapter, rank)
+            assert saved.keys() == live.keys()
+            for key in saved:
+                torch.testing.assert_close(live[key].float(), saved[key].float(), rtol=0, atol=0)
         completion = await model.openai_client().chat.completions.create(
             model=model.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.protocol import InferenceEndpoint
+from agentrl.backend.ranks import TrainerRanks
 from agentrl.backend.replicas import ServerReplicas
 from agentrl.backend.run_lock import RunLock
 from agentrl.backend.trainer import StepOutcome, Trainer
@@ -61,7 +62,7 @@ class _Engine:
     base_model: str
     model_path: str
     server: ServerReplicas
-    trainer: Trainer
+    trainer: Trainer | TrainerRanks
 
 
 @dataclass
@@ -90,6 +91,10 @@ class LocalBackend:
     `trainer_device` ("cuda:1") puts the trainer on a GPU of its own: the server (on the first GPU)
     then keeps sampling while a step trains, which pipelined training needs. By default the trainer
     shares the server's device, and the server sleeps while it trains.
+    `trainer_ranks` > 1 trains data-parallel in that many processes under `torch.distributed` (gloo
+    on CPU, NCCL on GPUs from `trainer_device` up), each on its token-balanced share of a step;
+    `shard_trainer` also shards the decoder layers over them (FSDP2), for a base model too large
+    for one device (one model per backend then).
     `host`, `port` and `token` say where its OpenAI-compatible gateway listens (by default a free
     port on loopback, with no token); a token is required beyond loopback.
     """
@@ -99,13 +104,23 @@ class LocalBackend:
         *,
         seed: int = 0,
         trainer_device: str | None = None,
+        trainer_ranks: int = 1,
+        shard_trainer: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
         routes: Sequence[BaseRoute] = (),
     ) -> None:
+        if trainer_ranks < 1:
+            raise ConfigurationError(f"trainer_ranks must be 1 or more, got {trainer_ranks}")
+        if shard_trainer and trainer_ranks < 2:
+            raise ConfigurationError(
+                "shard_trainer shards the model over trainer ranks: set trainer_ranks to 2 or more"
+            )
         self.seed = seed
         self.trainer_device = trainer_device
+        self.trainer_ranks = trainer_ranks
+        self.shard_trainer = shard_trainer
         self.sessions: dict[str, ModelSession] = {}
         """Registered models by run folder."""
         self.gateway = Gateway(host=host, port=port, token=token, routes=routes)
@@ -134,8 +149,8 @@ class LocalBackend:
         return self.engine.server
 
     @property
-    def trainer(self) -> Trainer:
-        """The trainer, one adapter per registered model (an error before the first `register`)."""
+    def trainer(self) -> Trainer | TrainerRanks:
+        """The trainer (or its ranks), one adapter per registered model (an error before the first `register`)."""
         return self.engine.trainer
 
     def session(self, model: TrainableModel) -> ModelSession:
@@ -211,8 +226,19 @@ class LocalBackend:
                 )
             return engine
         model_path = await self._on_trainer_thread(resolve_base_model, model.base_model)
-        trainer = await self._on_trainer_thread(Trainer, model_path, seed=self.seed, device=self.trainer_device)
         server = ServerReplicas(model_path, model.run_dir / "logs", model.server, max_lora_rank=model.lora.rank)
+        trainer: Trainer | TrainerRanks
+        if self.trainer_ranks > 1:
+            trainer = await self._on_trainer_thread(
+                TrainerRanks,
+                model_path,
+                ranks=self.trainer_ranks,
+                seed=self.seed,
+                device=self.trainer_device,
+                sharded=self.shard_trainer,
+            )
+        else:
+            trainer = await self._on_trainer_thread(Trainer, model_path, seed=self.seed, device=self.trainer_device)
         self._engine = _Engine(model.base_model, model_path, server, trainer)
         await server.start()
         await self.gateway.start()
@@ -315,12 +341,14 @@ class LocalBackend:
     def shares_a_device(self) -> bool:
         """Whether the trainer trains on a GPU the servers sample on (the default on a GPU host): then the
         servers sleep while a step trains, and nothing samples meanwhile (no pipelining on one GPU).
-        The servers take cuda:0 up to their device count; a trainer above them has its own."""
+        The servers take cuda:0 up to their device count; trainer ranks above them have their own."""
         device = self.trainer_device or "cuda:0"
         if not device.startswith("cuda"):
             return False
-        index = int(device.partition(":")[2] or 0)
-        return self._engine is None or index < self._engine.server.devices
+        if self._engine is None:
+            return True
+        first = int(device.partition(":")[2] or 0)
+        return first < self._engine.server.devices
 
     async def _make_room(self) -> None:
         if self.shares_a_device:
@@ -461,6 +489,8 @@ class LocalBackend:
         await self.gateway.stop()
         if self._engine is not None:
             await asyncio.to_thread(self._engine.server.stop)
+            if isinstance(self._engine.trainer, TrainerRanks):
+                await asyncio.to_thread(self._engine.trainer.close)
 
     async def close(self) -> None:
         """Stop the gateway and the server, finish W&B runs and release the run folders."""

@@ -24,7 +24,7 @@ from agentrl.gateway.app import Replica
 logger = logging.getLogger(__name__)
 
 
-def _split(items: list[int], parts: int) -> list[list[int]]:
+def split_contiguous(items: list[int], parts: int) -> list[list[int]]:
     """`items` in `parts` contiguous runs whose lengths differ by at most one."""
     size, extra = divmod(len(items), parts)
     runs, start = [], 0
@@ -51,7 +51,7 @@ def placements(config: ServerConfig, *, gpu: bool, cpus: list[int], gpu_count: i
                 f"data_parallel_size {config.data_parallel_size} need {needed} GPUs; this machine has {gpu_count}. "
                 "Lower ServerConfig.replicas or the parallel sizes"
             )
-        groups = _split(list(range(needed)), config.replicas)
+        groups = split_contiguous(list(range(needed)), config.replicas)
         return [{"CUDA_VISIBLE_DEVICES": ",".join(map(str, group))} for group in groups]
     if config.replicas * ranks > len(cpus):
         raise ConfigurationError(
@@ -59,8 +59,8 @@ def placements(config: ServerConfig, *, gpu: bool, cpus: list[int], gpu_count: i
             f"{len(cpus)} ({cpus}); lower ServerConfig.replicas"
         )
     binds = []
-    for share in _split(cpus, config.replicas):
-        binds.append("|".join(",".join(map(str, rank_cores)) for rank_cores in _split(share, ranks)))
+    for share in split_contiguous(cpus, config.replicas):
+        binds.append("|".join(",".join(map(str, rank_cores)) for rank_cores in split_contiguous(share, ranks)))
     return [{"VLLM_CPU_OMP_THREADS_BIND": bind} for bind in binds]
 
 

@@ -74,15 +74,20 @@ class BackendService:
     """The /backend/ routes over one `LocalBackend` whose runs live under `runs_dir`."""
 
     def __init__(
-        self, runs_dir: Path, *, host: str, port: int, token: str, seed: int = 0, trainer_device: str | None = None
+        self,
+        runs_dir: Path,
+        *,
+        host: str,
+        port: int,
+        token: str,
+        **backend_options: Any,
     ) -> None:
+        """`backend_options` go to `LocalBackend` (seed, trainer_device, trainer_ranks, shard_trainer)."""
         self.runs_dir = runs_dir
         self.instance = uuid.uuid4().hex
         self.models: dict[tuple[str, str], TrainableModel] = {}
         self._calls: set[asyncio.Task[Any]] = set()  # running calls, kept to their end if their client leaves
-        self.backend = LocalBackend(
-            seed=seed, trainer_device=trainer_device, host=host, port=port, token=token, routes=self.routes()
-        )
+        self.backend = LocalBackend(host=host, port=port, token=token, routes=self.routes(), **backend_options)
 
     def routes(self) -> list[Route]:
         return [
@@ -166,12 +171,16 @@ class BackendService:
 
 
 async def serve_backend(
-    runs_dir: Path, *, host: str, port: int, seed: int = 0, trainer_device: str | None = None
+    runs_dir: Path,
+    *,
+    host: str,
+    port: int,
+    **backend_options: Any,
 ) -> None:
     """Run the service until interrupted: print where it listens (and a new token, once), then serve."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     token, source, generated = service_token(runs_dir)
-    service = BackendService(runs_dir, host=host, port=port, token=token, seed=seed, trainer_device=trainer_device)
+    service = BackendService(runs_dir, host=host, port=port, token=token, **backend_options)
     try:
         await service.backend.gateway.start()
         if generated:

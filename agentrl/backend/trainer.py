@@ -4,7 +4,9 @@ The base model is frozen in bf16; the LoRA weights (and AdamW's state) are fp32;
 under bf16 autocast, on CPU as on GPU. Micro-batches are sized by a token budget and gradients
 accumulate across them, so memory is bounded whatever the number and length of trajectories.
 The loss is divided by a denominator computed once for the whole step, so accumulation gives the
-same update as one big batch.
+same update as one big batch. Under `torch.distributed` (see `agentrl.backend.ranks`) each rank
+takes its share of the step's sequences by token count, and the ranks' gradients are summed once
+before the optimizer step, so M ranks apply the update one rank would.
 """
 
 from __future__ import annotations
@@ -21,15 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from agentrl.backend.sharding import clip_sharded_gradients, is_sharded, like, shard_decoder_layers, whole
 from agentrl.config import LoRAConfig, TrainConfig
-from agentrl.errors import CheckpointError, TrainingError
+from agentrl.errors import CheckpointError, ConfigurationError, TrainingError
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.losses import loss_denominator, policy_loss
 from agentrl.rl.tokenize import (
     TokenBatch,
+    TokenizedSequence,
     collate,
     plan_micro_batches,
+    split_by_tokens,
     tokenize_groups,
     tokenize_history,
 )
@@ -107,17 +113,26 @@ class Trainer:
     """A frozen base model with one LoRA adapter (and optimizer) per trained model, and the steps that update them.
 
     Several models of one base share its weights in memory: each is a named peft adapter, made
-    active for the call that trains, saves or loads it.
+    active for the call that trains, saves or loads it. Made inside an initialised
+    `torch.distributed` process group, it is one rank of several: it trains on its share of each
+    step's sequences and sums gradients with the other ranks (`agentrl.backend.ranks` runs them).
     """
 
-    def __init__(self, model_path: str, *, seed: int = 0, device: str | None = None) -> None:
+    def __init__(self, model_path: str, *, seed: int = 0, device: str | None = None, sharded: bool = False) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.seed = seed
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        if sharded and self.world_size == 1:
+            raise ConfigurationError("a sharded trainer needs 2 or more ranks (LocalBackend(trainer_ranks=...))")
+        self.sharded = sharded
+        """FSDP2: the decoder layers sharded over the ranks (see `agentrl.backend.sharding`), once the
+        first adapter exists; the base stays on the CPU until then."""
         self.tokenizer: Any = AutoTokenizer.from_pretrained(model_path)  # a ChatTokenizer, and pad/eos ids
         base: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
-        self._base: Any = base.to(self.device)
+        self._base: Any = base if sharded else base.to(self.device)
         self.model: Any = None  # the peft model, made with the first adapter
         self.adapters: dict[str, Adapter] = {}
         pad = self.tokenizer.pad_token_id
@@ -130,6 +145,11 @@ class Trainer:
 
         if name in self.adapters:
             raise ValueError(f"the trainer already has an adapter named {name!r}")
+        if self.sharded and self.adapters:
+            raise ConfigurationError(
+                "sharded trainer ranks train one model per backend (its LoRA is sharded with the layers); "
+                "register this model on another LocalBackend, or use unsharded ranks"
+            )
         torch.manual_seed(self.seed)  # the step-0 adapter (LoRA A) is the same for the same seed
         peft_config = LoraConfig(
             r=lora.rank,
@@ -141,6 +161,8 @@ class Trainer:
         # peft keeps the adapter in fp32 over a bf16 base (autocast_adapter_dtype defaults to True).
         if self.model is None:
             self.model = get_peft_model(self._base, peft_config, adapter_name=name)
+            if self.sharded:
+                shard_decoder_layers(self._base, self.device, self.world_size)
         else:
             self.model.add_adapter(name, peft_config)
         marker = f".{name}."
@@ -165,12 +187,22 @@ class Trainer:
     # --- checkpoints ---
 
     def save(self, name: str, folder: Path) -> None:
-        """Write adapter `name` (peft's format, which vLLM loads) and its optimizer state into `folder`."""
-        from peft import get_peft_model_state_dict
+        """Write adapter `name` (peft's format, which vLLM loads) and its optimizer state into `folder`.
+
+        Sharded, every rank must call it (the whole tensors are gathered) and rank 0 writes.
+        """
         from safetensors.torch import save_file
 
         adapter = self._activate(name)
-        weights = get_peft_model_state_dict(self.model, adapter_name=name)  # keys without the adapter's name
+        weights = self.adapter_weights(name)
+        optimizer_state = adapter.optimizer.state_dict()
+        if self.sharded:  # new dicts: state_dict() shares its inner dicts with the live optimizer
+            optimizer_state["state"] = {
+                index: {key: value if key == "step" else whole(value).cpu() for key, value in moments.items()}
+                for index, moments in optimizer_state["state"].items()
+            }
+        if self.rank != 0:
+            return
         save_file({k: v.contiguous() for k, v in weights.items()}, folder / "adapter_model.safetensors")
         config = self.model.peft_config[name]
         inference_mode, config.inference_mode = config.inference_mode, True
@@ -178,7 +210,27 @@ class Trainer:
             config.save_pretrained(str(folder))
         finally:
             config.inference_mode = inference_mode
-        torch.save(adapter.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+        torch.save(optimizer_state, folder / OPTIMIZER_FILE)
+
+    def adapter_weights(self, name: str) -> dict[str, torch.Tensor]:
+        """A copy of adapter `name`'s whole weights, keyed as in its checkpoint (peft's names).
+
+        Sharded, the shards are gathered: every rank must call it.
+        """
+        from peft import get_peft_model_state_dict
+
+        weights = get_peft_model_state_dict(self.model, adapter_name=name)
+        return {k: whole(v.detach()).cpu().clone() for k, v in weights.items()}
+
+    def parameter_bytes(self) -> int:
+        """Bytes of weights this rank holds (its shards only, when sharded): what sharding saves."""
+        tensors = {id(p): p for p in (self.model or self._base).parameters()}.values()
+        return sum((p.to_local() if is_sharded(p) else p).nbytes for p in tensors)
+
+    def _adapter_parameters_by_key(self, name: str) -> dict[str, torch.nn.Parameter]:
+        """Adapter `name`'s parameters under their checkpoint keys (peft drops the adapter's name)."""
+        marker = f".{name}."
+        return {n.replace(marker, ".", 1): p for n, p in self.model.named_parameters() if "lora_" in n and marker in n}
 
     def load(self, name: str, folder: Path) -> None:
         """Restore the adapter and optimizer state saved by `save`, after checking both.
@@ -191,7 +243,17 @@ class Trainer:
         adapter = self._activate(name)
         weights = self._read_adapter(name, folder)
         optimizer_state = self._read_optimizer_state(adapter, folder)
-        set_peft_model_state_dict(self.model, weights, adapter_name=name)
+        if self.sharded:  # each rank keeps its shard of the whole tensors it read
+            parameters = self._adapter_parameters_by_key(name)
+            with torch.no_grad():
+                for key, value in weights.items():
+                    parameters[key].copy_(like(value, parameters[key]))
+            for index, moments in optimizer_state["state"].items():
+                for key, value in moments.items():
+                    if key != "step":
+                        moments[key] = like(value, adapter.parameters[index])
+        else:
+            set_peft_model_state_dict(self.model, weights, adapter_name=name)
         adapter.optimizer.load_state_dict(optimizer_state)
 
     def _read_adapter(self, name: str, folder: Path) -> dict[str, torch.Tensor]:
@@ -272,7 +334,9 @@ class Trainer:
             group["weight_decay"] = config.weight_decay
 
         train_started = time.perf_counter()
-        sums = _read_sums(self._accumulate_gradients(sequences, config, denominator))
+        sums_on_device = self._accumulate_gradients(self._my_share(sequences), config, denominator)
+        metrics.update(self._sum_across_ranks(adapter, sums_on_device))
+        sums = _read_sums(sums_on_device)
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
         grad_norm = self._apply_gradients(adapter, max_norm, loss=sums["loss"])
 
@@ -292,6 +356,59 @@ class Trainer:
         )
         return StepOutcome(updated=True, metrics=metrics)
 
+    def _my_share(self, sequences: list[TokenizedSequence]) -> list[TokenizedSequence]:
+        """The sequences this rank trains on: all of them alone, its share by token count among ranks."""
+        if self.world_size == 1:
+            return sequences
+        share = split_by_tokens([len(s) for s in sequences], self.world_size)[self.rank]
+        return [sequences[i] for i in share]
+
+    def _sum_across_ranks(self, adapter: Adapter, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Sum the ranks' gradients and running sums in place: DDP's all-reduce, done once per step.
+
+        Done by hand, not by wrapping the model in DistributedDataParallel: ranks run different
+        numbers of micro-batches (token-balanced shares), and the trainable tensors change with the
+        active adapter, neither of which DDP's per-backward hooks allow. One flat tensor, one call.
+        Returns the time it took (the ranks' coordination cost) as a metric; nothing alone.
+        """
+        if self.world_size == 1:
+            return {}
+        started = time.perf_counter()
+        whole_parameters = [p for p in adapter.parameters if not is_sharded(p)]  # shards were summed in backward
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in whole_parameters]
+        flat = torch.cat([g.reshape(-1).float() for g in grads] + [torch.stack(list(sums.values())).float()])
+        dist.all_reduce(flat)
+        offset = 0
+        for parameter, grad in zip(whole_parameters, grads, strict=True):
+            parameter.grad = flat[offset : offset + grad.numel()].view_as(parameter).to(parameter.dtype)
+            offset += grad.numel()
+        for name, total in zip(list(sums), flat[offset:], strict=True):
+            sums[name] = total
+        return {"trainer_ranks": float(self.world_size), "allreduce_s": time.perf_counter() - started}
+
+    def _micro_batches(self, sequences: list[TokenizedSequence], max_tokens: int) -> list[list[int] | None]:
+        """This rank's micro-batches (sequence indices); sharded, padded with `None` (an idle pass) up to
+        the most any rank has, since sharded ranks gather each layer together in every pass."""
+        batches: list[list[int] | None] = list(plan_micro_batches([len(s) for s in sequences], max_tokens))
+        if self.sharded:
+            most = torch.tensor(len(batches), device=self.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            batches += [None] * (int(most) - len(batches))
+        return batches
+
+    def _idle_pass(self, *, with_reference: bool) -> None:
+        """A forward and backward that adds nothing to any gradient: a sharded rank with fewer
+        micro-batches than another joins the layer gathers of the other's passes."""
+        pad = self.pad_token_id
+        batch = collate([TokenizedSequence([pad, pad], [False, False], [0.0, 0.0], 0.0, 0)], pad).to(self.device)
+        decoder = self.model.get_base_model().model
+        with self._autocast():
+            if with_reference:
+                with torch.no_grad(), self.model.disable_adapter():
+                    decoder(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT)
+            hidden_BTH = decoder(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT).last_hidden_state
+        (hidden_BTH.float().sum() * 0.0).backward()
+
     def _apply_gradients(self, adapter: Adapter, max_norm: float, *, loss: float) -> float:
         """Clip and apply the accumulated gradients, unless the loss or gradient norm is not finite.
 
@@ -301,7 +418,10 @@ class Trainer:
         """
         try:
             _abort_if_not_finite("loss", loss, "summed over the step's micro-batches")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(adapter.parameters, max_norm))
+            if self.sharded:
+                grad_norm = clip_sharded_gradients(adapter.parameters, max_norm)
+            else:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(adapter.parameters, max_norm))
             _abort_if_not_finite("gradient norm", grad_norm, f"loss {loss:.4g}")
             adapter.optimizer.step()
             return grad_norm
@@ -315,7 +435,10 @@ class Trainer:
         sums = {name: torch.zeros((), device=self.device) for name in SUM_NAMES}
         self.model.train()
         autocast = self._autocast()
-        for indices in plan_micro_batches([len(s) for s in sequences], config.micro_batch_tokens):
+        for indices in self._micro_batches(sequences, config.micro_batch_tokens):
+            if indices is None:
+                self._idle_pass(with_reference=config.kl_coef > 0)
+                continue
             batch = collate([sequences[i] for i in indices], self.pad_token_id).to(self.device)
             mask_BT = batch.loss_mask_BT[:, 1:]
             sampler_logprobs_BT = batch.sampler_logprobs_BT[:, 1:]
@@ -363,14 +486,20 @@ class Trainer:
         tokenize_s = time.perf_counter() - started
         self.model.train()
         nll_sum = torch.zeros((), device=self.device)
-        for indices in plan_micro_batches([len(s) for s in sequences], micro_batch_tokens):
-            batch = collate([sequences[i] for i in indices], self.pad_token_id).to(self.device)
+        mine = self._my_share(sequences)
+        for indices in self._micro_batches(mine, micro_batch_tokens):
+            if indices is None:
+                self._idle_pass(with_reference=False)
+                continue
+            batch = collate([mine[i] for i in indices], self.pad_token_id).to(self.device)
             with self._autocast():
                 logprobs_BT, _ = token_logprobs(self.model, batch)
             nll = -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens
             nll.backward()
             nll_sum += nll.detach()
-        total_nll = float(nll_sum)
+        sums = {"nll": nll_sum}
+        self._sum_across_ranks(adapter, sums)
+        total_nll = float(sums["nll"])
         grad_norm = self._apply_gradients(adapter, 1.0, loss=total_nll)
         return StepOutcome(
             updated=True,

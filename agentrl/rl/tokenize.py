@@ -277,3 +277,18 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
     if current:
         batches.append(current)
     return batches
+
+
+def split_by_tokens(lengths: Sequence[int], parts: int) -> list[list[int]]:
+    """Sequence indices dealt to `parts` trainer ranks so each gets about the same number of tokens.
+
+    Longest first, each to the rank with the fewest tokens so far (ties to the lowest rank): the
+    same lengths always give the same split, on every rank. Each part lists its indices in order.
+    """
+    loads = [0] * parts
+    shares: list[list[int]] = [[] for _ in range(parts)]
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        rank = min(range(parts), key=lambda r: (loads[r], r))
+        shares[rank].append(index)
+        loads[rank] += lengths[index]
+    return [sorted(share) for share in shares]

@@ -1,0 +1,319 @@
+"""Trainer ranks: M trainer processes under `torch.distributed`, driven by the backend as one trainer.
+
+Each rank is a spawned process holding a full `Trainer` (the frozen base and every adapter) in one
+process group (gloo on CPU, NCCL on GPUs). The backend sends every call to all ranks at once; in a
+step each rank trains on its token-balanced share of the sequences and the ranks sum gradients, so
+every rank applies the same update and holds the same weights. Sharded (`sharded=True`, FSDP2, see
+`agentrl.backend.sharding`), each rank holds 1/M of the decoder layers instead, and calls that touch
+the layers run on every rank together. Rank 0 alone writes checkpoints; every rank loads one on resume. A rank that dies stops them all and says which, with its exit code:
+the run resumes from its last checkpoint by registering the model again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import multiprocessing
+import os
+import pickle
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from agentrl.backend.replicas import split_contiguous
+from agentrl.backend.trainer import StepOutcome
+from agentrl.config import LoRAConfig, TrainConfig
+from agentrl.errors import ConfigurationError, TrainingError
+from agentrl.trajectory import History, TrajectoryGroup
+
+logger = logging.getLogger(__name__)
+
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+"""How long a rank waits in a collective for the others (a longer step than this would be cut off)."""
+POLL_S = 0.5
+"""How often the driver checks that every rank still lives while it waits for answers."""
+
+
+def rank_devices(device: str | None, ranks: int, *, gpu_count: int) -> list[str]:
+    """The device of each rank: consecutive GPUs from `device` ("cuda:1" -> cuda:1, cuda:2, ...), or the CPU.
+
+    With no `device`, GPUs when the machine has them (from cuda:0), else the CPU for every rank.
+    Asking for more GPUs than the machine has is a ConfigurationError naming both numbers.
+    """
+    device = device or ("cuda:0" if gpu_count else "cpu")
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        if ranks > 1 and kind != "cpu":
+            raise ConfigurationError(f"trainer ranks run on 'cpu' or 'cuda[:N]' devices, not {device!r}")
+        return [device] * ranks
+    first = int(index or 0)
+    if first + ranks > gpu_count:
+        raise ConfigurationError(
+            f"{ranks} trainer ranks from {device} need GPUs {first}..{first + ranks - 1}; this machine has "
+            f"{gpu_count}. Lower trainer_ranks or start from a lower trainer_device"
+        )
+    return [f"cuda:{first + rank}" for rank in range(ranks)]
+
+
+def rank_cpus(cpus: Sequence[int], ranks: int) -> list[list[int]]:
+    """Each CPU rank's own cores (contiguous, sizes within one): ranks never share a core's threads.
+
+    With fewer cores than ranks, each rank gets one core, shared round-robin (slow, but it runs).
+    """
+    cpus = sorted(cpus)
+    if len(cpus) < ranks:
+        return [[cpus[rank % len(cpus)]] for rank in range(ranks)]
+    return split_contiguous(cpus, ranks)
+
+
+def _portable_error(error: BaseException) -> BaseException:
+    """`error` if it survives pickling (agentrl's errors do), else a TrainingError with its text."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any exception may fail to pickle, in any way
+        return TrainingError(f"{type(error).__name__}: {error}")
+
+
+def serve_rank(
+    rank: int,
+    world_size: int,
+    rendezvous: str,
+    device: str,
+    cpus: list[int],
+    connection: Connection,
+    trainer_args: dict[str, Any],
+) -> None:
+    """A rank's process: join the group, build its Trainer, then run the driver's calls until told to stop."""
+    from agentrl.backend.server import _die_with_parent
+    from agentrl.backend.trainer import Trainer
+
+    _die_with_parent()
+    if device == "cpu" and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(len(cpus))
+    elif device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    torch.distributed.init_process_group(
+        backend, init_method=rendezvous, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
+    )
+    try:
+        trainer = Trainer(**trainer_args, device=device)
+        connection.send(("ok", os.getpid()))
+        while True:
+            try:
+                method, args, kwargs = connection.recv()
+            except EOFError:  # the driver is gone
+                return
+            if method == "stop":
+                return
+            try:
+                connection.send(("ok", getattr(trainer, method)(*args, **kwargs)))
+            except Exception as error:  # noqa: BLE001 - every failure goes back to the driver, which raises it
+                connection.send(("error", _portable_error(error), traceback.format_exc()))
+    except Exception as error:  # noqa: BLE001 - a rank that cannot start says why
+        with contextlib.suppress(OSError):
+            connection.send(("error", _portable_error(error), traceback.format_exc()))
+    finally:
+        with contextlib.suppress(Exception):
+            torch.distributed.destroy_process_group()
+
+
+class TrainerRanks:
+    """`ranks` trainer processes driven like one `Trainer`: same methods, the same update as one rank.
+
+    `device` is the first rank's device ("cuda:1": ranks on cuda:1, cuda:2, ...; the CPU by
+    default without GPUs, each rank then on its own share of this process's cores). `sharded`
+    shards the decoder layers over the ranks (FSDP2) for a model too large for one device.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        ranks: int,
+        seed: int = 0,
+        device: str | None = None,
+        sharded: bool = False,
+        startup_timeout_s: float = 600.0,
+    ) -> None:
+        if ranks < 2:
+            raise ConfigurationError(f"TrainerRanks is for 2 or more ranks (got {ranks}); use Trainer for one")
+        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        self.devices = rank_devices(device, ranks, gpu_count=gpu_count)
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        shares = rank_cpus(cpus, ranks)
+        self._folder = Path(tempfile.mkdtemp(prefix="agentrl-ranks-"))
+        rendezvous = (self._folder / "rendezvous").as_uri()
+        context = multiprocessing.get_context("spawn")  # never fork a process that holds torch threads
+        self._connections: list[Connection] = []
+        self._processes: list[Any] = []
+        self._broken: str | None = None
+        self.sharded = sharded
+        trainer_args = {"model_path": model_path, "seed": seed, "sharded": sharded}
+        for rank in range(ranks):
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=serve_rank,
+                args=(rank, ranks, rendezvous, self.devices[rank], shares[rank], theirs, trainer_args),
+                name=f"agentrl-trainer-rank{rank}",
+                daemon=True,
+            )
+            process.start()
+            theirs.close()
+            self._connections.append(ours)
+            self._processes.append(process)
+        self.pids: list[int] = self._collect(list(range(ranks)), "start", timeout_s=startup_timeout_s)
+        logger.info("%d trainer ranks on %s (pids %s)", ranks, ", ".join(self.devices), self.pids)
+
+    @property
+    def world_size(self) -> int:
+        return len(self._processes)
+
+    # --- the Trainer's methods, on every rank or on rank 0 ---
+
+    def add_adapter(self, name: str, lora: LoRAConfig) -> None:
+        self._call(self._all, "add_adapter", name, lora)
+
+    def load(self, name: str, folder: Path) -> None:
+        self._call(self._all, "load", name, folder)
+
+    def save(self, name: str, folder: Path) -> None:
+        """Rank 0 writes the checkpoint (sharded, after gathering the whole tensors from every rank)."""
+        self._call(self._through_layers, "save", name, folder)
+
+    def train_step(self, name: str, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepOutcome:
+        outcome: StepOutcome = self._call(self._all, "train_step", name, list(groups), config)[0]
+        return outcome
+
+    def sft_step(
+        self, name: str, histories: Sequence[History], *, learning_rate: float, micro_batch_tokens: int
+    ) -> StepOutcome:
+        outcome: StepOutcome = self._call(
+            self._all,
+            "sft_step",
+            name,
+            list(histories),
+            learning_rate=learning_rate,
+            micro_batch_tokens=micro_batch_tokens,
+        )[0]
+        return outcome
+
+    def logprobs_of(self, name: str, sequences: Sequence[Any]) -> list[list[float]]:
+        result: list[list[float]] = self._call(self._through_layers, "logprobs_of", name, list(sequences))[0]
+        return result
+
+    def adapter_weights(self, name: str, rank: int) -> dict[str, torch.Tensor]:
+        """Rank `rank`'s whole weights of adapter `name` (peft's keys), to check that the ranks agree."""
+        asked = self._all if self.sharded else [rank]
+        weights: dict[str, torch.Tensor] = self._call(asked, "adapter_weights", name)[asked.index(rank)]
+        return weights
+
+    def parameter_bytes(self) -> list[int]:
+        """Bytes of weights each rank holds (its shards, when sharded)."""
+        sizes: list[int] = self._call(self._all, "parameter_bytes")
+        return sizes
+
+    # --- driving the ranks ---
+
+    @property
+    def _all(self) -> list[int]:
+        return list(range(self.world_size))
+
+    @property
+    def _through_layers(self) -> list[int]:
+        """Who runs a call that passes through the layers: rank 0 alone, or (sharded) every rank."""
+        return self._all if self.sharded else [0]
+
+    def _call(self, ranks: list[int], method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Send the call to `ranks` and return their answers, in rank order, once all have answered."""
+        if self._broken is not None:
+            raise TrainingError(self._broken)
+        for rank in ranks:
+            try:
+                self._connections[rank].send((method, args, kwargs))
+            except OSError:
+                self._processes[rank].join(5)
+                self._fail(self._death(rank, method))
+        return self._collect(ranks, method)
+
+    def _death(self, rank: int, method: str) -> str:
+        process = self._processes[rank]
+        how = "closed its pipe" if process.exitcode is None else f"died with exit code {process.exitcode}"
+        return f"trainer rank {rank} (pid {process.pid}) {how} during {method}"
+
+    def _collect(self, ranks: list[int], method: str, *, timeout_s: float | None = None) -> list[Any]:
+        """Every rank's answer to `method`, in rank order; a rank's error, death or silence is raised.
+
+        After a rank's error the others get a short while to answer (they failed the same way) before
+        they are judged stuck in a collective, and all ranks are stopped.
+        """
+        answers: dict[int, Any] = {}
+        errors: dict[int, tuple[BaseException, str]] = {}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while len(answers) + len(errors) < len(ranks):
+            for rank in ranks:
+                if rank in answers or rank in errors:
+                    continue
+                connection, process = self._connections[rank], self._processes[rank]
+                reply = None
+                try:
+                    if connection.poll(POLL_S / len(ranks)):
+                        reply = connection.recv()
+                except (EOFError, OSError):  # the rank's end closed: it died, or is dying
+                    process.join(5)
+                    self._fail(self._death(rank, method))
+                if reply is None:
+                    if not process.is_alive():
+                        self._fail(self._death(rank, method))
+                elif reply[0] == "ok":
+                    answers[rank] = reply[1]
+                else:
+                    errors[rank] = (reply[1], reply[2])
+                    deadline = min(deadline or math.inf, time.monotonic() + 30)
+            if deadline is not None and time.monotonic() > deadline and len(answers) + len(errors) < len(ranks):
+                silent = [r for r in ranks if r not in answers and r not in errors]
+                reason = errors[min(errors)][0] if errors else None
+                self._fail(f"trainer ranks {silent} did not answer {method}" + (f" after: {reason}" if reason else ""))
+        if errors:
+            rank = min(errors)
+            error, trace = errors[rank]
+            logger.debug("trainer rank %d failed in %s:\n%s", rank, method, trace)
+            if method == "start":
+                self._fail(f"trainer rank {rank} could not start: {type(error).__name__}: {error}\n{trace}")
+            raise error
+        return [answers[rank] for rank in ranks]
+
+    def _fail(self, why: str) -> NoReturn:
+        """Stop every rank and raise: the ranks' weights can no longer be trusted to agree."""
+        self._broken = (
+            f"{why}; all trainer ranks were stopped. Nothing after the last checkpoint was saved: close the "
+            "backend and register the model again to resume from it"
+        )
+        self.close()
+        raise TrainingError(self._broken)
+
+    def close(self) -> None:
+        """Stop the ranks (asked, then killed after a few seconds) and remove their rendezvous folder."""
+        for connection in self._connections:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                connection.send(("stop", (), {}))
+        deadline = time.monotonic() + 10
+        for process in self._processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+        for connection in self._connections:
+            connection.close()
+        shutil.rmtree(self._folder, ignore_errors=True)

@@ -1,0 +1,168 @@
+"""Trainer ranks (torch.distributed, gloo on this CPU): two ranks apply the update one rank applies.
+
+Real parts throughout: the packaged model, spawned rank processes, a gloo process group. The
+vLLM-backed half (a 2-rank run killed and resumed) is in tests/test_resume.py.
+"""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import agentrl
+from agentrl.backend.ranks import TrainerRanks, rank_cpus, rank_devices
+from agentrl.backend.trainer import Trainer
+from agentrl.rl.tokenize import split_by_tokens
+from tests.helpers import synthetic_groups
+
+
+def test_sequences_are_dealt_to_ranks_by_tokens():
+    lengths = [100, 10, 90, 20, 50, 50, 5]
+    shares = split_by_tokens(lengths, 2)
+    assert sorted(i for share in shares for i in share) == list(range(len(lengths)))  # each exactly once
+    loads = [sum(lengths[i] for i in share) for share in shares]
+    assert abs(loads[0] - loads[1]) <= max(lengths)  # the longest-first greedy bound
+    assert loads == [165, 160]
+    assert split_by_tokens(lengths, 2) == shares  # the same on every rank
+    assert split_by_tokens([7], 3) == [[0], [], []]  # fewer sequences than ranks: some train on nothing
+
+
+def test_ranks_get_their_own_devices_and_cores():
+    assert rank_devices(None, 2, gpu_count=0) == ["cpu", "cpu"]
+    assert rank_devices(None, 2, gpu_count=4) == ["cuda:0", "cuda:1"]
+    assert rank_devices("cuda:1", 3, gpu_count=4) == ["cuda:1", "cuda:2", "cuda:3"]
+    with pytest.raises(agentrl.ConfigurationError, match=r"need GPUs 2\.\.4; this machine has 4"):
+        rank_devices("cuda:2", 3, gpu_count=4)
+    with pytest.raises(agentrl.ConfigurationError, match="not 'meta'"):
+        rank_devices("meta", 2, gpu_count=0)
+    assert rank_cpus([0, 1, 2, 3, 4], 2) == [[0, 1, 2], [3, 4]]
+    assert rank_cpus([0, 1], 2) == [[0], [1]]
+    assert rank_cpus([5], 2) == [[5], [5]]  # oversubscribed, but it runs
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["replicated", "sharded"])
+def two_ranks(base_model_path, request):
+    ranks = TrainerRanks(base_model_path, ranks=2, seed=3, sharded=request.param)
+    yield ranks
+    ranks.close()
+
+
+@pytest.mark.slow
+def test_two_ranks_apply_the_update_one_rank_applies(base_model_path, tokenizer, two_ranks, tmp_path):
+    """Same seed, same groups, two steps: the LoRA after each step equals one rank's up to the order
+    of fp32 sums (measured: 4e-9 and 1e-8 of the update's norm), and both ranks hold identical weights.
+
+    Each rank has one of the two cores, so one rank runs with one thread too: CPU bf16 kernels round
+    differently with another thread count (measured: grad norm 0.4% apart with two threads).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _compare_one_and_two_ranks(base_model_path, tokenizer, two_ranks, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare_one_and_two_ranks(base_model_path, tokenizer, two_ranks, tmp_path):
+    one = Trainer(base_model_path, seed=3)
+    lora = agentrl.LoRAConfig()
+    one.add_adapter("default", lora)
+    two_ranks.add_adapter("default", lora)
+    start = one.adapter_weights("default")
+    for key, value in two_ranks.adapter_weights("default", 0).items():
+        torch.testing.assert_close(value, start[key], rtol=0, atol=0)  # same seed, same step-0 adapter
+
+    # One sequence per micro-batch (a budget of 1 token): one rank and two run the very same forward
+    # passes, so only the order in which fp32 gradients are summed differs. The second step has 9
+    # sequences, so one rank has a micro-batch more than the other (sharded: the other joins its
+    # layer gathers with an idle pass), and a KL penalty (a reference pass with the adapter off).
+    steps = [
+        (synthetic_groups(tokenizer, seed=0, size=4), agentrl.TrainConfig(learning_rate=1e-3, micro_batch_tokens=1)),
+        (
+            synthetic_groups(tokenizer, seed=1, size=3),
+            agentrl.TrainConfig(learning_rate=1e-3, micro_batch_tokens=1, kl_coef=0.1),
+        ),
+    ]
+    for step, (groups, config) in enumerate(steps):
+        single = one.train_step("default", groups, config)
+        double = two_ranks.train_step("default", groups, config)
+        assert single.updated and double.updated
+        assert double.metrics["trainer_ranks"] == 2 and double.metrics["allreduce_s"] >= 0
+        for name in ("trained_tokens", "num_sequences", "total_tokens"):
+            assert double.metrics[name] == single.metrics[name]
+        for name in ("loss", "grad_norm", "entropy", "kl_sampler_trainer"):
+            assert double.metrics[name] == pytest.approx(single.metrics[name], rel=1e-5, abs=1e-7), name
+
+        expected = one.adapter_weights("default")
+        rank0, rank1 = (two_ranks.adapter_weights("default", rank) for rank in (0, 1))
+        for key in expected:
+            torch.testing.assert_close(rank0[key], rank1[key], rtol=0, atol=0)  # the ranks agree exactly
+        update_one = torch.cat([(expected[k] - start[k]).flatten() for k in expected])
+        update_two = torch.cat([(rank0[k] - start[k]).flatten() for k in expected])
+        assert update_one.norm() > 0
+        relative = float((update_two - update_one).norm() / update_one.norm())
+        assert relative < 1e-6, f"step {step}: the 2-rank update differs from 1 rank's by {relative:.2%}"
+        start = expected
+
+    # Rank 0 writes the checkpoint; one rank loads it and holds the ranks' weights; the ranks load it back.
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    two_ranks.save("default", folder)
+    loaded = Trainer(base_model_path, seed=9)
+    loaded.add_adapter("default", lora)
+    loaded.load("default", folder)
+    for key, value in loaded.adapter_weights("default").items():
+        torch.testing.assert_close(value, rank0[key], rtol=0, atol=0)
+    # Packed micro-batches (the default budget): each rank pads its own share, so bf16 rounding differs
+    # from one rank's batches. The per-token quantities agree within 1%; the loss, a sum of terms of
+    # both signs with made-up sampler logprobs, is not compared (its rounding differs by up to 20%).
+    packed = agentrl.TrainConfig(learning_rate=1e-3)
+    single, double = (
+        trainer.train_step("default", synthetic_groups(tokenizer, seed=7), packed) for trainer in (one, two_ranks)
+    )
+    for name in ("entropy", "kl_sampler_trainer", "kl_sampler_trainer_sq"):
+        assert double.metrics[name] == pytest.approx(single.metrics[name], rel=1e-2), name
+    two_ranks.load("default", folder)
+    for rank in (0, 1):
+        for key, value in two_ranks.adapter_weights("default", rank).items():
+            torch.testing.assert_close(value, rank0[key], rtol=0, atol=0)
+    whole_bytes, per_rank = one.parameter_bytes(), two_ranks.parameter_bytes()
+    if two_ranks.sharded:  # each rank holds half the layers, plus the whole head (its own copy when tied)
+        assert all(size < 0.8 * whole_bytes for size in per_rank), (per_rank, whole_bytes)
+    else:
+        assert per_rank == [whole_bytes, whole_bytes]
+    if two_ranks.sharded:  # the LoRA is sharded with the layers: one model per sharded backend
+        with pytest.raises(agentrl.ConfigurationError, match="one model per backend"):
+            two_ranks.add_adapter("second", lora)
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_stops_the_ranks_and_says_which(base_model_path, tokenizer):
+    ranks = TrainerRanks(base_model_path, ranks=2)
+    try:
+        ranks.add_adapter("default", agentrl.LoRAConfig())
+        victim = ranks.pids[1]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(agentrl.TrainingError, match=rf"trainer rank 1 \(pid {victim}\) died with exit code -9"):
+            ranks.train_step("default", synthetic_groups(tokenizer, seed=0), agentrl.TrainConfig())
+        deadline = time.monotonic() + 15
+        while any(p.is_alive() for p in ranks._processes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(p.is_alive() for p in ranks._processes)  # rank 0 was stopped too
+        with pytest.raises(agentrl.TrainingError, match="register the model again"):
+            ranks.add_adapter("other", agentrl.LoRAConfig())
+    finally:
+        ranks.close()
+
+
+def test_rank_settings_that_cannot_work_are_refused_with_the_fix():
+    with pytest.raises(agentrl.ConfigurationError, match="trainer_ranks must be 1 or more"):
+        agentrl.LocalBackend(trainer_ranks=0)
+    with pytest.raises(agentrl.ConfigurationError, match="set trainer_ranks to 2 or more"):
+        agentrl.LocalBackend(shard_trainer=True)
+    with pytest.raises(agentrl.ConfigurationError, match="use Trainer for one"):
+        TrainerRanks("unused", ranks=1)
+    with pytest.raises(agentrl.ConfigurationError, match="this machine has 0"):
+        TrainerRanks("unused", ranks=2, device="cuda:0")  # checked before any process starts
