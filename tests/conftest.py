@@ -33,6 +33,30 @@ async def served_model(tmp_path_factory):
     await backend.close()
 
 
+SERVER_FIXTURES = {"served_model"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test on the shared server is slow: the fast tier (`-m "not slow"`) starts no server."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_server(request, monkeypatch):
+    """A test outside the slow tier that starts a vLLM server fails, naming the fix, so the fast tier stays fast."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+
+    async def refuse(self, *args, **kwargs):
+        raise RuntimeError(f"{request.node.nodeid} starts a vLLM server: mark it @pytest.mark.slow")
+
+    from agentrl.backend.server import VLLMServer
+
+    monkeypatch.setattr(VLLMServer, "start", refuse)
+
+
 # Every process the suite starts inherits this marker, so the end-of-session check finds them even
 # after they were re-parented (an orphaned vLLM engine, a subprocess whose test failed).
 SESSION_MARKER = "AGENTRL_TEST_SESSION"

@@ -26,6 +26,7 @@ def group_processes(pgid: int) -> list[psutil.Process]:
     return alive
 
 
+@pytest.mark.slow  # starts a real vLLM server (that fails)
 async def test_a_failed_start_raises_with_the_log_tail(tmp_path: Path):
     broken = tmp_path / "not-a-model"
     broken.mkdir()
