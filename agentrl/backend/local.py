@@ -345,10 +345,8 @@ class LocalBackend:
         device = self.trainer_device or "cuda:0"
         if not device.startswith("cuda"):
             return False
-        if self._engine is None:
-            return True
-        first = int(device.partition(":")[2] or 0)
-        return first < self._engine.server.devices
+        index = int(device.partition(":")[2] or 0)
+        return self._engine is None or index < self._engine.server.devices
 
     async def _make_room(self) -> None:
         if self.shares_a_device:

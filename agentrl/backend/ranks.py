@@ -5,8 +5,9 @@ process group (gloo on CPU, NCCL on GPUs). The backend sends every call to all r
 step each rank trains on its token-balanced share of the sequences and the ranks sum gradients, so
 every rank applies the same update and holds the same weights. Sharded (`sharded=True`, FSDP2, see
 `agentrl.backend.sharding`), each rank holds 1/M of the decoder layers instead, and calls that touch
-the layers run on every rank together. Rank 0 alone writes checkpoints; every rank loads one on resume. A rank that dies stops them all and says which, with its exit code:
-the run resumes from its last checkpoint by registering the model again.
+the layers run on every rank together. Rank 0 alone writes checkpoints; every rank loads one on
+resume. A rank that dies stops them all and says which, with its exit code: the run resumes from
+its last checkpoint by registering the model again.
 """
 
 from __future__ import annotations
@@ -104,10 +105,10 @@ def serve_rank(
     elif device.startswith("cuda"):
         torch.cuda.set_device(device)
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    torch.distributed.init_process_group(
-        backend, init_method=rendezvous, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
-    )
     try:
+        torch.distributed.init_process_group(
+            backend, init_method=rendezvous, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
+        )
         trainer = Trainer(**trainer_args, device=device)
         connection.send(("ok", os.getpid()))
         while True:
@@ -151,7 +152,7 @@ class TrainerRanks:
             raise ConfigurationError(f"TrainerRanks is for 2 or more ranks (got {ranks}); use Trainer for one")
         gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         self.devices = rank_devices(device, ranks, gpu_count=gpu_count)
-        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        cpus = list(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
         shares = rank_cpus(cpus, ranks)
         self._folder = Path(tempfile.mkdtemp(prefix="agentrl-ranks-"))
         rendezvous = (self._folder / "rendezvous").as_uri()

@@ -165,8 +165,7 @@ class Trainer:
                 shard_decoder_layers(self._base, self.device, self.world_size)
         else:
             self.model.add_adapter(name, peft_config)
-        marker = f".{name}."
-        parameters = [p for n, p in self.model.named_parameters() if "lora_" in n and marker in n]
+        parameters = list(self._adapter_parameters_by_key(name).values())
         self.adapters[name] = Adapter(parameters, torch.optim.AdamW(parameters, lr=1e-5))
 
     def _activate(self, name: str) -> Adapter:
@@ -334,7 +333,7 @@ class Trainer:
             group["weight_decay"] = config.weight_decay
 
         train_started = time.perf_counter()
-        sums_on_device = self._accumulate_gradients(self._my_share(sequences), config, denominator)
+        sums_on_device = self._accumulate_gradients(sequences, config, denominator)
         metrics.update(self._sum_across_ranks(adapter, sums_on_device))
         sums = _read_sums(sums_on_device)
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
@@ -355,13 +354,6 @@ class Trainer:
             train_s=time.perf_counter() - train_started,
         )
         return StepOutcome(updated=True, metrics=metrics)
-
-    def _my_share(self, sequences: list[TokenizedSequence]) -> list[TokenizedSequence]:
-        """The sequences this rank trains on: all of them alone, its share by token count among ranks."""
-        if self.world_size == 1:
-            return sequences
-        share = split_by_tokens([len(s) for s in sequences], self.world_size)[self.rank]
-        return [sequences[i] for i in share]
 
     def _sum_across_ranks(self, adapter: Adapter, sums: dict[str, torch.Tensor]) -> dict[str, float]:
         """Sum the ranks' gradients and running sums in place: DDP's all-reduce, done once per step.
@@ -387,9 +379,13 @@ class Trainer:
         return {"trainer_ranks": float(self.world_size), "allreduce_s": time.perf_counter() - started}
 
     def _micro_batches(self, sequences: list[TokenizedSequence], max_tokens: int) -> list[list[int] | None]:
-        """This rank's micro-batches (sequence indices); sharded, padded with `None` (an idle pass) up to
-        the most any rank has, since sharded ranks gather each layer together in every pass."""
-        batches: list[list[int] | None] = list(plan_micro_batches([len(s) for s in sequences], max_tokens))
+        """This rank's micro-batches, as indices into `sequences`: all of them alone, its share by token
+        count among ranks. Sharded, padded with `None` (an idle pass) up to the most any rank has,
+        since sharded ranks gather each layer together in every pass."""
+        lengths = [len(s) for s in sequences]
+        share = split_by_tokens(lengths, self.world_size)[self.rank] if self.world_size > 1 else range(len(lengths))
+        planned = plan_micro_batches([lengths[i] for i in share], max_tokens)
+        batches: list[list[int] | None] = [[share[i] for i in batch] for batch in planned]
         if self.sharded:
             most = torch.tensor(len(batches), device=self.device)
             dist.all_reduce(most, op=dist.ReduceOp.MAX)
@@ -486,12 +482,11 @@ class Trainer:
         tokenize_s = time.perf_counter() - started
         self.model.train()
         nll_sum = torch.zeros((), device=self.device)
-        mine = self._my_share(sequences)
-        for indices in self._micro_batches(mine, micro_batch_tokens):
+        for indices in self._micro_batches(sequences, micro_batch_tokens):
             if indices is None:
                 self._idle_pass(with_reference=False)
                 continue
-            batch = collate([mine[i] for i in indices], self.pad_token_id).to(self.device)
+            batch = collate([sequences[i] for i in indices], self.pad_token_id).to(self.device)
             with self._autocast():
                 logprobs_BT, _ = token_logprobs(self.model, batch)
             nll = -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens
