@@ -102,8 +102,9 @@ class TrainConfig(BaseModel):
     When on, the trainer's own detached logprobs are the loss's old policy."""
 
     # batching
-    micro_batch_tokens: int = Field(default=4096, gt=0)
-    """Tokens per forward/backward pass (padded); bounds memory whatever the group sizes."""
+    micro_batch_tokens: int | None = Field(default=None, gt=0)
+    """Tokens per forward/backward pass (padded); bounds memory whatever the group sizes. None: 2,048
+    on a CPU (the fastest measured on 2 cores: activations stay in cache), 16,384 on a GPU."""
     max_judge_failure_rate: float = Field(default=0.5, ge=0, le=1)
     """Raise `JudgeError` when judge failures dropped more than this share of the step's groups
     (always when they dropped all of them); below it the step trains and reports the failures."""
@@ -131,8 +132,8 @@ class SFTConfig(BaseModel):
     """Passes over the demonstrations."""
     batch_size: int = Field(default=8, gt=0)
     """Demonstrations per optimizer step."""
-    micro_batch_tokens: int = Field(default=4096, gt=0)
-    """Tokens per forward/backward pass (padded)."""
+    micro_batch_tokens: int | None = Field(default=None, gt=0)
+    """Tokens per forward/backward pass (padded); None: the trainer's default for its device (see TrainConfig)."""
 
 
 class LoRAConfig(_Frozen):

@@ -770,16 +770,20 @@ def test_delete_checkpoints_keeps_the_best_held_out_checkpoint_by_default(tmp_pa
         asyncio.run(model.delete_checkpoints(best_by="val/nope"))
 
 
-def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path):
+def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path, monkeypatch):
     """No GPU here: the model and batches on `meta` show any tensor made on the CPU by mistake."""
     import torch.fx.experimental._config as fx_config
+    import transformers.masking_utils
 
-    from agentrl.backend.trainer import Trainer, token_logprobs
+    from agentrl.backend.logprobs import token_logprobs
+    from agentrl.backend.trainer import Trainer
     from agentrl.rl.tokenize import TokenizedSequence, collate
 
     trainer = Trainer(base_model_path, device="meta")
     trainer.add_adapter("default", agentrl.LoRAConfig())
     trainer.model.get_base_model().config._attn_implementation = "eager"  # sdpa's mask check reads values
+    # and so does the check for packed rows in the position ids (the trainer's rows are never packed)
+    monkeypatch.setattr(transformers.masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
     sequences = [
         TokenizedSequence(
             [1, 2, 3, 4, 5, 6], [False, False, False, True, True, True], [0, 0, 0, -1.0, -0.5, -0.2], 1.0, 0

@@ -198,7 +198,7 @@ class TrainerRanks:
         return outcome
 
     def sft_step(
-        self, name: str, histories: Sequence[History], *, learning_rate: float, micro_batch_tokens: int
+        self, name: str, histories: Sequence[History], *, learning_rate: float, micro_batch_tokens: int | None
     ) -> StepOutcome:
         outcome: StepOutcome = self._call(
             self._all,

@@ -1,0 +1,114 @@
+"""The trainer's fast paths compute what the plain ones do: the fused LoRA forward against peft's,
+chunked logprobs against full log-softmax, matmul attention against SDPA, and a right-padded batch
+without an attention mask against each sequence alone. Real packaged model, no server."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import agentrl
+from agentrl.backend.attention import SHORT_SEQUENCE
+from agentrl.backend.logprobs import SelectedLogprobs, token_logprobs
+from agentrl.rl.tokenize import TokenizedSequence, collate
+
+
+@pytest.fixture(scope="module")
+def trainer(base_model_path):
+    from agentrl.backend.trainer import Trainer
+
+    trainer = Trainer(base_model_path, seed=0)
+    trainer.add_adapter("default", agentrl.LoRAConfig())
+    torch.manual_seed(1)
+    with torch.no_grad():  # a trained-looking adapter: B is zero when fresh, which would hide the LoRA path
+        for parameter in trainer.adapters["default"].parameters:
+            parameter.normal_(0.0, 0.05)
+    return trainer
+
+
+def sequence(length: int, seed: int) -> TokenizedSequence:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(100, 40_000, (length,), generator=generator).tolist()
+    loss = [i >= length // 3 for i in range(length)]
+    return TokenizedSequence(ids, loss, [-1.0 if m else 0.0 for m in loss], 1.0, 0)
+
+
+def lora_layers(model):
+    from peft.tuners.lora.layer import Linear
+
+    return [m for m in model.modules() if isinstance(m, Linear)]
+
+
+def test_fused_lora_forward_matches_peft_outputs_and_gradients(trainer):
+    layer = lora_layers(trainer.model)[0]
+    assert hasattr(layer, "_peft_forward"), "the trainer did not fuse its LoRA layers"
+    x = torch.randn(3, 17, layer.in_features, dtype=torch.bfloat16)
+    results = []
+    for forward in (layer.forward, layer._peft_forward):
+        layer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = forward(x)
+        (y.float() * torch.linspace(-1, 1, y.shape[-1])).sum().backward()
+        a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        results.append((y.float(), a.grad.clone(), b.grad.clone()))
+    (fused_y, fused_ga, fused_gb), (peft_y, peft_ga, peft_gb) = results
+    assert fused_ga.dtype == torch.float32  # fp32 masters get fp32 gradients
+    scale = peft_y.abs().max()
+    assert (fused_y - peft_y).abs().max() <= 0.02 * scale  # bf16 rounding of differently ordered sums
+    for fused, plain in ((fused_ga, peft_ga), (fused_gb, peft_gb)):
+        assert torch.linalg.norm(fused - plain) <= 0.02 * torch.linalg.norm(plain)
+    with trainer.model.disable_adapter():  # the reference pass: base layer only
+        assert torch.equal(layer(x), layer.base_layer(x))
+
+
+def test_chunked_logprobs_match_full_log_softmax_and_its_gradient():
+    torch.manual_seed(0)
+    hidden_NH = torch.randn(150, 32, requires_grad=True)  # 150 positions: three chunks on a CPU
+    head_VH = torch.randn(1000, 32) * 0.3
+    targets_N = torch.randint(0, 1000, (150,))
+    weights_N = torch.randn(150)
+
+    logprobs_N, entropy_N = SelectedLogprobs.apply(hidden_NH, head_VH, targets_N)
+    (logprobs_N * weights_N).sum().backward()
+    grad_chunked = hidden_NH.grad.clone()
+
+    hidden_NH.grad = None
+    full_NV = torch.log_softmax(hidden_NH @ head_VH.t(), dim=-1)
+    expected_N = full_NV.gather(1, targets_N[:, None]).squeeze(1)
+    (expected_N * weights_N).sum().backward()
+    assert torch.allclose(logprobs_N, expected_N.detach(), atol=1e-5)
+    assert torch.allclose(entropy_N, -(full_NV.exp() * full_NV).sum(-1).detach(), atol=1e-4)
+    assert torch.allclose(grad_chunked, hidden_NH.grad, atol=1e-5)
+    assert not entropy_N.requires_grad
+
+
+@pytest.mark.parametrize("length", [40, SHORT_SEQUENCE + 60], ids=["matmul-attention", "sdpa"])
+def test_padded_batch_without_mask_keeps_pads_out_and_matches_sdpa(trainer, length):
+    """Right padding with causal attention only, on the short-sequence path and the SDPA path: what
+    the pads hold changes no real token's logprob (bit for bit), each sequence scores as it does
+    alone and as transformers' SDPA scores it (up to bf16 rounding of other batch shapes)."""
+    sequences = [sequence(length, 1), sequence(length // 2, 2), sequence(length - 7, 3)]
+    batch = collate(sequences, trainer.pad_token_id)
+    other_pads = collate(sequences, trainer.pad_token_id + 7)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        together_BT, entropy_N = token_logprobs(trainer.model, batch)
+        other_pads_BT, _ = token_logprobs(trainer.model, other_pads)
+        alone = [token_logprobs(trainer.model, collate([s], trainer.pad_token_id))[0] for s in sequences]
+        base = trainer.model.get_base_model()
+        base.set_attn_implementation("sdpa")
+        try:
+            sdpa_BT, _ = token_logprobs(trainer.model, batch)
+        finally:
+            base.set_attn_implementation("agentrl_cpu")
+    mask_BT = batch.loss_mask_BT[:, 1:].bool()
+    assert len(entropy_N) == int(mask_BT.sum())
+    assert torch.equal(together_BT, other_pads_BT)
+
+    def mean_relative_gap(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float(((a - b).abs() / b.abs()).mean())
+
+    for row, single_1T in enumerate(alone):
+        n = single_1T.shape[1]
+        real = mask_BT[row, :n]
+        assert mean_relative_gap(together_BT[row, :n][real], single_1T[0][real]) < 0.01  # measured up to 0.7%
+    assert mean_relative_gap(together_BT[mask_BT], sdpa_BT[mask_BT]) < 0.01
