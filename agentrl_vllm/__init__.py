@@ -1,0 +1,5 @@
+"""Code that runs inside vLLM's own processes, loaded through vLLM's plugin entry points.
+
+Its own top-level package so that vLLM's processes import only this (not agentrl and its
+dependencies). `lora_ops`: grouped CPU LoRA ops.
+"""
