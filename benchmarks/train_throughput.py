@@ -112,7 +112,6 @@ def main() -> None:
         sys.path.insert(0, str(Path(args.tree).resolve()))
     torch.manual_seed(0)
     result = measure(args.steps)
-    sys.path[:] = [p for p in sys.path if not args.tree or Path(p or ".").resolve() != Path(args.tree).resolve()]
     from agentrl.files import write_json_atomic
     from benchmarks.readme import replace_section
     from benchmarks.step_breakdown import cpu_name

@@ -25,6 +25,12 @@ def chunk_positions(device: torch.device) -> int:
     return 64 if device.type == "cpu" else 4096
 
 
+def _chunks(positions: torch.Tensor) -> list[slice]:
+    """Slices over the positions of `positions`, a chunk each (views, no gathered copies)."""
+    size = chunk_positions(positions.device)
+    return [slice(start, start + size) for start in range(0, len(positions), size)]
+
+
 class SelectedLogprobs(torch.autograd.Function):
     """log softmax(hidden @ head^T)[target] per position, and the distribution's entropy (no gradient)."""
 
@@ -33,7 +39,7 @@ class SelectedLogprobs(torch.autograd.Function):
         logprobs_N = hidden_NH.new_empty(targets_N.shape, dtype=torch.float32)
         entropy_N = torch.empty_like(logprobs_N)
         log_normalizer_N = torch.empty_like(logprobs_N)
-        for rows in torch.arange(len(targets_N), device=targets_N.device).split(chunk_positions(targets_N.device)):
+        for rows in _chunks(targets_N):
             logits_CV = (hidden_NH[rows] @ head_VH.t()).float()
             log_normalizer_C = torch.logsumexp(logits_CV, dim=-1)
             probs_CV = torch.exp(logits_CV - log_normalizer_C[:, None])
@@ -48,7 +54,7 @@ class SelectedLogprobs(torch.autograd.Function):
     def backward(ctx: Any, grad_logprobs_N: torch.Tensor, _grad_entropy: torch.Tensor) -> Any:
         hidden_NH, head_VH, targets_N, log_normalizer_N = ctx.saved_tensors
         grad_hidden_NH = torch.empty_like(hidden_NH)
-        for rows in torch.arange(len(targets_N), device=targets_N.device).split(chunk_positions(targets_N.device)):
+        for rows in _chunks(targets_N):
             logits_CV = (hidden_NH[rows] @ head_VH.t()).float()
             # d logprob / d logits = onehot(target) - softmax, scaled by the incoming gradient
             grad_logits_CV = torch.exp(logits_CV - log_normalizer_N[rows, None]).mul_(-grad_logprobs_N[rows, None])

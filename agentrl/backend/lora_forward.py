@@ -37,17 +37,14 @@ def _fused_lora_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -
     return result
 
 
-def fuse_lora_layers(model: torch.nn.Module) -> int:
-    """Give every peft LoRA Linear in `model` the fused forward; returns how many layers it changed.
+def fuse_lora_layers(model: torch.nn.Module) -> None:
+    """Give every peft LoRA Linear in `model` the fused forward.
 
     Idempotent, and it covers adapters added later (they live in the same layers' dicts).
     """
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    changed = 0
     for module in model.modules():
         if type(module) is LoraLinear and not hasattr(module, "_peft_forward"):
             module._peft_forward = module.forward  # type: ignore[assignment]
             module.forward = types.MethodType(_fused_lora_forward, module)  # type: ignore[method-assign]
-            changed += 1
-    return changed
