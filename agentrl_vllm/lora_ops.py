@@ -1,10 +1,12 @@
 """A vLLM plugin: on a CPU, multiply each adapter's tokens by its LoRA weights in one matmul.
 
-vLLM's CPU LoRA ops (`vllm.lora.ops.torch_ops`) gather a copy of the LoRA matrix for every token
-(`weights[indices]`) and contract them one token at a time (`einsum("bi, boi -> bo")`). In a
-rollout phase every token uses the same adapter, so this version groups tokens by adapter index
-and does one matmul per group (one in practice); the results and the post-processing are the
-same. `benchmarks/sampling.py` measures the effect on the adapter's throughput.
+vLLM's CPU LoRA path (`PunicaWrapperCPU` and `vllm.lora.ops.torch_ops`) spreads each sequence's
+adapter index over its tokens again in every layer, gathers a copy of the LoRA matrix for every
+token (`weights[indices]`), casts the activations to float32 and contracts token by token
+(`einsum("bi, boi -> bo")`), two calls per slice of a fused layer. In a rollout phase every token
+uses the same adapter, so this version groups tokens by adapter index, does one matmul per group
+(one in practice) and shrinks all slices at once. It also treats index -1 as "no adapter", as
+vLLM's GPU kernels do. `benchmarks/sampling.py` measures the effect on the adapter's throughput.
 
 Loaded by vLLM in each of its processes through the `vllm.general_plugins` entry point, and active
 only where the environment sets `AGENTRL_VLLM_GROUPED_LORA=1` (agentrl's CPU servers do; set it to
@@ -15,40 +17,60 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 
 ENV = "AGENTRL_VLLM_GROUPED_LORA"
+NO_ADAPTER = -1  # vLLM's index for a request to the base model
+EXPAND_FLOAT32_ROWS = 256  # up to this many tokens (decode batches), float32 expands beat bf16 (~20 us a call)
 logger = logging.getLogger(__name__)
 
 
 def grouped_lora_products(
-    inputs_NI: torch.Tensor, weights: torch.Tensor, indices_N: torch.Tensor, dtype: torch.dtype
+    inputs_NI: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor | int, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """Row n of the result is inputs[n] @ weights[indices[n]]^T, computed one matmul per distinct index.
+    """Row n of the result is inputs[n] @ weights[indices[n]]^T, one matmul per distinct index.
 
-    `weights` is (L, O, I) or (L, 1, O, I); indices index it as Python does (so -1 is the last).
+    `weights` is (L, O, I) or (L, 1, O, I); `indices` is one index for every row or one per row.
+    Index -1 means no adapter (a base-model request): its rows are zero, as in vLLM's GPU kernels;
+    vLLM's CPU ops index with it as Python does and so give those rows the last slot's LoRA. The
+    product runs in `dtype`, by default the weights' (bf16 on agentrl's servers, as the trainer's
+    LoRA does), and the caller casts the small result: vLLM's ops cast the activations to float32
+    first, which cost more than the products themselves.
     """
     weights_LOI = weights.squeeze(1) if weights.dim() == 4 else weights
+    dtype = dtype or weights_LOI.dtype
     inputs_NI = inputs_NI.to(dtype)
-    values = torch.unique(indices_N).tolist()
+    values = [indices] if isinstance(indices, int) else sorted(set(indices.tolist()))
+    if values == [NO_ADAPTER]:
+        return inputs_NI.new_zeros(inputs_NI.shape[0], weights_LOI.shape[1])
     if len(values) == 1:
         return inputs_NI @ weights_LOI[values[0]].to(dtype).t()
-    outputs_NO = inputs_NI.new_empty(inputs_NI.shape[0], weights_LOI.shape[1])
+    assert isinstance(indices, torch.Tensor)
+    outputs_NO = inputs_NI.new_zeros(inputs_NI.shape[0], weights_LOI.shape[1])
     for value in values:
-        rows = (indices_N == value).nonzero().squeeze(1)
-        outputs_NO[rows] = inputs_NI[rows] @ weights_LOI[value].to(dtype).t()
+        if value != NO_ADAPTER:
+            rows = (indices == value).nonzero().squeeze(1)
+            outputs_NO[rows] = inputs_NI[rows] @ weights_LOI[value].to(dtype).t()
     return outputs_NO
+
+
+def token_indices(lora_indices_S: torch.Tensor, seq_len_S: torch.Tensor) -> torch.Tensor | int:
+    """The adapter index of each token from each sequence's, or the one index when all sequences share it
+    (the common case: a rollout phase samples one adapter), which skips vLLM's per-layer repeat_interleave."""
+    values = set(lora_indices_S.tolist())
+    return values.pop() if len(values) == 1 else torch.repeat_interleave(lora_indices_S, seq_len_S)
 
 
 def bgmv_shrink(
     inputs: torch.Tensor,
     lora_a_weights: torch.Tensor,
     output_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor | int,
     scaling: float = 1.0,
 ) -> None:
-    outputs = grouped_lora_products(inputs, lora_a_weights, lora_indices_tensor, output_tensor.dtype)
+    outputs = grouped_lora_products(inputs, lora_a_weights, lora_indices_tensor)
     output_tensor[:, : outputs.shape[1]] = scaling * outputs
 
 
@@ -56,10 +78,10 @@ def bgmv_expand(
     inputs: torch.Tensor,
     lora_b_weights: torch.Tensor,
     output_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor | int,
     add_inputs: bool = True,
 ) -> None:
-    outputs = grouped_lora_products(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    outputs = grouped_lora_products(inputs, lora_b_weights, lora_indices_tensor)
     limit = 1 if outputs.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]
     common = min(outputs.shape[1], output_tensor.shape[1])  # adapter and model may pad differently
     if add_inputs:
@@ -72,16 +94,125 @@ def bgmv_expand_slice(
     inputs: torch.Tensor,
     lora_b_weights: torch.Tensor,
     output_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor | int,
     slice_offset: int,
     slice_size: int,
     add_inputs: bool = True,
 ) -> None:
-    outputs = grouped_lora_products(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    outputs = grouped_lora_products(inputs, lora_b_weights, lora_indices_tensor)
     if add_inputs:
         output_tensor[:, slice_offset : slice_offset + slice_size] += outputs
     else:
         output_tensor[:, slice_offset : slice_offset + slice_size] = outputs
+
+
+# The sequence-wise ("sgmv") ops, which vLLM's CPU wrapper calls for every batch: the same products,
+# with each sequence's adapter index spread over its tokens only when the sequences differ.
+
+
+def sgmv_shrink(
+    inputs: torch.Tensor,
+    lora_a_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    b_seq_start_loc: torch.Tensor,
+    seq_len_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    batches: int,
+    max_seq_length: int,
+    token_nums: int,
+    scaling: float,
+) -> None:
+    indices = token_indices(lora_indices_tensor, seq_len_tensor)
+    bgmv_shrink(inputs, lora_a_weights, output_tensor, indices, scaling)
+
+
+def sgmv_expand(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    b_seq_start_loc: torch.Tensor,
+    seq_len_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    batches: int,
+    max_seq_length: int,
+    token_nums: int,
+    add_inputs: bool = False,
+) -> None:
+    indices = token_indices(lora_indices_tensor, seq_len_tensor)
+    bgmv_expand(inputs, lora_b_weights, output_tensor, indices, add_inputs)
+
+
+def sgmv_expand_slice(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    b_seq_start_loc: torch.Tensor,
+    seq_len_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    batches: int,
+    max_seq_length: int,
+    token_nums: int,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = False,
+) -> None:
+    indices = token_indices(lora_indices_tensor, seq_len_tensor)
+    bgmv_expand_slice(inputs, lora_b_weights, output_tensor, indices, slice_offset, slice_size, add_inputs)
+
+
+def adapter_indices(wrapper: Any) -> torch.Tensor | int | None:
+    """Each token's adapter index in the wrapper's current batch: one number when they share one (the
+    common case), None when no token uses an adapter."""
+    if wrapper.is_prefill:
+        _, lengths_S, lora_S, *_ = wrapper.prefill_metadata
+        indices = None if wrapper.no_lora else token_indices(lora_S, lengths_S)
+    else:
+        tokens_N = wrapper.token_lora_indices
+        values = set(tokens_N.tolist())
+        indices = values.pop() if len(values) == 1 else tokens_N
+    return None if isinstance(indices, int) and indices == NO_ADAPTER else indices
+
+
+def add_lora_linear(
+    wrapper: Any,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: tuple[torch.Tensor, ...],
+    lora_b_stacked: tuple[torch.Tensor, ...],
+    scale: float,
+    output_slices: tuple[int, ...],
+    **kwargs: Any,
+) -> None:
+    """y[:, slice] += x @ A^T @ B^T * scale for every slice of a fused layer (q, k, v or gate, up).
+
+    Replaces PunicaWrapperCPU's method, which walks ten Python frames and two small matmuls per
+    slice: here every slice's A shrinks x in one matmul (bf16), and each slice expands in float32
+    for decode-sized batches, where small bf16 matmuls cost ~20 us a call on this CPU.
+    """
+    indices = adapter_indices(wrapper)
+    if indices is None:
+        return
+    x_NI, y_NO = x.view(-1, x.shape[-1]), y.view(-1, y.shape[-1])
+    a_LRI = torch.cat(lora_a_stacked, dim=-2) if len(lora_a_stacked) > 1 else lora_a_stacked[0]
+    expand_dtype = torch.float32 if x_NI.shape[0] <= EXPAND_FLOAT32_ROWS else y_NO.dtype
+    shrunk_NR = grouped_lora_products(x_NI, a_LRI, indices).to(expand_dtype).mul_(scale)
+    rank_offset, output_offset = 0, 0
+    for a, b, size in zip(lora_a_stacked, lora_b_stacked, output_slices, strict=True):
+        rank = a.shape[-2]
+        y_NO[:, output_offset : output_offset + size] += grouped_lora_products(
+            shrunk_NR[:, rank_offset : rank_offset + rank], b, indices, expand_dtype
+        )
+        rank_offset, output_offset = rank_offset + rank, output_offset + size
+
+
+OPS = {
+    "bgmv_shrink": bgmv_shrink,
+    "bgmv_expand": bgmv_expand,
+    "bgmv_expand_slice": bgmv_expand_slice,
+    "sgmv_shrink": sgmv_shrink,
+    "sgmv_expand": sgmv_expand,
+    "sgmv_expand_slice": sgmv_expand_slice,
+}
 
 
 def register() -> None:
@@ -96,11 +227,8 @@ def register() -> None:
         logger.warning("agentrl: vLLM's CPU LoRA ops not found (%s); using vLLM's", error)
         return
     for module in (lora_ops, torch_ops, punica_cpu):
-        for name, function in (
-            ("bgmv_shrink", bgmv_shrink),
-            ("bgmv_expand", bgmv_expand),
-            ("bgmv_expand_slice", bgmv_expand_slice),
-        ):
+        for name, function in OPS.items():
             if hasattr(module, name):
                 setattr(module, name, function)
+    punica_cpu.PunicaWrapperCPU.add_lora_linear = add_lora_linear  # type: ignore[method-assign,assignment]
     logger.warning("agentrl: grouped CPU LoRA ops in use (%s=1)", ENV)

@@ -1,6 +1,7 @@
 """The grouped CPU LoRA ops (agentrl_vllm.lora_ops) give what vLLM's own torch ops give, for one
-adapter, several, "no adapter" (index -1), and each op's output handling; the plugin is off unless
-its environment variable is set, and swaps the ops in when it is."""
+adapter, several, and each op's output handling, except that "no adapter" (index -1) adds nothing
+where vLLM's CPU ops add the last slot's LoRA; the whole-layer method matches vLLM's wrapper; the
+plugin is off unless its environment variable is set, and swaps the ops in when it is."""
 
 from __future__ import annotations
 
@@ -10,14 +11,23 @@ import torch
 pytest.importorskip("vllm")
 
 from vllm.lora.ops.torch_ops import lora_ops as vllm_ops  # noqa: E402
+from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU  # noqa: E402
 
 import agentrl_vllm.lora_ops as grouped  # noqa: E402
 
 VLLM_SHRINK, VLLM_EXPAND, VLLM_EXPAND_SLICE = vllm_ops.bgmv_shrink, vllm_ops.bgmv_expand, vllm_ops.bgmv_expand_slice
+VLLM_SEQUENCE_OPS = {name: getattr(vllm_ops, name) for name in ("sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")}
+VLLM_ADD_LORA_LINEAR = PunicaWrapperCPU.add_lora_linear
+
+
+def with_zero_slot(stacked: torch.Tensor) -> torch.Tensor:
+    """vLLM's stacked LoRA weights plus an all-zero last slot, where vLLM's CPU ops send index -1: the
+    reference for "no adapter"."""
+    return torch.cat([stacked, torch.zeros_like(stacked[:1])])
 
 
 def test_the_reference_is_vllms_own_code():
-    for op in (VLLM_SHRINK, VLLM_EXPAND, VLLM_EXPAND_SLICE):
+    for op in (VLLM_SHRINK, VLLM_EXPAND, VLLM_EXPAND_SLICE, *VLLM_SEQUENCE_OPS.values()):
         assert op.__module__ == "vllm.lora.ops.torch_ops.lora_ops"
 
 
@@ -34,22 +44,102 @@ def test_grouped_ops_match_vllms(indices, dtype):
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 5e-2}
 
     expected, got = torch.zeros(len(indices), 8), torch.zeros(len(indices), 8)
-    VLLM_SHRINK(x_NI, a, expected, indices_N, 0.5)
+    VLLM_SHRINK(x_NI, with_zero_slot(a), expected, indices_N, 0.5)
     grouped.bgmv_shrink(x_NI, a, got, indices_N, 0.5)
     torch.testing.assert_close(got, expected, **tolerance)
 
     base = torch.randn(len(indices), 40, dtype=dtype)
     for add_inputs in (True, False):
         expected_out, got_out = base.clone(), base.clone()
-        VLLM_EXPAND(expected, b, expected_out, indices_N, add_inputs)
+        VLLM_EXPAND(expected, with_zero_slot(b), expected_out, indices_N, add_inputs)
         grouped.bgmv_expand(expected, b, got_out, indices_N, add_inputs)
         torch.testing.assert_close(got_out, expected_out, **tolerance)
 
         wide = torch.randn(len(indices), 100, dtype=dtype)
         expected_wide, got_wide = wide.clone(), wide.clone()
-        VLLM_EXPAND_SLICE(expected, b, expected_wide, indices_N, 30, 40, add_inputs)
+        VLLM_EXPAND_SLICE(expected, with_zero_slot(b), expected_wide, indices_N, 30, 40, add_inputs)
         grouped.bgmv_expand_slice(expected, b, got_wide, indices_N, 30, 40, add_inputs)
         torch.testing.assert_close(got_wide, expected_wide, **tolerance)
+
+
+@pytest.mark.parametrize("sequence_indices", [[1, 1, 1], [0, 2, 1], [-1, 1, 1]], ids=["shared", "mixed", "no-lora"])
+def test_sequence_ops_match_vllms(sequence_indices):
+    """The sgmv ops vLLM's CPU wrapper calls for each batch: each sequence's index covers its tokens."""
+    torch.manual_seed(2)
+    lengths_S, lora_S = torch.tensor([3, 1, 4]), torch.tensor(sequence_indices)
+    metadata = (torch.tensor([0, 3, 4]), lengths_S, lora_S, 3, 4, 8)  # starts, lengths, indices, batches, max, tokens
+    x_NI, a, b = torch.randn(8, 48, dtype=torch.bfloat16), torch.randn(3, 1, 8, 48), torch.randn(3, 1, 40, 8)
+    a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    tolerance = {"rtol": 2e-2, "atol": 5e-2}
+    expected, got = torch.zeros(8, 8), torch.zeros(8, 8)
+    VLLM_SEQUENCE_OPS["sgmv_shrink"](x_NI, with_zero_slot(a), expected, *metadata, 0.5)
+    grouped.sgmv_shrink(x_NI, a, got, *metadata, 0.5)
+    torch.testing.assert_close(got, expected, **tolerance)
+    base = torch.randn(8, 100, dtype=torch.bfloat16)
+    for add_inputs in (True, False):
+        expected_out, got_out = base[:, :40].clone(), base[:, :40].clone()
+        VLLM_SEQUENCE_OPS["sgmv_expand"](expected, with_zero_slot(b), expected_out, *metadata, add_inputs)
+        grouped.sgmv_expand(expected, b, got_out, *metadata, add_inputs)
+        torch.testing.assert_close(got_out, expected_out, **tolerance)
+        expected_wide, got_wide = base.clone(), base.clone()
+        VLLM_SEQUENCE_OPS["sgmv_expand_slice"](
+            expected, with_zero_slot(b), expected_wide, *metadata, 30, 40, add_inputs
+        )
+        grouped.sgmv_expand_slice(expected, b, got_wide, *metadata, 30, 40, add_inputs)
+        torch.testing.assert_close(got_wide, expected_wide, **tolerance)
+    indices = grouped.token_indices(lora_S, lengths_S)  # one shared index stays one number: no per-token copy
+    if len(set(sequence_indices)) == 1:
+        assert indices == sequence_indices[0]
+    else:
+        assert isinstance(indices, torch.Tensor) and indices.tolist() == lora_S.repeat_interleave(lengths_S).tolist()
+
+
+def test_no_adapter_adds_nothing_where_vllms_cpu_op_adds_the_last_slot():
+    torch.manual_seed(3)
+    indices_N = torch.tensor([0, -1])
+    x_NI, a = torch.randn(2, 48), torch.randn(2, 1, 8, 48)
+    vllms, ours = torch.zeros(2, 8), torch.zeros(2, 8)
+    VLLM_SHRINK(x_NI, a, vllms, indices_N, 1.0)
+    grouped.bgmv_shrink(x_NI, a, ours, indices_N, 1.0)
+    torch.testing.assert_close(vllms[1], x_NI[1] @ a[1, 0].t())  # the base-model row got adapter 1
+    assert ours[1].abs().max() == 0
+    torch.testing.assert_close(ours[0], vllms[0])
+
+
+def wrapper_for(token_adapters: list[int]) -> PunicaWrapperCPU:
+    """vLLM's CPU punica wrapper with a batch's metadata set as vLLM sets it (one entry per token)."""
+    wrapper = PunicaWrapperCPU(max_num_batched_tokens=512, max_batches=64, device="cpu")
+    wrapper._token_lora_indices[: len(token_adapters)] = torch.tensor(token_adapters)
+    wrapper.indices_len = [len(token_adapters)] * 4
+    wrapper._update_prefill_metadata(wrapper.token_lora_indices)
+    wrapper.is_prefill = True
+    return wrapper
+
+
+@pytest.mark.parametrize(
+    "token_adapters",
+    [[1] * 7, [1] * 300, [0, 0, 1, 1, 1, -1, 0], [-1] * 5],
+    ids=["shared-decode", "shared-prefill", "mixed", "none"],
+)
+def test_the_whole_layer_method_matches_vllms_wrapper(token_adapters):
+    """A fused q/k/v layer (three slices of different widths), bf16 as agentrl serves it."""
+    torch.manual_seed(4)
+    count, slices = len(token_adapters), (40, 16, 16)
+    a = tuple(torch.randn(3, 1, 8, 48, dtype=torch.bfloat16) for _ in slices)
+    b = tuple(torch.randn(3, 1, width, 8, dtype=torch.bfloat16) for width in slices)
+    x_NI, base_NO = torch.randn(count, 48, dtype=torch.bfloat16), torch.randn(count, 72, dtype=torch.bfloat16)
+    expected, got = base_NO.clone(), base_NO.clone()
+    vllm_wrapper, our_wrapper = wrapper_for(token_adapters), wrapper_for(token_adapters)
+    VLLM_ADD_LORA_LINEAR(
+        vllm_wrapper, expected, x_NI, tuple(map(with_zero_slot, a)), tuple(map(with_zero_slot, b)), 0.5, slices
+    )
+    grouped.add_lora_linear(our_wrapper, got, x_NI, a, b, 0.5, slices)
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=0.25)  # products of ~50 bf16 terms
+    assert not torch.equal(got, base_NO) or set(token_adapters) == {-1}  # the LoRA was applied
+    our_wrapper.is_prefill = False  # the decode path reads the per-token indices instead
+    decoded = base_NO.clone()
+    grouped.add_lora_linear(our_wrapper, decoded, x_NI, a, b, 0.5, slices)
+    torch.testing.assert_close(decoded, got)
 
 
 def test_one_row_expands_into_the_first_row_only_as_vllm_does():
@@ -66,11 +156,15 @@ def test_the_plugin_is_off_without_its_variable_and_swaps_the_ops_with_it(monkey
     from vllm.lora.punica_wrapper import punica_cpu
 
     for module in (vllm_ops, torch_ops, punica_cpu):  # undone after the test
-        for name in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice"):
-            monkeypatch.setattr(module, name, getattr(module, name))
+        for name in grouped.OPS:
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, getattr(module, name))
+    monkeypatch.setattr(PunicaWrapperCPU, "add_lora_linear", VLLM_ADD_LORA_LINEAR)
     monkeypatch.delenv(grouped.ENV, raising=False)
     grouped.register()
     assert punica_cpu.bgmv_shrink is VLLM_SHRINK
     monkeypatch.setenv(grouped.ENV, "1")
     grouped.register()
     assert punica_cpu.bgmv_shrink is grouped.bgmv_shrink and vllm_ops.bgmv_expand is grouped.bgmv_expand
+    assert punica_cpu.sgmv_expand_slice is grouped.sgmv_expand_slice
+    assert PunicaWrapperCPU.add_lora_linear is grouped.add_lora_linear  # what vLLM's LoRA layers call
