@@ -1,8 +1,11 @@
 """agentrl: train LLM agents with reinforcement learning (GRPO + LoRA), on a laptop CPU or a GPU."""
 
+from importlib import metadata as _metadata
+
 from agentrl.backend.local import LocalBackend
 from agentrl.backend.protocol import Backend
 from agentrl.backend.remote import RemoteBackend
+from agentrl.capture import capture_trajectory, current_trajectory
 from agentrl.config import (
     CISPOLoss,
     DROLoss,
@@ -32,6 +35,11 @@ from agentrl.model import Model, TrainableModel, TrainResult
 from agentrl.pipeline import train_pipelined
 from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
 from agentrl.weave_tracing import disable_weave, enable_weave, traced
+
+try:
+    __version__ = _metadata.version("agentrl")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0.0.0+unknown"
 
 # Judges load litellm (2.5 s to import): they are loaded on first use, not with `import agentrl`.
 _LAZY = {
@@ -89,6 +97,8 @@ __all__ = [
     "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",
+    "capture_trajectory",
+    "current_trajectory",
     "disable_weave",
     "enable_weave",
     "gather_trajectories",

@@ -8,12 +8,14 @@ agentrl show PROJECT/NAME         a run's metrics per step, and where its transc
 agentrl serve PROJECT/NAME [--step N]   an OpenAI-compatible endpoint with that checkpoint
 agentrl backend serve [--host H] [--port P]   a backend service for `RemoteBackend` (train from another host)
 agentrl doctor                    check the installation and say what to fix
+agentrl --version                 the installed version
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,32 @@ from agentrl.runs import RunInfo, find_runs, resolve_run
 from agentrl.stop_signals import handle_stop_signals
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train LLM agents with reinforcement learning.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from agentrl import __version__
+
+        typer.echo(f"agentrl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="print the version"),
+) -> None:
+    """Train LLM agents with reinforcement learning."""
+
+
+def _show_library_messages() -> None:
+    """agentrl's INFO messages (where the server and run folder are, what each step did) on stderr."""
+    logger = logging.getLogger("agentrl")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def _entry(env: str) -> EnvironmentCommands:
@@ -295,6 +323,7 @@ def _installed(metadata, distribution: str) -> bool:
 
 def main() -> None:
     handle_stop_signals()
+    _show_library_messages()
     app(prog_name="agentrl")
 
 

@@ -16,10 +16,12 @@ logprobs survive).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
+import time
 import traceback
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Iterator
 from typing import Annotated, Any
 
 from openai.types.chat.chat_completion import Choice
@@ -150,6 +152,34 @@ class Trajectory(History):
         if isinstance(value, dict):
             return {k: float(v) if isinstance(v, bool) else v for k, v in value.items()}
         return value
+
+    _started_s: float = PrivateAttr(default_factory=time.monotonic)
+
+    def __eq__(self, other: object) -> bool:
+        # Equal when their data are (pydantic would also compare the private start time, which no copy keeps).
+        if not isinstance(other, Trajectory):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    def log(self, message: str) -> None:
+        """Keep a free-text note with the trajectory (shown with its transcript)."""
+        self.logs = [*self.logs, str(message)]
+
+    @contextlib.contextmanager
+    def track_duration(self, name: str) -> Iterator[None]:
+        """Add the seconds the block takes to `metrics[f"{name}_duration_s"]` (summed over blocks)."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            key = f"{name}_duration_s"
+            self.metrics = {**self.metrics, key: self.metrics.get(key, 0.0) + time.monotonic() - started}
+
+    def finish(self) -> Trajectory:
+        """Record the rollout's wall time since this trajectory was made in `metrics["duration_s"]`;
+        returns the trajectory, so a rollout can end with `return trajectory.finish()`."""
+        self.metrics = {**self.metrics, "duration_s": time.monotonic() - self._started_s}
+        return self
 
     def histories(self) -> list[History]:
         """The main conversation followed by the additional ones."""

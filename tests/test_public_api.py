@@ -34,6 +34,8 @@ EXPECTED = {
     "TrainingError",
     "Trajectory",
     "TrajectoryGroup",
+    "capture_trajectory",
+    "current_trajectory",
     "gather_trajectories",
     "gather_trajectory_groups",
     "train_pipelined",

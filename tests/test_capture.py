@@ -1,0 +1,112 @@
+"""Automatic trajectory capture: completions made through the gateway by any client become the trajectory.
+
+Fast tier: how calls are stitched into conversations. Real server: a LangGraph agent (LangChain's own
+OpenAI client, never told about trajectories) is captured, and its turns train on the exact tokens sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import agentrl
+from agentrl.capture import capture_trajectory, current_trajectory, record_completion
+from agentrl.gateway.store import fill_sampled_tokens
+from agentrl.rl.tokenize import tokenize_history
+
+
+def answer(text: str, completion_id: str, tool_calls: list[dict] | None = None) -> dict:
+    """A chat completion as the gateway returns it (its choices carry `completion_id`)."""
+    message = {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}
+    return {"id": completion_id, "choices": [{"index": 0, "message": message, "finish_reason": "stop",
+                                              "completion_id": completion_id}]}  # fmt: skip
+
+
+def test_calls_that_continue_a_conversation_extend_it_and_others_start_a_new_history():
+    trajectory = agentrl.Trajectory()
+    user = {"role": "user", "content": "What is 2+2?"}
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 2}'}}
+    record_completion(trajectory, {"messages": [user], "tools": [{"type": "function"}]}, answer("", "a", [call]))
+    # The framework sends the turn back with its arguments re-serialised and an empty content as None.
+    echoed = {"role": "assistant", "content": None, "tool_calls": [
+        {**call, "function": {"name": "add", "arguments": '{"b": 2, "a": 2}'}}]}  # fmt: skip
+    tool = {"role": "tool", "tool_call_id": "c1", "content": "4"}
+    record_completion(trajectory, {"messages": [user, echoed, tool], "tools": [{"type": "function"}]}, answer("4", "b"))
+    record_completion(trajectory, {"messages": [{"role": "user", "content": "Summarise."}]}, answer("ok", "c"))
+
+    assert [m["role"] if isinstance(m, dict) else "choice" for m in trajectory.messages_and_choices] == [
+        "user", "choice", "tool", "choice"]  # fmt: skip
+    assert trajectory.tools == [{"type": "function"}]
+    assert [c.model_extra["completion_id"] for c in trajectory.choices()] == ["a", "b"]
+    (summary,) = trajectory.additional_histories  # not a continuation (other messages, no tools)
+    assert summary.choices()[0].message.content == "ok" and summary.tools is None
+
+
+async def test_concurrent_captures_each_get_their_own_trajectory():
+    async def rollout(name: str) -> agentrl.Trajectory:
+        with capture_trajectory() as trajectory:
+            await asyncio.sleep(0.01)
+            captured = current_trajectory()
+            assert captured is trajectory
+            record_completion(captured, {"messages": [{"role": "user", "content": name}]}, answer(name, name))
+        return trajectory
+
+    first, second = await asyncio.gather(rollout("x"), rollout("y"))
+    assert first.messages_and_choices[0]["content"] == "x" and second.messages_and_choices[0]["content"] == "y"
+    assert current_trajectory() is None
+
+
+@pytest.mark.slow
+async def test_a_langgraph_agent_is_captured_and_trains_on_the_exact_sampled_tokens(served_model):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    graph_module = pytest.importorskip("langgraph.graph")
+    from langchain_core.messages import HumanMessage
+
+    endpoint = served_model.backend.endpoint(served_model)  # the gateway's URL and key
+    llm = langchain_openai.ChatOpenAI(
+        model=served_model.inference_name,
+        base_url=endpoint.base_url,
+        api_key=endpoint.api_key,
+        max_tokens=12,
+        temperature=1.0,
+    )
+
+    async def draft(state: dict) -> dict:
+        return {"messages": [await llm.ainvoke(state["messages"])]}
+
+    async def shorten(state: dict) -> dict:
+        follow_up = HumanMessage("Now say it in three words.")
+        return {"messages": [follow_up, await llm.ainvoke([*state["messages"], follow_up])]}
+
+    builder = graph_module.StateGraph(graph_module.MessagesState)
+    builder.add_node("draft", draft)
+    builder.add_node("shorten", shorten)
+    builder.add_edge(graph_module.START, "draft")
+    builder.add_edge("draft", "shorten")
+    builder.add_edge("shorten", graph_module.END)
+    agent = builder.compile()
+
+    async def rollout(reward: float) -> agentrl.Trajectory:
+        with capture_trajectory() as trajectory:
+            await agent.ainvoke({"messages": [HumanMessage("Name a colour.")]})
+        trajectory.reward = reward
+        return trajectory
+
+    trajectories = await asyncio.gather(rollout(0.0), rollout(1.0))
+    for trajectory in trajectories:  # one conversation: user, answer, follow-up, answer
+        assert [m["role"] if isinstance(m, dict) else "choice" for m in trajectory.messages_and_choices] == [
+            "user", "choice", "user", "choice"]  # fmt: skip
+        assert not trajectory.additional_histories
+
+    backend = served_model._backend
+    (group,) = fill_sampled_tokens([agentrl.TrajectoryGroup(trajectories)], backend.gateway.store)
+    for trajectory in group.trajectories:
+        sequence = tokenize_history(trajectory, backend.trainer.tokenizer)
+        sampled = [token for choice in trajectory.choices() for token in choice.model_extra["token_ids"]]
+        assert len(sampled) > 0
+        assert [t for t, m in zip(sequence.input_ids_T, sequence.loss_mask_T) if m] == sampled
+
+    step = await served_model.get_step()
+    result = await served_model.train([agentrl.TrajectoryGroup(trajectories)], agentrl.TrainConfig(learning_rate=1e-5))
+    assert not result.skipped and result.step == step + 1
