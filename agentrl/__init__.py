@@ -5,6 +5,7 @@ from importlib import metadata as _metadata
 from agentrl.backend.local import LocalBackend
 from agentrl.backend.protocol import Backend
 from agentrl.backend.remote import RemoteBackend
+from agentrl.call_helpers import limit_concurrency, retry
 from agentrl.capture import capture_trajectory, current_trajectory
 from agentrl.config import (
     CISPOLoss,
@@ -17,6 +18,7 @@ from agentrl.config import (
     SFTConfig,
     TrainConfig,
 )
+from agentrl.dataset import DatasetBatch, iterate_dataset
 from agentrl.errors import (
     AgentRLError,
     CheckpointError,
@@ -99,6 +101,10 @@ __all__ = [
     "TrajectoryGroup",
     "capture_trajectory",
     "current_trajectory",
+    "DatasetBatch",
+    "iterate_dataset",
+    "limit_concurrency",
+    "retry",
     "disable_weave",
     "enable_weave",
     "gather_trajectories",

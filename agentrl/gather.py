@@ -58,20 +58,27 @@ class ExceptionBudget:
 
 
 class _Progress:
-    """One tqdm bar over all rollouts, showing the running mean reward and failures."""
+    """One tqdm bar over all rollouts, showing the running mean reward, of every metric, and failures."""
 
     def __init__(self, total: int, desc: str, enabled: bool) -> None:
         self.bar = tqdm(total=total, desc=desc, disable=not enabled, unit="rollout")
         self.rewards: list[float] = []
+        self.metric_values: dict[str, list[float]] = {}
         self.exceptions = 0
 
-    def update(self, reward: float | None) -> None:
-        if reward is None:
+    def update(self, trajectory: Trajectory | None) -> None:
+        if trajectory is None:
             self.exceptions += 1
         else:
-            self.rewards.append(reward)
+            self.rewards.append(trajectory.reward)
+            for name, value in trajectory.metrics.items():
+                self.metric_values.setdefault(name, []).append(value)
         mean, _ = reward_stats(self.rewards)
-        self.bar.set_postfix(reward=f"{mean:.3f}", exceptions=self.exceptions, refresh=False)
+        postfix = {"reward": f"{mean:.3f}"}
+        for name, values in sorted(self.metric_values.items()):
+            postfix.setdefault(name, f"{sum(values) / len(values):.3g}")
+        postfix["exceptions"] = str(self.exceptions)
+        self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(1)
 
 
@@ -99,7 +106,7 @@ async def _run_rollouts(
                     f"{type(failures[0]).__name__}: {failures[0]}"
                 ) from failures[0]
             return error
-        progress.update(trajectory.reward)
+        progress.update(trajectory)
         return trajectory
 
     async def run_group(group_index: int, group: TrajectoryGroup) -> TrajectoryGroup | None:
@@ -112,6 +119,8 @@ async def _run_rollouts(
                 *(RolloutException.from_exception(r) for r in results if not isinstance(r, Trajectory)),
             ],
             metadata=group.metadata,
+            metrics=group.metrics,
+            logs=group.logs,
         )
         return resolved if after_each is None else await after_each(resolved)
 

@@ -47,6 +47,9 @@ class Model(BaseModel):
     """API key for the endpoint (None: the provider's environment variable); never shown in reprs or logs."""
     litellm_provider: str = "openai"
     """litellm route prefix for this endpoint: "openai", "hosted_vllm", "anthropic", ..."""
+    config: Any = None
+    """Your own settings for this model's rollouts (a pydantic model or dict): kept with the model, never
+    read by agentrl, so a rollout gets them from `model.config` (typed when you pass a typed object)."""
 
     _clients: dict[tuple[int, str | None], openai.AsyncOpenAI] = PrivateAttr(default_factory=dict)
 

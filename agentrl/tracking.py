@@ -168,6 +168,21 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     return summary
 
 
+def with_art_names(metrics: dict[str, float], groups: list[TrajectoryGroup]) -> dict[str, float]:
+    """`metrics` plus the names ART users chart: reward, reward_std_dev, exception_rate (failed rollouts
+    over all rollouts of these groups)."""
+    named = dict(metrics)
+    if "reward_mean" in metrics:
+        named.setdefault("reward", metrics["reward_mean"])
+    if "reward_std" in metrics:
+        named.setdefault("reward_std_dev", metrics["reward_std"])
+    failed = sum(len(g.exceptions) for g in groups)
+    attempted = failed + sum(len(g.trajectories) for g in groups)
+    if attempted:
+        named.setdefault("exception_rate", failed / attempted)
+    return named
+
+
 def record_step(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup], metrics: dict[str, float]) -> None:
     """Everything a step leaves in the run folder: metrics line, trajectories, transcript, plot."""
     append_metrics(run_dir, {"step": step, "split": split, **metrics})

@@ -217,6 +217,10 @@ class TrajectoryGroup(BaseModel):
     """What the failed rollouts raised."""
     metadata: dict[str, Scalar] = Field(default_factory=dict)
     """Scalars about the scenario (its id, split)."""
+    metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
+    """Numbers about the group as a whole (a judge's cost, its agreement); saved with the group."""
+    logs: list[str] = Field(default_factory=list)
+    """Free-text notes about the group (a judge's explanation); saved with the group."""
 
     _pending: list[Awaitable[Trajectory]] = PrivateAttr(default_factory=list)
 

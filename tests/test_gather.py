@@ -92,3 +92,12 @@ async def test_a_rollout_that_returns_the_wrong_type_counts_as_a_failure():
 async def test_gather_trajectories_without_groups():
     trajectories = await gather_trajectories((rollout(r) for r in (0.2, 0.4)), show_progress=False)
     assert [t.reward for t in trajectories] == [0.2, 0.4]
+
+
+async def test_the_bar_shows_the_running_mean_of_every_metric(capsys):
+    async def measured(turns: float) -> Trajectory:
+        return Trajectory(reward=turns / 10, metrics={"turns": turns})
+
+    await gather_trajectory_groups([TrajectoryGroup(measured(t) for t in (1.0, 2.0, 3.0))], desc="demo")
+    shown = capsys.readouterr().err
+    assert "turns=2" in shown and "reward=0.200" in shown and "exceptions=0" in shown

@@ -112,3 +112,13 @@ def test_padded_batch_without_mask_keeps_pads_out_and_matches_sdpa(trainer, leng
         real = mask_BT[row, :n]
         assert mean_relative_gap(together_BT[row, :n][real], single_1T[0][real]) < 0.01  # measured up to 0.7%
     assert mean_relative_gap(together_BT[mask_BT], sdpa_BT[mask_BT]) < 0.01
+
+
+def test_a_training_step_shows_its_micro_batches_and_running_loss(trainer, tokenizer, capsys):
+    from tests.helpers import synthetic_groups
+
+    groups = synthetic_groups(tokenizer, seed=3, size=2, max_words=8)
+    outcome = trainer.train_step("default", groups, agentrl.TrainConfig(learning_rate=1e-6, micro_batch_tokens=32))
+    shown = capsys.readouterr().err
+    assert "train step" in shown and "micro-batch" in shown and "loss=" in shown
+    assert outcome is not None

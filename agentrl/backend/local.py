@@ -38,7 +38,7 @@ from agentrl.gateway.serve import Gateway
 from agentrl.gateway.store import fill_sampled_tokens
 from agentrl.model import TrainResult
 from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
-from agentrl.tracking import DEFAULT_BEST_BY, best_step, record_step, summarize
+from agentrl.tracking import DEFAULT_BEST_BY, best_step, record_step, summarize, with_art_names
 from agentrl.wandb_metrics import WandbMetrics, wandb_requested
 
 if TYPE_CHECKING:
@@ -456,7 +456,8 @@ class LocalBackend:
         skipped: bool | None = None,
     ) -> None:
         """One step's record in the run folder (and in W&B when it is on)."""
-        record = metrics if skipped is None else {"skipped": skipped, **metrics}
+        named = with_art_names(metrics, groups)
+        record = named if skipped is None else {"skipped": skipped, **named}
         await asyncio.to_thread(record_step, session.model.run_dir, step, split, groups, record)
         if session.wandb is not None:
             await asyncio.to_thread(session.wandb.log, step, split, record)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from agentrl.backend.attention import use_cpu_attention
 from agentrl.backend.logprobs import token_logprobs
@@ -77,7 +78,7 @@ SUM_NAMES = ("loss", "clipped", "kl_penalty", "entropy", "sampler_minus_trainer"
 
 
 def _read_sums(sums: dict[str, torch.Tensor]) -> dict[str, float]:
-    """The step's running sums as floats: one device-to-host read per step, not per micro-batch."""
+    """The step's running sums as floats, read from the device in one transfer."""
     return dict(zip(sums, torch.stack(list(sums.values())).float().tolist(), strict=True))
 
 
@@ -425,9 +426,13 @@ class Trainer:
         sums = {name: torch.zeros((), device=self.device) for name in SUM_NAMES}
         self.model.train()
         autocast = self._autocast()
-        for indices in self._micro_batches(sequences, config.micro_batch_tokens):
+        micro_batches = self._micro_batches(sequences, config.micro_batch_tokens)
+        # Rank 0's bar: micro-batches done and the running loss (one small device read per micro-batch).
+        bar = tqdm(total=len(micro_batches), desc="train step", unit="micro-batch", leave=False, disable=self.rank != 0)
+        for indices in micro_batches:
             if indices is None:
                 self._idle_pass(with_reference=config.kl_coef > 0)
+                bar.update(1)
                 continue
             batch = collate([sequences[i] for i in indices], self.pad_token_id).to(self.device)
             mask_BT = batch.loss_mask_BT[:, 1:]
@@ -458,6 +463,10 @@ class Trainer:
             sums["entropy"] += entropy_N.sum()
             sums["sampler_minus_trainer"] += gap_BT.sum()
             sums["sampler_minus_trainer_sq"] += gap_BT.square().sum()
+            if not bar.disable and self.device.type != "meta":  # a meta device has no values to show
+                bar.set_postfix(loss=f"{sums['loss'].item():.4f}", refresh=False)
+            bar.update(1)
+        bar.close()
         return sums
 
     def sft_step(

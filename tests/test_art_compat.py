@@ -1,0 +1,215 @@
+"""agentrl.art: code written the way ART documents it runs after changing its imports.
+
+Fast tier: each ART name maps to agentrl's (keywords, defaults, semantics, clear errors). Real server:
+an ART-style training script (register, gather, RULER with a local judge, train in both of ART's forms,
+SFT, log, delete_checkpoints by ART's metric name) runs unchanged but for its imports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import BaseModel
+
+import agentrl
+import agentrl.art as art
+from agentrl.art.utils import iterate_dataset, limit_concurrency
+from agentrl.art.utils.litellm import convert_litellm_choice_to_openai
+from agentrl.tracking import with_art_names
+
+
+class EmailConfig(BaseModel):
+    max_turns: int = 4
+
+
+def test_train_config_takes_arts_defaults_and_beta_is_the_kl_coefficient():
+    assert art.TrainConfig().learning_rate == 5e-6 and art.TrainConfig().kl_coef == 0.0
+    config = art.TrainConfig(learning_rate=1e-5, beta=0.04)
+    assert isinstance(config, agentrl.TrainConfig) and config.kl_coef == 0.04 and config.beta == 0.04
+
+
+def test_arts_dev_config_maps_onto_agentrls_fields_and_unknown_keys_say_what_to_use():
+    config = art.with_dev_config(art.TrainConfig(), {"scale_rewards": False, "epsilon": 0.1, "epsilon_high": 0.3})
+    assert config.scale_advantages_by_std is False
+    assert isinstance(config.loss, agentrl.PPOLoss) and (config.loss.clip_low, config.loss.clip_high) == (0.1, 0.3)
+    assert isinstance(art.with_dev_config(config, {"importance_sampling_level": "sequence"}).loss, agentrl.GSPOLoss)
+    with pytest.raises(agentrl.ConfigurationError, match=r"\['precalculate_logprobs'\].*agentrl.TrainConfig"):
+        art.with_dev_config(config, {"precalculate_logprobs": True})
+
+
+def test_models_take_arts_keywords_accessors_and_a_typed_config():
+    judge = art.Model[EmailConfig](
+        name="judge",
+        project="p",
+        inference_model_name="gpt-x",
+        inference_base_url="http://127.0.0.1:9/v1",
+        inference_api_key="sk-test",
+        config=EmailConfig(max_turns=7),
+    )
+    assert judge.get_inference_name() == "gpt-x" and not judge.trainable
+    assert judge.inference_base_url == "http://127.0.0.1:9/v1" and judge.inference_api_key == "sk-test"
+    assert judge.litellm_completion_params() == {
+        "model": "openai/gpt-x", "api_base": "http://127.0.0.1:9/v1", "api_key": "sk-test"}  # fmt: skip
+    assert judge.config.max_turns == 7  # the user's own typed settings, kept as given
+    agent = art.TrainableModel(name="agent", project="p", base_model="smollm2-135m-instruct", config=EmailConfig())
+    assert agent.trainable and agent.get_inference_name() == "agent@0"
+    with pytest.raises(ValueError, match="LoRAConfig"):  # a pydantic ValidationError, with our message
+        art.TrainableModel(name="a", project="p", _internal_config={"engine_args": {}})
+    with pytest.raises(agentrl.AgentRLError, match="register"):
+        _ = agent.inference_base_url  # no backend yet: says what to do
+
+
+def test_arts_metric_names_map_to_agentrls_and_are_recorded_beside_them():
+    assert art.agentrl_metric("val/reward") == "val/reward_mean"
+    assert art.agentrl_metric("train/reward_std_dev") == "train/reward_std"
+    assert art.agentrl_metric("val/accuracy") == "val/accuracy"
+    group = agentrl.TrajectoryGroup([agentrl.Trajectory(reward=1.0)] * 3, exceptions=[
+        agentrl.RolloutException.from_exception(ValueError("x"))])  # fmt: skip
+    named = with_art_names({"reward_mean": 1.0, "reward_std": 0.0}, [group])
+    assert named["reward"] == 1.0 and named["reward_std_dev"] == 0.0 and named["exception_rate"] == 0.25
+
+
+async def test_gather_takes_arts_max_exceptions_as_a_count_or_a_fraction():
+    async def rollout(fail: bool) -> agentrl.Trajectory:
+        if fail:
+            raise ValueError("tool crashed")
+        return agentrl.Trajectory(reward=1.0)
+
+    def groups():
+        return [art.TrajectoryGroup(rollout(i == 0) for i in range(4))]
+
+    (kept,) = await art.gather_trajectory_groups(groups(), pbar_desc=None, max_exceptions=0.25)
+    assert len(kept.trajectories) == 3 and len(kept.exceptions) == 1
+    (kept,) = await art.gather_trajectory_groups(groups(), pbar_desc="gather", max_exceptions=1)
+    assert len(kept.exceptions) == 1
+    with pytest.raises(agentrl.RolloutError):  # ART's default: no exception allowed
+        await art.gather_trajectory_groups(groups(), pbar_desc=None)
+
+
+async def test_utils_take_arts_keywords():
+    batches = list(iterate_dataset(list(range(6)), groups_per_step=4, num_epochs=2, initial_step=1, use_tqdm=False))
+    assert [(b.step, b.epoch, b.epoch_step) for b in batches] == [(1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    running = peak = 0
+
+    @limit_concurrency(2)
+    async def search(query: str) -> str:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        return query
+
+    await asyncio.gather(*(search(str(i)) for i in range(5)))
+    assert peak == 2
+    with pytest.raises(agentrl.ConfigurationError, match="derive_key"):
+        limit_concurrency(2, derive_key=lambda query: query)
+
+    attempts = []
+
+    @art.retry(max_attempts=2, min_delay=0.01, max_delay=0.01)
+    async def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise TimeoutError
+        return "ok"
+
+    assert await flaky() == "ok" and len(attempts) == 2
+
+
+def test_rewards_are_agentrls_ruler():
+    import agentrl.art.rewards as rewards
+    from agentrl.judges import ruler, ruler_score_group
+
+    assert rewards.ruler_score_group is ruler_score_group and rewards.ruler is ruler
+
+
+def test_a_litellm_choice_converts_to_the_openai_choice_a_trajectory_keeps():
+    from litellm.types.utils import Choices, Message
+
+    choice = Choices(index=0, finish_reason="stop", message=Message(role="assistant", content="hi"))
+    converted = convert_litellm_choice_to_openai(choice)
+    assert converted.message.content == "hi" and converted.finish_reason == "stop"
+    trajectory = art.Trajectory(messages_and_choices=[{"role": "user", "content": "hey"}, converted])
+    assert trajectory.messages()[-1] == {"role": "assistant", "content": "hi"}
+
+
+async def test_auto_trajectory_exists_only_inside_a_capture():
+    assert art.auto_trajectory() is None
+    with pytest.raises(agentrl.ConfigurationError, match="capture_auto_trajectory"):
+        art.auto_trajectory(required=True)
+
+    async def agent() -> None:
+        art.auto_trajectory(required=True).reward = 0.5
+
+    trajectory = await art.capture_auto_trajectory(agent())
+    assert trajectory.reward == 0.5 and art.auto_trajectory() is None
+
+
+@pytest.mark.slow
+async def test_an_art_style_training_script_runs_on_the_real_server(tmp_path, served_model):
+    """Written as ART's docs write it; only the imports name agentrl. (`served_model` only to run in the
+    slow tier beside the shared server; this script starts its own backend, as an ART user's would.)"""
+    from agentrl.art.local import LocalBackend
+    from agentrl.art.rewards import ruler_score_group
+    from agentrl.tracking import read_metrics
+
+    @art.retry(max_attempts=2, min_delay=0.1, max_delay=0.1)
+    async def rollout(model: art.TrainableModel, scenario: dict, attempt: int = 0) -> art.Trajectory:
+        trajectory = art.Trajectory(
+            messages_and_choices=[{"role": "user", "content": scenario["question"]}],
+            metadata={"scenario_id": scenario["id"]},
+            reward=0,
+        )
+        with trajectory.track_duration("llm"):
+            completion = await model.openai_client().chat.completions.create(
+                model=model.get_inference_name(), messages=trajectory.messages(), max_tokens=model.config.max_turns * 4
+            )
+        trajectory.messages_and_choices.append(completion.choices[0])
+        # A toy reward that always differs within a group (the attempt number), so every step trains.
+        trajectory.reward = attempt / 2 + min(len(completion.choices[0].message.content or "") / 400, 0.1)
+        trajectory.log(f"answered {scenario['id']}")
+        return trajectory.finish()
+
+    backend = LocalBackend(path=str(tmp_path / ".art"))
+    model = art.TrainableModel[EmailConfig](
+        name="art-style", project="compat", base_model="smollm2-135m-instruct", config=EmailConfig()
+    )
+    scenarios = [{"id": i, "question": q} for i, q in enumerate(["Name a colour.", "Say hi.", "Count to 3.", "Why?"])]
+    try:
+        await model.register(backend)
+        assert model.run_dir.is_relative_to(tmp_path / ".art")  # LocalBackend(path=...) holds the runs
+        assert model.inference_base_url.startswith("http://127.0.0.1") and model.inference_api_key
+        steps = []
+        for batch in iterate_dataset(scenarios, groups_per_step=2, initial_step=await model.get_step(), use_tqdm=False):
+            groups = await art.gather_trajectory_groups(
+                (art.TrajectoryGroup(rollout(model, s, attempt) for attempt in range(3)) for s in batch.items),
+                pbar_desc="gather",
+                max_exceptions=0.5,
+            )
+            if batch.step == 0:  # RULER with a local judge, then ART's model.train(config=..., _config=...)
+                judged = await ruler_score_group(
+                    groups[0], backend.base_model(), extra_litellm_params={"max_tokens": 600}, swallow_exceptions=True
+                )
+                groups[0] = judged if judged is not None else groups[0]
+                result = await model.train(
+                    groups, config=art.TrainConfig(learning_rate=1e-5), _config={"scale_rewards": True}
+                )
+            else:  # ART 0.5's form: the backend trains the model
+                result = await backend.train(model, groups, learning_rate=1e-5)
+            steps.append((result.step, result.skipped))
+        assert steps == [(1, False), (2, False)], steps  # both of ART's train forms trained a step
+        sft = await model.train_sft([art.History(messages_and_choices=[
+            {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}])], agentrl.SFTConfig(epochs=1))  # fmt: skip
+        assert sft.step == 3 and await model.get_step() == 3
+        await model.log([await rollout(model, scenarios[0]), await rollout(model, scenarios[1])], split="val")
+        deleted = await model.delete_checkpoints(best_checkpoint_metric="val/reward")
+        records = read_metrics(model.run_dir)
+        trained = [r for r in records if r["split"] == "train" and not r.get("skipped")]
+        assert trained and all({"reward", "reward_std_dev", "exception_rate"} <= set(r) for r in trained)
+        assert trained[0]["reward"] == trained[0]["reward_mean"]
+        served = await model.get_step()
+        assert served not in deleted and all(step < served for step in deleted)  # the served step stays
+    finally:
+        await backend.close()
