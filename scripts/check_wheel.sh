@@ -22,5 +22,5 @@ cd "$work"  # away from the source tree: only the installed wheel can be importe
 version=$("$work/user/bin/python" -c 'import agentrl, agentrl.art, environments.email_agent.env; print(agentrl.__version__)')
 [ "$("$work/user/bin/agentrl" --version)" = "agentrl $version" ]
 "$work/user/bin/agentrl" doctor
-"$work/user/bin/agentrl" train --help | grep -q "larger-number"
+help=$("$work/user/bin/agentrl" train --help) && grep -q "larger-number" <<<"$help"  # the environments registered by the wheel
 echo "[check_wheel] ok: agentrl $version installed from its wheel into a fresh virtualenv"
