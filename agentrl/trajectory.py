@@ -16,12 +16,11 @@ logprobs survive).
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 import time
 import traceback
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Awaitable, Iterable
 from typing import Annotated, Any
 
 from openai.types.chat.chat_completion import Choice
@@ -165,25 +164,40 @@ class Trajectory(History):
         """Keep a free-text note with the trajectory (shown with its transcript)."""
         self.logs = [*self.logs, str(message)]
 
-    @contextlib.contextmanager
-    def track_duration(self, name: str) -> Iterator[None]:
-        """Add the seconds the block takes to `metrics[f"{name}_duration_s"]` (summed over blocks)."""
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            key = f"{name}_duration_s"
-            self.metrics = {**self.metrics, key: self.metrics.get(key, 0.0) + time.monotonic() - started}
+    def track_duration(self, name: str) -> _DurationTracker:
+        """Add the seconds a block takes to `metrics[f"{name}_duration"]` (summed over blocks, ART's name);
+        use it as `with` or `async with`."""
+        return _DurationTracker(self, f"{name}_duration")
 
     def finish(self) -> Trajectory:
-        """Record the rollout's wall time since this trajectory was made in `metrics["duration_s"]`;
+        """Record the seconds since this trajectory was made in `metrics["duration"]` (ART's name);
         returns the trajectory, so a rollout can end with `return trajectory.finish()`."""
-        self.metrics = {**self.metrics, "duration_s": time.monotonic() - self._started_s}
+        self.metrics = {**self.metrics, "duration": time.monotonic() - self._started_s}
         return self
 
     def histories(self) -> list[History]:
         """The main conversation followed by the additional ones."""
         return [History(messages_and_choices=self.messages_and_choices, tools=self.tools), *self.additional_histories]
+
+
+class _DurationTracker:
+    """The block timer behind `Trajectory.track_duration`, for `with` and `async with` alike."""
+
+    def __init__(self, trajectory: Trajectory, key: str) -> None:
+        self.trajectory, self.key = trajectory, key
+
+    def __enter__(self) -> None:
+        self.started = time.monotonic()
+
+    def __exit__(self, *exc_info: object) -> None:
+        metrics = self.trajectory.metrics
+        self.trajectory.metrics = {**metrics, self.key: metrics.get(self.key, 0.0) + time.monotonic() - self.started}
+
+    async def __aenter__(self) -> None:
+        self.__enter__()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__(*exc_info)
 
 
 class RolloutException(BaseModel):

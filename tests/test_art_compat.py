@@ -86,6 +86,12 @@ async def test_gather_takes_arts_max_exceptions_as_a_count_or_a_fraction():
     with pytest.raises(agentrl.RolloutError):  # ART's default: no exception allowed
         await art.gather_trajectory_groups(groups(), pbar_desc=None)
 
+    async def split(group: art.TrajectoryGroup) -> list[art.TrajectoryGroup]:  # ART's after_each may return a list
+        return [art.TrajectoryGroup(group.trajectories[:1]), art.TrajectoryGroup(group.trajectories[1:])]
+
+    kept = await art.gather_trajectory_groups(groups(), pbar_desc=None, max_exceptions=1, after_each=split)
+    assert [len(g.trajectories) for g in kept] == [1, 2]
+
 
 async def test_utils_take_arts_keywords():
     batches = list(iterate_dataset(list(range(6)), groups_per_step=4, num_epochs=2, initial_step=1, use_tqdm=False))
@@ -162,7 +168,7 @@ async def test_an_art_style_training_script_runs_on_the_real_server(tmp_path, se
             metadata={"scenario_id": scenario["id"]},
             reward=0,
         )
-        with trajectory.track_duration("llm"):
+        async with trajectory.track_duration("llm"):
             completion = await model.openai_client().chat.completions.create(
                 model=model.get_inference_name(), messages=trajectory.messages(), max_tokens=model.config.max_turns * 4
             )

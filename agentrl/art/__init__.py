@@ -22,7 +22,7 @@ import agentrl
 from agentrl.capture import capture_trajectory, current_trajectory
 from agentrl.config import GSPOLoss, PPOLoss
 from agentrl.errors import ConfigurationError
-from agentrl.gather import AfterEach, gather_trajectories
+from agentrl.gather import gather_trajectories
 from agentrl.trajectory import History, Trajectory, TrajectoryGroup
 
 __all__ = [
@@ -216,18 +216,30 @@ async def gather_trajectory_groups(
     pbar_total_completion_tokens: bool = True,
     max_exceptions: int | float = 0,
     max_metrics: int | None = None,
-    after_each: AfterEach | None = None,
+    after_each: Callable[[TrajectoryGroup], Awaitable[Any]] | None = None,
 ) -> list[TrajectoryGroup]:
-    """ART's gather: `max_exceptions` is a count (int) or a fraction of the rollouts (a float below 1)."""
+    """ART's gather: `max_exceptions` is a count (int) or a fraction of the rollouts (a float below 1);
+    `after_each` may return a group, None (drop it) or a list of groups (all kept)."""
     fraction = isinstance(max_exceptions, float) and 0 < max_exceptions < 1
-    return await agentrl.gather_trajectory_groups(
+    more: list[TrajectoryGroup] = []
+
+    async def each(group: TrajectoryGroup) -> TrajectoryGroup | None:
+        assert after_each is not None
+        result: Any = await after_each(group)
+        if isinstance(result, list):
+            more.extend(result[1:])
+            return result[0] if result else None
+        return result  # type: ignore[no-any-return]
+
+    gathered = await agentrl.gather_trajectory_groups(
         groups,
         max_exceptions=None if fraction else int(max_exceptions),
         max_exception_rate=float(max_exceptions) if fraction else None,
-        after_each=after_each,
+        after_each=each if after_each is not None else None,
         desc=pbar_desc or "gather",
         show_progress=pbar_desc is not None,
     )
+    return [*gathered, *more]
 
 
 def retry(
