@@ -30,7 +30,9 @@ def test_train_config_takes_arts_defaults_and_beta_is_the_kl_coefficient():
 
 
 def test_arts_dev_config_maps_onto_agentrls_fields_and_unknown_keys_say_what_to_use():
-    config = art.with_dev_config(art.TrainConfig(), {"scale_rewards": False, "epsilon": 0.1, "epsilon_high": 0.3})
+    assert set(art.dev.TrainConfig.__annotations__) == set(art.DEV_CONFIG_KEYS)  # every key ART users pass
+    dev = art.dev.TrainConfig(scale_rewards=False, epsilon=0.1, epsilon_high=0.3)
+    config = art.with_dev_config(art.TrainConfig(), dev)
     assert config.scale_advantages_by_std is False
     assert isinstance(config.loss, agentrl.PPOLoss) and (config.loss.clip_low, config.loss.clip_high) == (0.1, 0.3)
     assert isinstance(art.with_dev_config(config, {"importance_sampling_level": "sequence"}).loss, agentrl.GSPOLoss)
@@ -200,7 +202,7 @@ async def test_an_art_style_training_script_runs_on_the_real_server(tmp_path, se
                 )
                 groups[0] = judged if judged is not None else groups[0]
                 result = await model.train(
-                    groups, config=art.TrainConfig(learning_rate=1e-5), _config={"scale_rewards": True}
+                    groups, config=art.TrainConfig(learning_rate=1e-5), _config=art.dev.TrainConfig(scale_rewards=True)
                 )
             else:  # ART 0.5's form: the backend trains the model
                 result = await backend.train(model, groups, learning_rate=1e-5)

@@ -25,7 +25,10 @@ from agentrl.errors import ConfigurationError
 from agentrl.gather import gather_trajectories
 from agentrl.trajectory import History, Trajectory, TrajectoryGroup
 
+from . import dev  # `art.dev.TrainConfig`, as ART users reach it
+
 __all__ = [
+    "dev",
     "Model",
     "TrainableModel",
     "TrainConfig",
