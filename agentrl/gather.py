@@ -112,15 +112,12 @@ async def _run_rollouts(
     async def run_group(group_index: int, group: TrajectoryGroup) -> TrajectoryGroup | None:
         label = f"group {group_index}" + (f" ({group.metadata})" if group.metadata else "")
         results = await asyncio.gather(*(run_one(r, f"{label}, rollout {i}") for i, r in enumerate(group.pending)))
-        resolved = TrajectoryGroup(
+        resolved = group.with_results(
             [*group.trajectories, *(r for r in results if isinstance(r, Trajectory))],
             exceptions=[
                 *group.exceptions,
                 *(RolloutException.from_exception(r) for r in results if not isinstance(r, Trajectory)),
             ],
-            metadata=group.metadata,
-            metrics=group.metrics,
-            logs=group.logs,
         )
         return resolved if after_each is None else await after_each(resolved)
 

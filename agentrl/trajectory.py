@@ -247,6 +247,19 @@ class TrajectoryGroup(BaseModel):
         super().__init__(trajectories=[t for t in items if not inspect.isawaitable(t)], **data)
         self._pending = [t for t in items if inspect.isawaitable(t)]
 
+    def with_results(
+        self, trajectories: Iterable[Trajectory], exceptions: list[RolloutException] | None = None
+    ) -> TrajectoryGroup:
+        """A resolved group for the same scenario: these trajectories (and exceptions, by default this
+        group's), with this group's metadata, metrics and logs kept."""
+        return TrajectoryGroup(
+            trajectories,
+            exceptions=self.exceptions if exceptions is None else exceptions,
+            metadata=self.metadata,
+            metrics=self.metrics,
+            logs=self.logs,
+        )
+
     @property
     def pending(self) -> list[Awaitable[Trajectory]]:
         """Awaitables not yet run; `gather_trajectory_groups` runs them."""

@@ -56,11 +56,17 @@ def grouped_lora_products(
     return outputs_NO
 
 
+def collapsed(indices: torch.Tensor) -> torch.Tensor | int:
+    """The one value of `indices` when every entry holds it (one adapter serves the batch), else `indices`."""
+    values = set(indices.tolist())
+    return values.pop() if len(values) == 1 else indices
+
+
 def token_indices(lora_indices_S: torch.Tensor, seq_len_S: torch.Tensor) -> torch.Tensor | int:
     """The adapter index of each token from each sequence's, or the one index when all sequences share it
     (the common case: a rollout phase samples one adapter), which skips vLLM's per-layer repeat_interleave."""
-    values = set(lora_indices_S.tolist())
-    return values.pop() if len(values) == 1 else torch.repeat_interleave(lora_indices_S, seq_len_S)
+    shared = collapsed(lora_indices_S)
+    return shared if isinstance(shared, int) else torch.repeat_interleave(lora_indices_S, seq_len_S)
 
 
 def bgmv_shrink(
@@ -167,9 +173,7 @@ def adapter_indices(wrapper: Any) -> torch.Tensor | int | None:
         _, lengths_S, lora_S, *_ = wrapper.prefill_metadata
         indices = None if wrapper.no_lora else token_indices(lora_S, lengths_S)
     else:
-        tokens_N = wrapper.token_lora_indices
-        values = set(tokens_N.tolist())
-        indices = values.pop() if len(values) == 1 else tokens_N
+        indices = collapsed(wrapper.token_lora_indices)
     return None if isinstance(indices, int) and indices == NO_ADAPTER else indices
 
 

@@ -101,3 +101,10 @@ async def test_the_bar_shows_the_running_mean_of_every_metric(capsys):
     await gather_trajectory_groups([TrajectoryGroup(measured(t) for t in (1.0, 2.0, 3.0))], desc="demo")
     shown = capsys.readouterr().err
     assert "turns=2" in shown and "reward=0.200" in shown and "exceptions=0" in shown
+
+
+async def test_a_gathered_group_keeps_its_metadata_metrics_and_logs():
+    group = TrajectoryGroup([rollout(1.0), rollout(0.0)], metadata={"scenario": 3}, metrics={"cost": 0.5}, logs=["x"])
+    (gathered,) = await gather_trajectory_groups([group], show_progress=False)
+    assert (gathered.metadata, gathered.metrics, gathered.logs) == ({"scenario": 3}, {"cost": 0.5}, ["x"])
+    assert sorted(gathered.rewards) == [0.0, 1.0] and not gathered.pending

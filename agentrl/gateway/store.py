@@ -193,9 +193,7 @@ def _filled_group(group: TrajectoryGroup, store: SampledStore) -> TrajectoryGrou
         trajectories.append(
             trajectory.model_copy(update={"messages_and_choices": items, "additional_histories": extra})
         )
-    return TrajectoryGroup(
-        trajectories, exceptions=group.exceptions, metadata=group.metadata, metrics=group.metrics, logs=group.logs
-    )
+    return group.with_results(trajectories)
 
 
 def _needs_lookup(choice: Choice) -> bool:

@@ -197,9 +197,7 @@ async def ruler_score_group(
             raise
         logger.warning("RULER failed for a group of %d; dropping the group: %s", len(group.trajectories), error)
         failure = RolloutException.from_exception(error)
-        return TrajectoryGroup(
-            [], exceptions=[*group.exceptions, failure], metadata=group.metadata, metrics=group.metrics, logs=group.logs
-        )
+        return group.with_results([], exceptions=[*group.exceptions, failure])
     judged = []
     for trajectory, score, explanation in zip(group.trajectories, result.scores, result.explanations):
         judged.append(
@@ -218,6 +216,4 @@ async def ruler_score_group(
                 },
             )
         )
-    return TrajectoryGroup(
-        judged, exceptions=group.exceptions, metadata=group.metadata, metrics=group.metrics, logs=group.logs
-    )
+    return group.with_results(judged)
