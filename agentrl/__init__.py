@@ -47,8 +47,10 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
 _LAZY = {
     name: "agentrl.judges"
     for name in (
+        "JudgeCheckReport",
         "JudgeLimiter",
         "RubricTask",
+        "check_judge",
         "judge_rubrics",
         "load_rubric_tasks",
         "rubric_rollout",

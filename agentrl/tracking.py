@@ -6,7 +6,8 @@ A run folder ({base_path}/{project}/{name}) holds:
   `load_trajectories`;
 - `transcripts/{split}-{step:04d}.html`: the same trajectories as a page to read in a browser (no
   server): messages, tool calls and results, reward and metrics, grouped by scenario;
-- `reward.png`: training and evaluation reward per step, redrawn after every step.
+- `reward.png`: training and evaluation reward per step, redrawn after every step; where a judge gave
+  the reward, the independent reward too, with steps flagged where the judge's rose while it fell.
 Every file is written to a temporary name and renamed into place, so a crash never leaves half a file.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
 import time
 import uuid
@@ -24,6 +26,8 @@ from openai.types.chat.chat_completion import Choice
 
 from agentrl.files import append_line, read_lines, write_text_atomic
 from agentrl.trajectory import Trajectory, TrajectoryGroup, reward_stats
+
+logger = logging.getLogger(__name__)
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
@@ -130,8 +134,31 @@ def write_transcript(run_dir: Path, step: int, split: str, groups: list[Trajecto
     return path
 
 
+HACKING_MIN_CHANGE = 0.01
+"""Changes smaller than this (either way) between steps are noise, not a trend, for the hacking flag."""
+
+
+def reward_hacking_steps(records: list[dict[str, Any]]) -> list[int]:
+    """Train steps where the judge's reward rose while the independent (verifiable) one fell, from the
+    previous recorded step: the judge is being pleased by something other than the task."""
+    points = sorted(
+        (r["step"], r["reward_mean"], r["independent_reward"])
+        for r in records
+        if r.get("split") == "train"
+        and not r.get("skipped")  # a skipped step trained nothing; its rewards are the same policy's again
+        and isinstance(r.get("reward_mean"), (int, float))
+        and isinstance(r.get("independent_reward"), (int, float))
+    )
+    return [
+        step
+        for (_, judge_before, independent_before), (step, judge, independent) in zip(points, points[1:])
+        if judge - judge_before > HACKING_MIN_CHANGE and independent_before - independent > HACKING_MIN_CHANGE
+    ]
+
+
 def plot_rewards(run_dir: Path) -> Path:
-    """Draw reward.png from metrics.jsonl: mean reward per step for each split."""
+    """Draw reward.png from metrics.jsonl: mean reward per step for each split; where a judge gave the
+    reward, the independent reward beside it, and a red mark on each step flagged by `reward_hacking_steps`."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
@@ -144,6 +171,31 @@ def plot_rewards(run_dir: Path) -> Path:
     for split in sorted({r["split"] for r in records}):
         points = sorted((r["step"], r["reward_mean"]) for r in records if r["split"] == split)
         axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=split)
+        independent = sorted(
+            (r["step"], r["independent_reward"])
+            for r in records
+            if r["split"] == split and isinstance(r.get("independent_reward"), (int, float))
+        )
+        if independent:
+            axes.plot(
+                [p[0] for p in independent],
+                [p[1] for p in independent],
+                linestyle="--",
+                marker=".",
+                label=f"{split} independent_reward",
+            )
+    flagged = reward_hacking_steps(records)
+    judged = {r["step"]: r["reward_mean"] for r in records if r["split"] == "train"}
+    if flagged:
+        axes.scatter(
+            flagged,
+            [judged[s] for s in flagged],
+            s=140,
+            facecolors="none",
+            edgecolors="red",
+            zorder=5,
+            label="judge up, independent down",
+        )
     axes.set_xlabel("step")
     axes.set_ylabel("mean reward")
     axes.set_title(Path(run_dir).name)
@@ -186,6 +238,12 @@ def with_art_names(metrics: dict[str, float], groups: list[TrajectoryGroup]) -> 
 def record_step(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup], metrics: dict[str, float]) -> None:
     """Everything a step leaves in the run folder: metrics line, trajectories, transcript, plot."""
     append_metrics(run_dir, {"step": step, "split": split, **metrics})
+    if split == "train" and "independent_reward" in metrics and step in reward_hacking_steps(read_metrics(run_dir)):
+        logger.warning(
+            "step %d: the judge's reward rose while independent_reward fell (reward hacking?): read %s",
+            step,
+            Path(run_dir) / "transcripts" / f"{split}-{step:04d}.html",
+        )
     if groups:
         write_trajectories(run_dir, step, split, groups)
         write_transcript(run_dir, step, split, groups)

@@ -9,16 +9,25 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import agentrl
 from agentrl.gather import AfterEach
 from agentrl.tracking import summarize
+
+if TYPE_CHECKING:
+    from agentrl.judges.call import JudgeModel
 
 OFF_POLICY_TIS = 2.0
 """Truncated importance sampling for pipelined runs: an off-policy turn's weight is capped at 2x."""
 MakeGroups = Callable[[agentrl.TrainableModel, int], Iterable[agentrl.TrajectoryGroup]]
 Evaluate = Callable[[agentrl.Model], Awaitable[list[agentrl.Trajectory]]]
 WarmStart = Callable[[agentrl.TrainableModel], Awaitable[None]]
+
+
+def judge_for(model: agentrl.TrainableModel, judge: str | None) -> JudgeModel:
+    """A litellm model id as given, or the untrained base model on `model`'s own server (once registered)."""
+    return judge or model.backend.base_model()
 
 
 @dataclass(frozen=True)

@@ -23,4 +23,8 @@ version=$("$work/user/bin/python" -c 'import agentrl, agentrl.art, environments.
 [ "$("$work/user/bin/agentrl" --version)" = "agentrl $version" ]
 "$work/user/bin/agentrl" doctor
 help=$("$work/user/bin/agentrl" train --help) && grep -q "larger-number" <<<"$help"  # the environments registered by the wheel
+grep -q "rubric" <<<"$help"
+# the rubric environment's task files ship inside the wheel
+"$work/user/bin/python" -c 'from environments.rubric.env import load_tasks; assert len(load_tasks(split="train")) == 240'
+help=$("$work/user/bin/agentrl" judge check --help) && grep -q "permutations" <<<"$help"
 echo "[check_wheel] ok: agentrl $version installed from its wheel into a fresh virtualenv"

@@ -8,6 +8,8 @@ the queue is empty it answers well. A good answer fills whatever JSON schema the
 from __future__ import annotations
 
 import json
+import random
+import re
 import threading
 import time
 from collections import deque
@@ -27,11 +29,27 @@ BEHAVIOURS = {
 }
 
 
+SCORE_MODES = {
+    "fixed": "every trajectory gets good_score",
+    "random": "uniform in [0, 1]: a judge that guesses",
+    "position": "1.0 for the first trajectory in the prompt, falling to 0 for the last: pure position bias",
+    "oracle": "the number after 'quality=' in the trajectory's text: a judge that sees the truth",
+}
+
+
+def _trajectory_texts(request: dict[str, Any]) -> list[str]:
+    prompt = request["messages"][-1]["content"]
+    return re.findall(r'<trajectory id="trajectory_\d+">(.*?)</trajectory>', prompt, flags=re.S)
+
+
 class FakeOpenAI:
-    def __init__(self, *, good_score: float = 0.5, delay_s: float = 0.0) -> None:
+    def __init__(self, *, good_score: float = 0.5, delay_s: float = 0.0, score_mode: str = "fixed") -> None:
         self.queue: deque[str] = deque()
         self.requests: list[dict[str, Any]] = []
         self.good_score = good_score
+        assert score_mode in SCORE_MODES, score_mode
+        self.score_mode = score_mode
+        self._times_seen: dict[str, int] = {}  # random mode: draws keyed by prompt and repeat, not arrival order
         self.verdict: str | None = None  # "Yes"/"No" for every rubric; None: Yes for rubrics 1 and 3
         self.delay_s = delay_s
         self.in_flight = 0
@@ -64,15 +82,30 @@ class FakeOpenAI:
             keys = keys[:-1]
         if behaviour == "extra_one":
             keys = [*keys, "trajectory_99" if keys[0].startswith("trajectory") else "rubric_99"]
-        score = {"out_of_range": 1.7, "slightly_over": 1.0000004}.get(behaviour, self.good_score)
+        scores = self._scores(request, keys)
+        score = {"out_of_range": 1.7, "slightly_over": 1.0000004}.get(behaviour)
         body = {
-            k: {"explanation": f"judged {k}", "score": score}
+            k: {"explanation": f"judged {k}", "score": score if score is not None else scores[i]}
             if k.startswith("trajectory")
             else {"rationale": f"checked {k}", "verdict": self.verdict or ("Yes" if k.endswith(("1", "3")) else "No")}
-            for k in keys
+            for i, k in enumerate(keys)
         }
         text = json.dumps(body)
         return f"```json\n{text}\n```" if behaviour == "fenced" else text
+
+    def _scores(self, request: dict[str, Any], keys: list[str]) -> list[float]:
+        if self.score_mode == "random":
+            prompt = json.dumps(request["messages"], sort_keys=True)
+            with self._lock:
+                seen = self._times_seen[prompt] = self._times_seen.get(prompt, 0) + 1
+            rng = random.Random(f"{prompt}|{seen}")  # the same guesses whatever order concurrent calls arrive in
+            return [rng.random() for _ in keys]
+        if self.score_mode == "position":
+            return [1 - i / max(len(keys) - 1, 1) for i in range(len(keys))]
+        if self.score_mode == "oracle":
+            found = [re.search(r"quality=(\d+(?:\.\d+)?)", text) for text in _trajectory_texts(request)]
+            return [float(m.group(1)) if m else 0.0 for m in found]
+        return [self.good_score] * len(keys)
 
     def _handler(self):
         fake = self

@@ -7,7 +7,8 @@ import agentrl
 from environments.email_agent.env import PRESETS as EMAIL_PRESETS
 from environments.email_agent.env import EmailEnvironment, demonstration, evaluate, grade_answer
 from environments.email_agent.env import rollout as email_rollout
-from environments.email_agent.train import judge_for, ruler_rewards
+from environments.email_agent.train import ruler_rewards
+from environments.training import judge_for
 from environments.twenty_forty_eight.env import PRESETS as GAME_PRESETS
 from environments.twenty_forty_eight.env import rollout as game_rollout
 from environments.twenty_forty_eight.env import scenarios as game_scenarios

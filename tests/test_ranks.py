@@ -52,7 +52,10 @@ def two_ranks(base_model_path, request):
 @pytest.mark.slow
 def test_two_ranks_apply_the_update_one_rank_applies(base_model_path, tokenizer, two_ranks, tmp_path):
     """Same seed, same groups, two steps: the LoRA after each step equals one rank's up to the order
-    of fp32 sums (measured: 4e-9 and 1e-8 of the update's norm), and both ranks hold identical weights.
+    of fp32 sums, and both ranks hold identical weights. Measured, as a share of the update's norm: 4e-9
+    and 1e-8 under bf16 autocast; 8e-7 and 5e-5 in float32 (a CPU without bf16), where AdamW divides
+    each element by its own gradient, so the summation noise on near-zero gradients (LoRA A's, with
+    B one step from zero) reaches the update at up to 6% of those few elements (571 of 2.4M).
 
     Each rank has one of the two cores, so one rank runs with one thread too: CPU bf16 kernels round
     differently with another thread count (measured: grad norm 0.4% apart with two threads).
@@ -103,7 +106,8 @@ def _compare_one_and_two_ranks(base_model_path, tokenizer, two_ranks, tmp_path):
         update_two = torch.cat([(rank0[k] - start[k]).flatten() for k in expected])
         assert update_one.norm() > 0
         relative = float((update_two - update_one).norm() / update_one.norm())
-        assert relative < 1e-6, f"step {step}: the 2-rank update differs from 1 rank's by {relative:.2%}"
+        tolerance = 1e-6 if one.bf16 else 1e-3  # a wrong gradient moves the update by a large fraction
+        assert relative < tolerance, f"step {step}: the 2-rank update differs from 1 rank's by {relative:.2e}"
         start = expected
 
     # Rank 0 writes the checkpoint; one rank loads it and holds the ranks' weights; the ranks load it back.

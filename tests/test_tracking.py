@@ -68,3 +68,22 @@ def test_transcript_shows_additional_histories_and_exceptions():
     page = transcript_html([group], "t")
     assert "additional history 1" in page and "branch" in page and "TimeoutError: judge slow" in page
     json.loads(json.dumps(page))  # a plain string
+
+
+def test_a_step_where_the_judge_rises_and_the_independent_reward_falls_is_flagged(tmp_path, caplog):
+    from agentrl.tracking import reward_hacking_steps
+
+    steps = [(1, 0.40, 0.50), (2, 0.50, 0.60), (3, 0.70, 0.40), (4, 0.705, 0.30), (5, 0.60, 0.20)]
+    with caplog.at_level("WARNING", logger="agentrl.tracking"):
+        for step, judged, independent in steps:
+            record_step(tmp_path, step, "train", [], {"reward_mean": judged, "independent_reward": independent})
+    records = read_metrics(tmp_path)
+    # step 3: judge +0.2, independent -0.2; step 4: judge +0.005 is noise; step 5: both fell
+    assert reward_hacking_steps(records) == [3]
+    flagged = [r.message.split(":")[0] for r in caplog.records if r.name == "agentrl.tracking"]
+    assert flagged == ["step 3"]  # caplog sees every logger: another test's asyncio noise is not ours
+    assert (tmp_path / "reward.png").stat().st_size > 0
+    # a skipped step (nothing trained) is no step of the policy's; val records never flag; nor does a run without a judge
+    assert reward_hacking_steps([*records, {**records[2], "step": 6, "reward_mean": 0.9, "skipped": True}]) == [3]
+    assert reward_hacking_steps([{**r, "split": "val"} for r in records]) == []
+    assert reward_hacking_steps([{"step": 1, "split": "train", "reward_mean": 0.1}]) == []

@@ -42,11 +42,11 @@ def lora_layers(model):
 def test_fused_lora_forward_matches_peft_outputs_and_gradients(trainer):
     layer = lora_layers(trainer.model)[0]
     assert hasattr(layer, "_peft_forward"), "the trainer did not fuse its LoRA layers"
-    x = torch.randn(3, 17, layer.in_features, dtype=torch.bfloat16)
+    x = torch.randn(3, 17, layer.in_features, dtype=layer.base_layer.weight.dtype)  # bf16, or float32 (precision)
     results = []
     for forward in (layer.forward, layer._peft_forward):
         layer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with trainer._autocast():
             y = forward(x)
         (y.float() * torch.linspace(-1, 1, y.shape[-1])).sum().backward()
         a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight

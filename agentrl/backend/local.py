@@ -457,6 +457,9 @@ class LocalBackend:
     ) -> None:
         """One step's record in the run folder (and in W&B when it is on)."""
         named = with_art_names(metrics, groups)
+        if groups:  # the trajectories' own metrics (e.g. independent_reward beside a judge's reward), averaged
+            for key, value in summarize([t for g in groups for t in g.trajectories]).items():
+                named.setdefault(key, value)
         record = named if skipped is None else {"skipped": skipped, **named}
         await asyncio.to_thread(record_step, session.model.run_dir, step, split, groups, record)
         if session.wandb is not None:

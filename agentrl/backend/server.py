@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from agentrl.backend.precision import bf16_is_native
 from agentrl.backend.server_guard import SERVER_KEY_ENV
 from agentrl.config import ServerConfig
 from agentrl.errors import ServerError
@@ -36,6 +37,13 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def server_dtype(dtype: str, *, gpu: bool) -> str:
+    """ServerConfig.dtype with "auto" resolved: bf16 where it is native, float32 on other CPUs."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if bf16_is_native("cuda" if gpu else "cpu") else "float32"
 
 
 def free_port() -> int:
@@ -63,7 +71,7 @@ def server_command(
         "--port",
         str(port),
         "--dtype",
-        config.dtype,
+        server_dtype(config.dtype, gpu=gpu),
         "--max-model-len",
         str(config.max_model_len),
         "--enable-lora",

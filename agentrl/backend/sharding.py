@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from agentrl.backend.precision import bf16_is_native
 from agentrl.errors import ConfigurationError
 
 
@@ -34,7 +35,8 @@ def shard_decoder_layers(causal_lm: Any, device: torch.device, world_size: int) 
             f"{type(causal_lm).__name__} has none. Train it with unsharded ranks"
         )
     mesh = init_device_mesh(device.type, (world_size,))
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    compute = torch.bfloat16 if bf16_is_native(device.type) else torch.float32  # as one rank computes
+    policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     # Each layer, then the decoder as the root (embeddings and final norm): the root gathers its own
     # weights once per pass and each layer its own in turn, freed after use. The head stays outside
     # (token_logprobs calls it only at loss positions), whole on every rank; a head tied to the

@@ -1,7 +1,8 @@
 """One GRPO step with torch + peft: advantages, tokens, micro-batched loss, one optimizer step.
 
 The base model is frozen in bf16; the LoRA weights (and AdamW's state) are fp32; compute runs
-under bf16 autocast, on CPU as on GPU, with LoRA fused into bf16 addmms (`lora_forward`), logits
+under bf16 autocast, on CPU as on GPU (on a CPU without native bf16, all in float32: `precision`),
+with LoRA fused into addmms in the activations' dtype (`lora_forward`), logits
 only at loss positions, a chunk at a time (`logprobs`), and on a CPU matmul attention for short
 sequences (`attention`). Micro-batches are sized by a token budget and gradients
 accumulate across them, so memory is bounded whatever the number and length of trajectories.
@@ -30,6 +31,7 @@ from tqdm.auto import tqdm
 from agentrl.backend.attention import use_cpu_attention
 from agentrl.backend.logprobs import token_logprobs
 from agentrl.backend.lora_forward import fuse_lora_layers
+from agentrl.backend.precision import bf16_is_native
 from agentrl.backend.sharding import clip_sharded_gradients, is_sharded, like, shard_decoder_layers, whole
 from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import CheckpointError, ConfigurationError, TrainingError
@@ -121,7 +123,10 @@ class Trainer:
         """FSDP2: the decoder layers sharded over the ranks (see `agentrl.backend.sharding`), once the
         first adapter exists; the base stays on the CPU until then."""
         self.tokenizer: Any = AutoTokenizer.from_pretrained(model_path)  # a ChatTokenizer, and pad/eos ids
-        base: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
+        self.bf16 = bf16_is_native(self.device.type)
+        """bf16 base and autocast where the device has bf16; float32 on other CPUs (see `precision`)."""
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        base: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         if self.device.type == "cpu":
             use_cpu_attention(base)
         self._base: Any = base if sharded else base.to(self.device)
@@ -171,8 +176,9 @@ class Trainer:
         return adapter
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        """bf16 autocast where torch has it (CPU, CUDA); none on `meta`, where tests check device placement."""
-        if self.device.type in ("cpu", "cuda"):
+        """bf16 autocast where the device has bf16 (CPU, CUDA); none in float32, or on `meta`, where tests
+        check device placement."""
+        if self.device.type in ("cpu", "cuda") and self.bf16:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -1,15 +1,18 @@
 """LLM judges for tasks without a checkable answer: RULER (a group in one call) and the rubric judge."""
 
 from agentrl.judges.call import JudgeLimiter
+from agentrl.judges.check import JudgeCheckReport, check_judge
 from agentrl.judges.rubric import RubricJudgement, RubricTask, judge_rubrics, load_rubric_tasks, rubric_rollout
 from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler, ruler_score_group
 
 __all__ = [
     "DEFAULT_RUBRIC",
+    "JudgeCheckReport",
     "JudgeLimiter",
     "RubricJudgement",
     "RubricTask",
     "RulerResult",
+    "check_judge",
     "judge_rubrics",
     "load_rubric_tasks",
     "rubric_rollout",

@@ -64,11 +64,27 @@ DEFAULT_LIMITER = JudgeLimiter()
 
 @dataclass(frozen=True)
 class JudgeCall:
-    """A validated answer and what it cost."""
+    """A validated answer and what it cost, summed over its attempts."""
 
     answer: Any
     attempts: int
     latency_s: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    """From litellm's price map; None where the model has no price (a local server)."""
+
+
+def _usage(response: Any) -> tuple[int, int]:
+    usage = getattr(response, "usage", None)
+    return (getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0)
+
+
+def _price(response: Any) -> float | None:
+    try:
+        return float(litellm.completion_cost(completion_response=response))
+    except Exception:  # noqa: BLE001  litellm raises a bare Exception for a model missing from its price map
+        return None
 
 
 def litellm_params(judge_model: JudgeModel) -> dict[str, Any]:
@@ -133,10 +149,11 @@ async def structured_judge_call(
 ) -> JudgeCall:
     """Ask, parse into `schema_model`, `validate` (which may repair or raise InvalidJudgeAnswer); retry."""
     route = litellm_params(judge_model)
+    local = route["model"].startswith(LOCAL_ROUTES)  # unpriced: asking litellm's price map only prints its errors
     params = {
         **route,
         "messages": messages,
-        "response_format": response_format(schema_model, bound_strings=route["model"].startswith(LOCAL_ROUTES)),
+        "response_format": response_format(schema_model, bound_strings=local),
         "timeout": timeout_s,
         "temperature": 0.0,
         "max_retries": 0,  # retries are ours alone: bounded, and counted in the limiter
@@ -145,7 +162,8 @@ async def structured_judge_call(
     limiter = limiter or DEFAULT_LIMITER
     limiter.calls += 1
     started = time.perf_counter()
-    attempts = 0
+    attempts = prompt_tokens = completion_tokens = 0
+    cost_usd: float | None = None
     try:
         async with limiter.semaphore():
             async for attempt in AsyncRetrying(
@@ -168,6 +186,10 @@ async def structured_judge_call(
                     attempts += 1
                     limiter.attempts += 1
                     response = await litellm.acompletion(**params)
+                    tokens_in, tokens_out = _usage(response)
+                    prompt_tokens, completion_tokens = prompt_tokens + tokens_in, completion_tokens + tokens_out
+                    if not local and (price := _price(response)) is not None:
+                        cost_usd = (cost_usd or 0.0) + price
                     try:
                         parsed = schema_model.model_validate(parse_json_object(_content_of(response)))
                     except ValidationError as error:
@@ -180,4 +202,4 @@ async def structured_judge_call(
         ) from error
     latency = time.perf_counter() - started
     limiter.latencies_s.append(latency)
-    return JudgeCall(answer=answer, attempts=attempts, latency_s=latency)
+    return JudgeCall(answer, attempts, latency, prompt_tokens, completion_tokens, cost_usd)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -61,16 +61,26 @@ class _RubricAnswer(BaseModel):
     verdict: Literal["Yes", "No"]
 
 
-def load_rubric_tasks(path: str | Path) -> list[RubricTask]:
-    """Read a JSONL file of rubric tasks; a bad line is an error naming its line number."""
+TaskT = TypeVar("TaskT", bound=RubricTask)
+
+
+def load_rubric_tasks(path: str | Path, task_type: type[TaskT] = RubricTask) -> list[TaskT]:  # type: ignore[assignment]
+    """Read a JSONL file of rubric tasks (as `task_type`, a RubricTask subclass with more fields);
+    a bad line is an error naming its line number, a missing file one naming the path."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(
+            f"no rubric task file at {path}: give a JSONL file, one {{task_id, prompt, rubrics}} a line"
+        )
     tasks = []
     for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            tasks.append(RubricTask.model_validate(json.loads(line)))
+            tasks.append(task_type.model_validate(json.loads(line)))
         except (json.JSONDecodeError, ValidationError) as error:
             raise ValueError(f"{path}:{number}: not a rubric task ({{task_id, prompt, rubrics}}): {error}") from error
+    if not tasks:
+        raise ValueError(f"{path} holds no rubric tasks")
     return tasks
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -59,6 +59,10 @@ class RulerResult:
     explanations: list[str]
     attempts: int
     latency_s: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    """From litellm's price map; None where the judge has no price (a local server)."""
 
 
 def common_prefix_length(message_lists: list[list[dict[str, Any]]]) -> int:
@@ -137,7 +141,7 @@ async def ruler(
             debug=debug,
         )
         n = len(message_lists)
-        return RulerResult(single.scores * n, single.explanations * n, single.attempts, single.latency_s)
+        return replace(single, scores=single.scores * n, explanations=single.explanations * n)
     schema = scores_schema(len(message_lists))
 
     def validate(answer: BaseModel) -> list[tuple[float, str]]:
@@ -158,7 +162,15 @@ async def ruler(
     )
     if debug:
         logger.info("RULER answer: %s", call.answer)
-    return RulerResult([s for s, _ in call.answer], [e for _, e in call.answer], call.attempts, call.latency_s)
+    return RulerResult(
+        [s for s, _ in call.answer],
+        [e for _, e in call.answer],
+        call.attempts,
+        call.latency_s,
+        call.prompt_tokens,
+        call.completion_tokens,
+        call.cost_usd,
+    )
 
 
 async def ruler_score_group(

@@ -171,7 +171,9 @@ def _fact_email(rng: random.Random, kind: str, sender: Person, owner: Person) ->
     )
 
 
-def generate(*, seed: int = 0, num_inboxes: int = 8, facts_per_inbox: int = 12, routine_per_inbox: int = 10) -> Dataset:
+def generate(
+    *, seed: int = 0, num_inboxes: int = 40, facts_per_inbox: int = 12, routine_per_inbox: int = 10
+) -> Dataset:
     """A reproducible dataset: the same arguments always give the same emails and questions."""
     rng = random.Random(seed)
     data = Dataset()

@@ -25,12 +25,14 @@ from environments.email_agent.tools import TOOLS, execute
 if TYPE_CHECKING:
     from agentrl.judges.call import JudgeModel  # a litellm id or an agentrl.Model
 
-DATA_VERSION = 1
+DATA_VERSION = 2  # 2: 40 inboxes (108 held-out questions), was 8
 SYSTEM_PROMPT = (
     "You are an email assistant with tools to search and read the user's inbox. Answer the question by "
     "searching for emails, reading the right one, and calling return_final_answer with a short answer and "
     'the message ids you used. If the inbox does not tell, answer "I don\'t know".'
 )
+EVAL_CONCURRENCY = 32
+"""108 held-out rollouts at once overloaded a 2-core server past its 180 s request timeout; 32 keep it busy."""
 RETRY_PROMPT = "Call exactly one tool, inside <tool_call></tool_call> tags, as the system prompt shows."
 
 
@@ -257,9 +259,10 @@ def demonstration(question: Question, env: EmailEnvironment) -> agentrl.History:
 async def evaluate(
     model: agentrl.Model, questions: list[Question], env: EmailEnvironment, preset: Preset
 ) -> list[agentrl.Trajectory]:
-    """One attempt per held-out question."""
+    """One attempt per held-out question, at most `EVAL_CONCURRENCY` at once."""
+    limited = agentrl.limit_concurrency(EVAL_CONCURRENCY)(rollout)
     return await agentrl.gather_trajectories(
-        (rollout(model, q, env, max_turns=preset.max_turns, max_tokens=preset.max_tokens) for q in questions),
+        (limited(model, q, env, max_turns=preset.max_turns, max_tokens=preset.max_tokens) for q in questions),
         max_exception_rate=0.1,
         desc=f"eval {model.inference_name}",
     )

@@ -21,11 +21,10 @@ import agentrl
 from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
 from environments.email_agent.env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
-from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
+from environments.training import RunSummary, evaluate_base_and_checkpoint, judge_for, train_and_evaluate
 
 if TYPE_CHECKING:
     from agentrl.gather import AfterEach
-    from agentrl.judges.call import JudgeModel
 
 
 async def warm_start(model: agentrl.TrainableModel, env: EmailEnvironment, examples: int) -> None:
@@ -38,11 +37,6 @@ async def warm_start(model: agentrl.TrainableModel, env: EmailEnvironment, examp
 
 
 REWARDS = ("match", "judge", "ruler")
-
-
-def judge_for(model: agentrl.TrainableModel, judge: str | None) -> JudgeModel:
-    """A litellm model id as given, or the base model on `model`'s own server."""
-    return judge or model.backend.base_model()
 
 
 def ruler_rewards(model: agentrl.TrainableModel, judge: str | None) -> AfterEach:
@@ -62,7 +56,7 @@ async def run(
     base_model: str | None = None,
     name: str = "email-agent",
     base_path: str = ".agentrl",
-    test_questions: int = 18,
+    test_questions: int | None = None,
     reward: str = "match",
     judge: str | None = None,
     max_steps_off_policy: int | None = None,
@@ -117,7 +111,7 @@ async def evaluate_run(preset_name: str = "cpu", name: str = "email-agent", base
 
 
 COMMANDS = EnvironmentCommands(
-    run=run, evaluate_run=evaluate_run, default_name="email-agent", rewards=("match", "judge", "ruler")
+    run=run, evaluate_run=evaluate_run, default_name="email-agent", rewards=REWARDS, judged_rewards=("judge", "ruler")
 )
 """What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
 

@@ -1,0 +1,171 @@
+"""Does training help, by more than noise? Each shipped environment's CPU preset, held-out before and after.
+
+    .venv/bin/python -m benchmarks.learning [--only email-match email-ruler ...] [--list]
+
+Every run trains from scratch (a fresh run folder) at its preset's full length and is evaluated on
+its held-out set before training (the prompted base model, step 0) and after. The score is read
+per held-out trajectory from the run's saved val trajectories, so the table gives each mean with
+the standard error of the difference (unpaired: sqrt(se_before^2 + se_after^2)). Email trained with
+RULER is scored on the verifiable answer check, the same number as email trained on it. The rubric
+task is scored twice: by the judge with reworded rubrics, and by code checks the judge never sees.
+Results merge into benchmarks/results/learning.json (one entry per run, so runs can be redone one
+at a time) and the README table; the run folders stay under the cache (learning-runs/), for
+`agentrl show` and `agentrl judge check`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.base_models import cache_dir
+from agentrl.files import write_json_atomic
+from agentrl.plugins import load_environment
+from agentrl.tracking import load_trajectories
+from agentrl.trajectory import Trajectory
+from benchmarks.readme import replace_section
+from benchmarks.step_breakdown import RESULTS, cpu_name
+
+LEARNING_RESULTS = RESULTS.with_name("learning.json")
+START, END = "<!-- benchmark:learning:start -->", "<!-- benchmark:learning:end -->"
+Score = Callable[[Trajectory], float | None]
+
+
+def reward(t: Trajectory) -> float | None:
+    return t.reward
+
+
+def metric(name: str) -> Score:
+    return lambda t: float(t.metrics[name]) if name in t.metrics else None
+
+
+@dataclass(frozen=True)
+class LearningRun:
+    """One environment trained one way, and the held-out numbers that say whether it learned."""
+
+    env: str
+    training_reward: str
+    scores: dict[str, Score]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+RUNS = {
+    "larger-number": LearningRun("larger-number", "verifiable", {"reward": reward}),
+    "2048": LearningRun("2048", "game score", {"reward": reward}, {"test_games": 100}),
+    "email-match": LearningRun("email", "match (verifiable)", {"correct": metric("correct")}, {"reward": "match"}),
+    "email-ruler": LearningRun(
+        "email", "RULER (base-model judge)", {"correct": metric("correct")}, {"reward": "ruler"}
+    ),
+    "rubric-rubric": LearningRun(
+        "rubric",
+        "rubric judge (base model)",
+        {"judge pass rate, reworded rubrics": reward, "code-checked pass rate": metric("independent_reward")},
+        {"reward": "rubric"},
+    ),
+    "rubric-ruler": LearningRun(
+        "rubric",
+        "RULER with the rubrics (base model)",
+        {"judge pass rate, reworded rubrics": reward, "code-checked pass rate": metric("independent_reward")},
+        {"reward": "ruler"},
+    ),
+    "rubric-ruler-generic": LearningRun(
+        "rubric",
+        "RULER, default rubric (base model)",
+        {"judge pass rate, reworded rubrics": reward, "code-checked pass rate": metric("independent_reward")},
+        {"reward": "ruler-generic"},
+    ),
+}
+
+
+def mean_and_se(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    return statistics.fmean(values), se
+
+
+def held_out(run_dir: Path, step: int) -> list[Trajectory]:
+    return [t for g in load_trajectories(run_dir / "trajectories" / f"val-{step:04d}.jsonl") for t in g.trajectories]
+
+
+async def measure(name: str, spec: LearningRun, root: Path) -> dict[str, Any]:
+    """Train `spec` on a fresh run under `root`; its held-out scores at the first and last step."""
+    commands = load_environment(spec.env)
+    summary = await commands.run("cpu", None, None, name=name, base_path=str(root), **spec.options)
+    run_dir = Path(summary.run_dir)
+    before, after = held_out(run_dir, summary.start_step), held_out(run_dir, summary.end_step)
+    scores = {}
+    for label, score in spec.scores.items():
+        values_before = [v for v in map(score, before) if v is not None]
+        values_after = [v for v in map(score, after) if v is not None]
+        (mean_before, se_before), (mean_after, se_after) = mean_and_se(values_before), mean_and_se(values_after)
+        scores[label] = {
+            "n_before": len(values_before),
+            "n_after": len(values_after),
+            "before": mean_before,
+            "after": mean_after,
+            "difference": mean_after - mean_before,
+            "difference_se": math.sqrt(se_before**2 + se_after**2),
+        }
+    return {
+        "env": spec.env,
+        "training_reward": spec.training_reward,
+        "scores": scores,
+        "steps": summary.end_step - summary.start_step,
+        "wall_s": summary.seconds,
+        "run_dir": str(run_dir),
+        "machine": cpu_name(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| run | trained on | held-out score | n | base | trained | difference ± SE | steps | wall time | date |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in [n for n in RUNS if n in results]:
+        r = results[name]
+        for label, s in r["scores"].items():
+            difference = f"{s['difference']:+.3f} ± {s['difference_se']:.3f}"
+            if abs(s["difference"]) > 2 * s["difference_se"]:
+                difference = f"**{difference}**"
+            lines.append(
+                f"| {name} | {r['training_reward']} | {label} | {s['n_before']} / {s['n_after']} | {s['before']:.3f} | "
+                f"{s['after']:.3f} | {difference} | {r['steps']} | {r['wall_s'] / 60:.1f} min | {r['date']} |"
+            )
+    machines = sorted({r["machine"] for r in results.values()})
+    return (
+        f"Held-out score before (base model) and after training each CPU preset, on {', '.join(machines)}. "
+        "n: held-out trajectories scored before / after (a failed rollout or judgement is left out, not scored). "
+        "Bold: the difference is over twice its standard error.\n\n" + "\n".join(lines) + "\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", choices=sorted(RUNS), help="runs to (re)do; default: all")
+    parser.add_argument("--table-only", action="store_true", help="rewrite the README table from the saved results")
+    args = parser.parse_args()
+    results: dict[str, Any] = json.loads(LEARNING_RESULTS.read_text()) if LEARNING_RESULTS.exists() else {}
+    if not args.table_only:
+        root = cache_dir() / "learning-runs" / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        for name in args.only or list(RUNS):
+            print(f"\n=== {name} (runs under {root}) ===")
+            results[name] = asyncio.run(measure(name, RUNS[name], root))
+            write_json_atomic(LEARNING_RESULTS, results)  # each finished run is kept, whatever follows
+    text = table(results)
+    print(text)
+    replace_section(START, END, f"{START}\n{text}{END}")
+
+
+if __name__ == "__main__":
+    main()

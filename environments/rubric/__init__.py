@@ -1,0 +1,1 @@
+"""Instruction following with rubrics: a task that only an LLM judge rewards."""

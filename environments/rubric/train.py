@@ -1,0 +1,134 @@
+"""Train instruction following with a judge as the only reward.
+
+python -m environments.rubric.train [--preset cpu|gpu] [--steps N] [--reward rubric|ruler|ruler-generic] [--judge MODEL] [--tasks FILE]
+agentrl train rubric [--reward ...] [--judge MODEL] [--tasks FILE]
+
+Rewards: `rubric` (one judge call per answer checks all its rubrics; reward = pass rate), `ruler`
+(RULER ranks each group, given the task's rubrics as its rubric), `ruler-generic` (RULER with its
+default rubric: the judge sees only the task). The judge is a litellm model id, or by default the
+untrained base model on the run's own server. Held-out evaluation grades each answer with the
+rubrics reworded (`eval_rubrics`, where the task file has them), so the policy is not graded by the
+exact prompt it trained against; the code-checked pass rate (`independent_reward`) is reported beside it.
+`--tasks FILE`: your own JSONL (task_id, prompt, rubrics) trains instead; held-out is then its last fifth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import replace
+
+import agentrl
+from agentrl.plugins import EnvironmentCommands
+from agentrl.stop_signals import handle_stop_signals
+from environments.rubric.env import PRESETS, evaluate, load_tasks, rollout, ruler_rewards
+from environments.rubric.tasks import InstructionTask
+from environments.training import RunSummary, evaluate_base_and_checkpoint, judge_for, train_and_evaluate
+
+REWARDS = ("rubric", "ruler", "ruler-generic")
+
+
+def splits(tasks_file: str | None) -> tuple[list[InstructionTask], list[InstructionTask]]:
+    """The shipped train/test files, or a user's file split 4:1 (in file order)."""
+    if tasks_file is None:
+        return load_tasks(split="train"), load_tasks(split="test")
+    tasks = load_tasks(tasks_file)
+    if len(tasks) < 2:
+        raise ValueError(f"{tasks_file} holds {len(tasks)} task(s); it needs at least 2 (train and held-out)")
+    cut = max(1, len(tasks) * 4 // 5)
+    return tasks[:cut], tasks[cut:]
+
+
+async def run(
+    preset_name: str = "cpu",
+    steps: int | None = None,
+    base_model: str | None = None,
+    name: str = "rubric",
+    base_path: str = ".agentrl",
+    reward: str | None = None,
+    judge: str | None = None,
+    tasks: str | None = None,
+    max_steps_off_policy: int | None = None,
+    test_tasks: int | None = None,
+) -> RunSummary:
+    reward = reward or REWARDS[0]
+    if reward not in REWARDS:
+        raise ValueError(f"unknown reward {reward!r}; choose one of: {', '.join(REWARDS)}")
+    preset = PRESETS[preset_name]
+    preset = replace(
+        preset, steps=steps if steps is not None else preset.steps, base_model=base_model or preset.base_model
+    )
+    train, test = splits(tasks)
+    test = test[: test_tasks or preset.test_tasks]
+    by_id = {t.task_id: t for t in train}
+    model = agentrl.TrainableModel(name=name, project="rubric", base_model=preset.base_model, base_path=base_path)
+
+    async def held_out(m: agentrl.Model) -> list[agentrl.Trajectory]:
+        return await evaluate(m, test, judge_for(model, judge), preset)
+
+    def make_groups(model: agentrl.TrainableModel, step: int):
+        batch = train[(step * preset.groups_per_step) % len(train) :][: preset.groups_per_step]
+        rubric_judge = judge_for(model, judge) if reward == "rubric" else None
+        return (
+            agentrl.TrajectoryGroup(
+                rollout(model, t, judge=rubric_judge, max_tokens=preset.max_tokens) for _ in range(preset.group_size)
+            )
+            for t in batch
+        )
+
+    print(
+        f"reward: {reward}; judge: {judge or 'the base model, served locally'}; {len(train)} train, {len(test)} held-out tasks"
+    )
+    return await train_and_evaluate(
+        model,
+        make_groups=make_groups,
+        evaluate=held_out,
+        steps=preset.steps,
+        config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
+        max_exception_rate=0.25,  # a small judge fails some calls: those samples are skipped and counted
+        after_each=None if reward == "rubric" else ruler_rewards(model, judge, by_id, with_rubrics=reward == "ruler"),
+        max_steps_off_policy=max_steps_off_policy,
+    )
+
+
+async def evaluate_run(preset_name: str = "cpu", name: str = "rubric", base_path: str = ".agentrl") -> dict:
+    preset = PRESETS[preset_name]
+    test = load_tasks(split="test")[: preset.test_tasks]
+    model = agentrl.TrainableModel(name=name, project="rubric", base_model=preset.base_model, base_path=base_path)
+    return await evaluate_base_and_checkpoint(model, lambda m: evaluate(m, test, judge_for(model, None), preset))
+
+
+COMMANDS = EnvironmentCommands(
+    run=run, evaluate_run=evaluate_run, default_name="rubric", rewards=REWARDS, judged_rewards=REWARDS, takes_tasks=True
+)
+"""What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--name", default="rubric")
+    parser.add_argument("--base-path", default=".agentrl")
+    parser.add_argument("--reward", choices=REWARDS, default="rubric")
+    parser.add_argument("--judge", default=None, help="litellm model id (default: the base model, served locally)")
+    parser.add_argument("--tasks", default=None, help="your JSONL of {task_id, prompt, rubrics} (default: shipped)")
+    args = parser.parse_args()
+    handle_stop_signals()
+    asyncio.run(
+        run(
+            args.preset,
+            args.steps,
+            args.model,
+            name=args.name,
+            base_path=args.base_path,
+            reward=args.reward,
+            judge=args.judge,
+            tasks=args.tasks,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
