@@ -5,7 +5,9 @@
 Every run trains from scratch (a fresh run folder) at its preset's full length and is evaluated on
 its held-out set before training (the prompted base model, step 0) and after. The score is read
 per held-out trajectory from the run's saved val trajectories, so the table gives each mean with
-the standard error of the difference (unpaired: sqrt(se_before^2 + se_after^2)). Email trained with
+the standard error of the difference: paired where the held-out items carry an identity in their
+metadata (the same question, task or game seed before and after: the SE of the per-item
+differences, which leaves out how hard each item is), unpaired otherwise (sqrt(se_before^2 + se_after^2)). Email trained with
 RULER is scored on the verifiable answer check, the same number as email trained on it. The rubric
 task is scored twice: by the judge with reworded rubrics, and by code checks the judge never sees.
 Results merge into benchmarks/results/learning.json (one entry per run, so runs can be redone one
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.backend.precision import cpu_has_native_bf16
 from agentrl.base_models import cache_dir
 from agentrl.files import write_json_atomic
 from agentrl.plugins import load_environment
@@ -92,6 +95,22 @@ def mean_and_se(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), se
 
 
+def paired_differences(before: list[Trajectory], after: list[Trajectory], score: Score) -> list[float]:
+    """after - before per held-out item, items matched by their metadata (mean over an item's repeats);
+    empty when the trajectories carry no identity."""
+
+    def by_item(trajectories: list[Trajectory]) -> dict[str, float]:
+        values: dict[str, list[float]] = {}
+        for t in trajectories:
+            value = score(t)
+            if t.metadata and value is not None:
+                values.setdefault(json.dumps(t.metadata, sort_keys=True, default=str), []).append(value)
+        return {item: statistics.fmean(v) for item, v in values.items()}
+
+    first, last = by_item(before), by_item(after)
+    return [last[item] - first[item] for item in first.keys() & last.keys()]
+
+
 def held_out(run_dir: Path, step: int) -> list[Trajectory]:
     return [t for g in load_trajectories(run_dir / "trajectories" / f"val-{step:04d}.jsonl") for t in g.trajectories]
 
@@ -107,6 +126,8 @@ async def measure(name: str, spec: LearningRun, root: Path) -> dict[str, Any]:
         values_before = [v for v in map(score, before) if v is not None]
         values_after = [v for v in map(score, after) if v is not None]
         (mean_before, se_before), (mean_after, se_after) = mean_and_se(values_before), mean_and_se(values_after)
+        differences = paired_differences(before, after, score)
+        paired_mean, paired_se = mean_and_se(differences)
         scores[label] = {
             "n_before": len(values_before),
             "n_after": len(values_after),
@@ -114,6 +135,9 @@ async def measure(name: str, spec: LearningRun, root: Path) -> dict[str, Any]:
             "after": mean_after,
             "difference": mean_after - mean_before,
             "difference_se": math.sqrt(se_before**2 + se_after**2),
+            "paired_n": len(differences),
+            "paired_difference": paired_mean,
+            "paired_se": paired_se,
         }
     return {
         "env": spec.env,
@@ -122,31 +146,43 @@ async def measure(name: str, spec: LearningRun, root: Path) -> dict[str, Any]:
         "steps": summary.end_step - summary.start_step,
         "wall_s": summary.seconds,
         "run_dir": str(run_dir),
-        "machine": cpu_name(),
+        "machine": machine(),
         "date": datetime.date.today().isoformat(),
     }
 
 
+def machine() -> str:
+    """The CPU, and whether it trains in bf16 or float32 (two 'AMD EPYC's differ by 3x on that)."""
+    return f"{cpu_name()} ({'bf16' if cpu_has_native_bf16() else 'float32: no native bf16'})"
+
+
 def table(results: dict[str, Any]) -> str:
     lines = [
-        "| run | trained on | held-out score | n | base | trained | difference ± SE | steps | wall time | date |",
+        "| run | trained on | held-out score | n | base | trained | difference ± SE | steps | wall time | machine |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    machines = sorted({r["machine"] for r in results.values()})
     for name in [n for n in RUNS if n in results]:
         r = results[name]
         for label, s in r["scores"].items():
-            difference = f"{s['difference']:+.3f} ± {s['difference_se']:.3f}"
-            if abs(s["difference"]) > 2 * s["difference_se"]:
+            if s.get("paired_n", 0) > 1:  # the same items before and after
+                mean, se, note = s["paired_difference"], s["paired_se"], f" (paired, {s['paired_n']})"
+            else:
+                mean, se, note = s["difference"], s["difference_se"], ""
+            difference = f"{mean:+.3f} ± {se:.3f}{note}"
+            if abs(mean) > 2 * se:
                 difference = f"**{difference}**"
             lines.append(
                 f"| {name} | {r['training_reward']} | {label} | {s['n_before']} / {s['n_after']} | {s['before']:.3f} | "
-                f"{s['after']:.3f} | {difference} | {r['steps']} | {r['wall_s'] / 60:.1f} min | {r['date']} |"
+                f"{s['after']:.3f} | {difference} | {r['steps']} | {r['wall_s'] / 60:.1f} min | "
+                f"{machines.index(r['machine']) + 1} |"
             )
-    machines = sorted({r["machine"] for r in results.values()})
+    legend = "; ".join(f"{i + 1}: {m}" for i, m in enumerate(machines))
     return (
-        f"Held-out score before (base model) and after training each CPU preset, on {', '.join(machines)}. "
-        "n: held-out trajectories scored before / after (a failed rollout or judgement is left out, not scored). "
-        "Bold: the difference is over twice its standard error.\n\n" + "\n".join(lines) + "\n"
+        "Held-out score before (base model) and after training each CPU preset. n: held-out trajectories scored "
+        "before / after (a failed rollout or judgement is left out, not scored). Difference: paired over the items "
+        "scored both times where the run's items are identifiable, else unpaired. Bold: the difference is over twice "
+        f"its standard error. Machines: {legend}.\n\n" + "\n".join(lines) + "\n"
     )
 
 
