@@ -111,6 +111,33 @@ def paired_differences(before: list[Trajectory], after: list[Trajectory], score:
     return [last[item] - first[item] for item in first.keys() & last.keys()]
 
 
+def compare(before: list[Trajectory], after: list[Trajectory], score: Score) -> dict[str, float]:
+    """Means before and after, their unpaired difference and, over items scored both times, the paired one."""
+    values_before = [v for v in map(score, before) if v is not None]
+    values_after = [v for v in map(score, after) if v is not None]
+    (mean_before, se_before), (mean_after, se_after) = mean_and_se(values_before), mean_and_se(values_after)
+    differences = paired_differences(before, after, score)
+    paired_mean, paired_se = mean_and_se(differences)
+    return {
+        "n_before": len(values_before),
+        "n_after": len(values_after),
+        "before": mean_before,
+        "after": mean_after,
+        "difference": mean_after - mean_before,
+        "difference_se": math.sqrt(se_before**2 + se_after**2),
+        "paired_n": len(differences),
+        "paired_difference": paired_mean,
+        "paired_se": paired_se,
+    }
+
+
+def warm_start_step(run_dir: Path, start_step: int, end_step: int) -> int | None:
+    """The step a warm start (SFT) ended at, where the run evaluated it: a held-out set between first and last."""
+    steps = sorted(int(p.stem.split("-")[1]) for p in (run_dir / "trajectories").glob("val-*.jsonl"))
+    between = [step for step in steps if start_step < step < end_step]
+    return between[0] if between else None
+
+
 def held_out(run_dir: Path, step: int) -> list[Trajectory]:
     return [t for g in load_trajectories(run_dir / "trajectories" / f"val-{step:04d}.jsonl") for t in g.trajectories]
 
@@ -121,24 +148,12 @@ async def measure(name: str, spec: LearningRun, root: Path) -> dict[str, Any]:
     summary = await commands.run("cpu", None, None, name=name, base_path=str(root), **spec.options)
     run_dir = Path(summary.run_dir)
     before, after = held_out(run_dir, summary.start_step), held_out(run_dir, summary.end_step)
-    scores = {}
-    for label, score in spec.scores.items():
-        values_before = [v for v in map(score, before) if v is not None]
-        values_after = [v for v in map(score, after) if v is not None]
-        (mean_before, se_before), (mean_after, se_after) = mean_and_se(values_before), mean_and_se(values_after)
-        differences = paired_differences(before, after, score)
-        paired_mean, paired_se = mean_and_se(differences)
-        scores[label] = {
-            "n_before": len(values_before),
-            "n_after": len(values_after),
-            "before": mean_before,
-            "after": mean_after,
-            "difference": mean_after - mean_before,
-            "difference_se": math.sqrt(se_before**2 + se_after**2),
-            "paired_n": len(differences),
-            "paired_difference": paired_mean,
-            "paired_se": paired_se,
-        }
+    scores = {label: compare(before, after, score) for label, score in spec.scores.items()}
+    warm_step = warm_start_step(run_dir, summary.start_step, summary.end_step)
+    if warm_step is not None:  # a warm start (SFT) before RL: RL's own share, from its held-out score on
+        warm = held_out(run_dir, warm_step)
+        for label, score in spec.scores.items():
+            scores[f"{label}, RL only (from the warm start)"] = compare(warm, after, score)
     return {
         "env": spec.env,
         "training_reward": spec.training_reward,
