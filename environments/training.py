@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import agentrl
 from agentrl.gather import AfterEach
@@ -23,6 +23,21 @@ OFF_POLICY_TIS = 2.0
 MakeGroups = Callable[[agentrl.TrainableModel, int], Iterable[agentrl.TrajectoryGroup]]
 Evaluate = Callable[[agentrl.Model], Awaitable[list[agentrl.Trajectory]]]
 WarmStart = Callable[[agentrl.TrainableModel], Awaitable[None]]
+Item = TypeVar("Item")
+PresetT = TypeVar("PresetT")
+
+
+def with_overrides(preset: PresetT, steps: int | None, base_model: str | None) -> PresetT:
+    """A preset dataclass with the command line's --steps and --model where given."""
+    options: Any = preset
+    return replace(
+        options, steps=steps if steps is not None else options.steps, base_model=base_model or options.base_model
+    )
+
+
+def step_batch(items: list[Item], step: int, size: int) -> list[Item]:
+    """Step `step`'s `size` scenarios, walking through `items` and wrapping around."""
+    return items[(step * size) % len(items) :][:size]
 
 
 def judge_for(model: agentrl.TrainableModel, judge: str | None) -> JudgeModel:

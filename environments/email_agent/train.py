@@ -14,14 +14,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import agentrl
 from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
 from environments.email_agent.env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
-from environments.training import RunSummary, evaluate_base_and_checkpoint, judge_for, train_and_evaluate
+from environments.training import (
+    RunSummary,
+    evaluate_base_and_checkpoint,
+    judge_for,
+    step_batch,
+    train_and_evaluate,
+    with_overrides,
+)
 
 if TYPE_CHECKING:
     from agentrl.gather import AfterEach
@@ -63,10 +69,7 @@ async def run(
 ) -> RunSummary:
     if reward not in REWARDS:
         raise ValueError(f"unknown reward {reward!r}; choose one of: {', '.join(REWARDS)}")
-    preset = PRESETS[preset_name]
-    preset = replace(
-        preset, steps=steps if steps is not None else preset.steps, base_model=base_model or preset.base_model
-    )
+    preset = with_overrides(PRESETS[preset_name], steps, base_model)
     env = EmailEnvironment.load()
     train, test = env.data.split("train"), env.data.split("test")[:test_questions]
     model = agentrl.TrainableModel(name=name, project="email-agent", base_model=preset.base_model, base_path=base_path)
@@ -75,7 +78,7 @@ async def run(
         return await evaluate(m, test, env, preset)
 
     def make_groups(model: agentrl.TrainableModel, step: int):
-        batch = train[(step * preset.groups_per_step) % len(train) :][: preset.groups_per_step]
+        batch = step_batch(train, step, preset.groups_per_step)
         return (
             agentrl.TrajectoryGroup(
                 rollout(

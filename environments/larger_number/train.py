@@ -13,7 +13,7 @@ import agentrl
 from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
 from environments.larger_number.task import evaluate, rollout, scenarios
-from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
+from environments.training import RunSummary, evaluate_base_and_checkpoint, step_batch, train_and_evaluate
 
 GROUPS_PER_STEP, GROUP_SIZE, LEARNING_RATE, DEFAULT_STEPS = 8, 8, 5e-4, 20
 TEST = scenarios("test", 128)
@@ -39,7 +39,7 @@ async def run(
     train = scenarios("train", steps * GROUPS_PER_STEP, seed=1)
 
     def make_groups(model: agentrl.TrainableModel, step: int):
-        batch = train[(step * GROUPS_PER_STEP) % len(train) :][:GROUPS_PER_STEP]
+        batch = step_batch(train, step, GROUPS_PER_STEP)
         return (agentrl.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE)) for s in batch)
 
     return await train_and_evaluate(

@@ -16,14 +16,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import replace
 
 import agentrl
 from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
 from environments.rubric.env import PRESETS, evaluate, load_tasks, rollout, ruler_rewards
 from environments.rubric.tasks import InstructionTask
-from environments.training import RunSummary, evaluate_base_and_checkpoint, judge_for, train_and_evaluate
+from environments.training import (
+    RunSummary,
+    evaluate_base_and_checkpoint,
+    judge_for,
+    step_batch,
+    train_and_evaluate,
+    with_overrides,
+)
 
 REWARDS = ("rubric", "ruler", "ruler-generic")
 
@@ -54,10 +60,7 @@ async def run(
     reward = reward or REWARDS[0]
     if reward not in REWARDS:
         raise ValueError(f"unknown reward {reward!r}; choose one of: {', '.join(REWARDS)}")
-    preset = PRESETS[preset_name]
-    preset = replace(
-        preset, steps=steps if steps is not None else preset.steps, base_model=base_model or preset.base_model
-    )
+    preset = with_overrides(PRESETS[preset_name], steps, base_model)
     train, test = splits(tasks)
     test = test[: test_tasks or preset.test_tasks]
     by_id = {t.task_id: t for t in train}
@@ -67,7 +70,7 @@ async def run(
         return await evaluate(m, test, judge_for(model, judge), preset)
 
     def make_groups(model: agentrl.TrainableModel, step: int):
-        batch = train[(step * preset.groups_per_step) % len(train) :][: preset.groups_per_step]
+        batch = step_batch(train, step, preset.groups_per_step)
         rubric_judge = judge_for(model, judge) if reward == "rubric" else None
         return (
             agentrl.TrajectoryGroup(

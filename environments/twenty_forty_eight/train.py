@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import replace
 
 import agentrl
 from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
-from environments.training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
+from environments.training import (
+    RunSummary,
+    evaluate_base_and_checkpoint,
+    step_batch,
+    train_and_evaluate,
+    with_overrides,
+)
 from environments.twenty_forty_eight.env import PRESETS, evaluate, rollout, scenarios
 
 
@@ -26,16 +31,13 @@ async def run(
     test_games: int = 24,
     max_steps_off_policy: int | None = None,
 ) -> RunSummary:
-    preset = PRESETS[preset_name]
-    preset = replace(
-        preset, steps=steps if steps is not None else preset.steps, base_model=base_model or preset.base_model
-    )
+    preset = with_overrides(PRESETS[preset_name], steps, base_model)
     model = agentrl.TrainableModel(name=name, project="2048", base_model=preset.base_model, base_path=base_path)
     train = scenarios("train", preset.steps * preset.groups_per_step, preset)
     test = scenarios("test", test_games, preset)
 
     def make_groups(model: agentrl.TrainableModel, step: int):
-        batch = train[(step * preset.groups_per_step) % len(train) :][: preset.groups_per_step]
+        batch = step_batch(train, step, preset.groups_per_step)
         # Every member of a group plays the same seeded game, so rewards differ only by the moves chosen.
         return (
             agentrl.TrajectoryGroup(rollout(model, s, max_tokens=preset.max_tokens) for _ in range(preset.group_size))
