@@ -21,17 +21,21 @@ from agentrl.config import (
 from agentrl.dataset import DatasetBatch, iterate_dataset
 from agentrl.errors import (
     AgentRLError,
+    BackendBrokenError,
     CheckpointError,
     ConfigurationError,
     JudgeError,
     ModelNotFoundError,
+    NotAllowedError,
     RewardError,
     RolloutError,
     RunLockedError,
     ServerError,
+    StepConflictError,
     TokenizationError,
     TrainingError,
 )
+from agentrl.gateway.limits import GatewayLimits
 from agentrl.gather import ExceptionBudget, gather_trajectories, gather_trajectory_groups
 from agentrl.model import Model, TrainableModel, TrainResult
 from agentrl.pipeline import train_pipelined
@@ -71,6 +75,10 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "AgentRLError",
     "Backend",
+    "BackendBrokenError",
+    "GatewayLimits",
+    "NotAllowedError",
+    "StepConflictError",
     "CISPOLoss",
     "CheckpointError",
     "ConfigurationError",

@@ -5,50 +5,104 @@ client or framework makes it, recorded into the current trajectory.
         answer = await my_langgraph_agent.ainvoke({"messages": [("user", question)]})
     trajectory.reward = score(answer)
 
-Recording happens in httpx (which the `openai` client, litellm and LangChain use), in the task or thread
-that entered the context; concurrent rollouts each capture their own. A completion counts when the
-gateway answered it (its choices carry the gateway's `completion_id`), so judge calls to other
-endpoints stay out, and the trainer later takes the exact sampled tokens from the gateway by that id.
-Streamed completions are not captured (a warning says so): ask for non-streamed ones inside a capture.
+Recording happens in httpx and httpx2 (which the `openai` client, litellm and LangChain use), in the
+task or thread that entered the context; concurrent rollouts each capture their own. A completion
+counts when the gateway answered it from a trained adapter ("name@step": its choices carry the
+gateway's `completion_id` and `policy_step`), so judge calls to other endpoints and calls to the
+untrained "base" model stay out (`model=` narrows it to one model), and the trainer later takes the
+exact sampled tokens from the gateway by that id. Nothing is recorded after the block ends, even from
+tasks it started that are still running. A call on a thread that did not inherit the block's context
+(`run_in_executor`, a plain thread) is recorded when exactly one capture is open, and otherwise
+skipped with a warning. Streamed completions are not captured (a warning says so).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import importlib
 import json
 import logging
+import threading
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import httpx
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.trajectory import History, Trajectory
 
+if TYPE_CHECKING:
+    from agentrl.model import Model
+
 logger = logging.getLogger(__name__)
 
-_current: contextvars.ContextVar[Trajectory | None] = contextvars.ContextVar("agentrl_captured", default=None)
-_installed = False
+
+@dataclass
+class _Capture:
+    """One open `capture_trajectory` block."""
+
+    trajectory: Trajectory
+    model_name: str | None
+    open: bool = True
+
+
+_current: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("agentrl_captured", default=None)
+_open_by_id: dict[int, _Capture] = {}
+_open_lock = threading.Lock()
+_installed: set[str] = set()
 
 
 @contextlib.contextmanager
-def capture_trajectory(trajectory: Trajectory | None = None) -> Iterator[Trajectory]:
-    """Record every completion made through agentrl's gateway inside the block into `trajectory` (a new one
-    by default), turn by turn: a call that continues the conversation extends it, any other call starts an
-    additional history. Set its reward after the block."""
+def capture_trajectory(
+    trajectory: Trajectory | None = None, *, model: Model | str | None = None
+) -> Iterator[Trajectory]:
+    """Record every completion a trained adapter answers through agentrl's gateway inside the block into
+    `trajectory` (a new one by default), turn by turn: a call that continues the conversation extends it,
+    any other call starts an additional history. `model` (a model or its name) records only that model's
+    completions. Set the reward after the block."""
     _install_hooks()
-    target = trajectory if trajectory is not None else Trajectory()
-    token = _current.set(target)
+    name = model if isinstance(model, str) or model is None else model.name
+    capture = _Capture(trajectory if trajectory is not None else Trajectory(), name)
+    token = _current.set(capture)
+    with _open_lock:
+        _open_by_id[id(capture)] = capture
     try:
-        yield target
+        yield capture.trajectory
     finally:
+        capture.open = False
+        with _open_lock:
+            _open_by_id.pop(id(capture), None)
         _current.reset(token)
 
 
 def current_trajectory() -> Trajectory | None:
     """The trajectory being captured in this task or thread, or None outside `capture_trajectory`."""
-    return _current.get()
+    capture = _current.get()
+    return capture.trajectory if capture is not None and capture.open else None
+
+
+def _capture_here() -> _Capture | None:
+    """The open capture this call belongs to: its context's, or on a thread without one, the only open capture."""
+    capture = _current.get()
+    if capture is not None:
+        return capture if capture.open else None
+    with _open_lock:
+        if not _open_by_id:
+            return None
+        if len(_open_by_id) == 1:
+            return next(iter(_open_by_id.values()))
+    _warn_unattributed()
+    return None
+
+
+@functools.cache
+def _warn_unattributed() -> None:
+    logger.warning(
+        "a chat completion made on a thread outside every capture's context was not captured: several captures are "
+        "open, and it cannot say whose it is. Run it with asyncio.to_thread or contextvars.copy_context().run"
+    )
 
 
 def record_completion(trajectory: Trajectory, request: dict[str, Any], response: dict[str, Any]) -> None:
@@ -103,55 +157,72 @@ def _arguments(arguments: Any) -> Any:
         return arguments
 
 
-def _completion_request(request: httpx.Request) -> dict[str, Any] | None:
-    """The JSON body of a chat-completions request, or None for any other request."""
+def _completion_request(request: Any) -> dict[str, Any] | None:
+    """The JSON body of a chat-completions request (an httpx or httpx2 request), or None for any other."""
     if request.method != "POST" or not request.url.path.endswith("/chat/completions"):
         return None
     try:
         body = json.loads(request.content or b"{}")
-    except (httpx.RequestNotRead, json.JSONDecodeError, UnicodeDecodeError):
+    except Exception:  # noqa: BLE001 - a body that is not read or not JSON is not a completion to record
         return None
     return body if isinstance(body, dict) else None
 
 
-def _observe(body: dict[str, Any], response: httpx.Response) -> None:
-    trajectory = _current.get()
-    if trajectory is None or response.status_code != 200:
+def _observe(capture: _Capture, body: dict[str, Any], response: Any) -> None:
+    if not capture.open or response.status_code != 200:
         return
     try:
         answer = response.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         return
-    if isinstance(answer, dict) and any(c.get("completion_id") for c in answer.get("choices") or []):
-        record_completion(trajectory, body, answer)  # answered by agentrl's gateway
+    if not isinstance(answer, dict):
+        return
+    choices = answer.get("choices") or []
+    # Answered by agentrl's gateway from a trained adapter: the base model and other endpoints stay out.
+    if not any(c.get("completion_id") and c.get("policy_step") is not None for c in choices):
+        return
+    if capture.model_name is not None and not str(answer.get("model", "")).startswith(f"{capture.model_name}@"):
+        return
+    record_completion(capture.trajectory, body, answer)
 
 
 def _install_hooks() -> None:
-    """Wrap httpx's send (async and sync) once per process; the wrappers do nothing outside a capture."""
-    global _installed
-    if _installed:
-        return
-    async_send, sync_send = httpx.AsyncClient.send, httpx.Client.send
+    """Wrap the send of httpx's and httpx2's clients (async and sync) once per process; the wrappers do
+    nothing while no capture is open."""
+    for library in ("httpx", "httpx2"):
+        if library in _installed:
+            continue
+        try:
+            module = importlib.import_module(library)
+        except ImportError:
+            continue
+        _wrap_sends(module)
+        _installed.add(library)
 
-    async def send_async(self: httpx.AsyncClient, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+
+def _wrap_sends(module: Any) -> None:
+    async_send, sync_send = module.AsyncClient.send, module.Client.send
+
+    async def send_async(self: Any, request: Any, **kwargs: Any) -> Any:
         response = await async_send(self, request, **kwargs)
-        body = _completion_request(request) if _current.get() is not None else None
-        if body is not None and not _streamed(body):
-            await response.aread()  # kept by httpx: the caller still reads it as usual
-            _observe(body, response)
+        capture = _capture_here() if _open_by_id else None
+        body = _completion_request(request) if capture is not None else None
+        if capture is not None and body is not None and not _streamed(body):
+            await response.aread()  # kept by the client: the caller still reads it as usual
+            _observe(capture, body, response)
         return response
 
-    def send_sync(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+    def send_sync(self: Any, request: Any, **kwargs: Any) -> Any:
         response = sync_send(self, request, **kwargs)
-        body = _completion_request(request) if _current.get() is not None else None
-        if body is not None and not _streamed(body):
+        capture = _capture_here() if _open_by_id else None
+        body = _completion_request(request) if capture is not None else None
+        if capture is not None and body is not None and not _streamed(body):
             response.read()
-            _observe(body, response)
+            _observe(capture, body, response)
         return response
 
-    httpx.AsyncClient.send = send_async  # type: ignore[method-assign]
-    httpx.Client.send = send_sync  # type: ignore[method-assign]
-    _installed = True
+    module.AsyncClient.send = send_async
+    module.Client.send = send_sync
 
 
 def _streamed(body: dict[str, Any]) -> bool:

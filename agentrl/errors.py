@@ -43,3 +43,18 @@ class TrainingError(AgentRLError):
 
 class RunLockedError(AgentRLError):
     """Another process holds the run folder: two writers would corrupt its checkpoints."""
+
+
+class NotAllowedError(ConfigurationError):
+    """A request asks for something the backend's operator did not allow (a base model, server flags, a route
+    its token does not open); the message says what is allowed and who can change it."""
+
+
+class StepConflictError(AgentRLError):
+    """A train request was made for a step the model is no longer at (another client trained it, or an earlier
+    attempt of the same step was applied); the message says the model's step."""
+
+
+class BackendBrokenError(AgentRLError):
+    """The backend's server or trainer can no longer be trusted (the server died, or a rollback failed); registering
+    the model again rebuilds them from the checkpoints on disk."""

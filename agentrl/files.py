@@ -11,25 +11,60 @@ import json
 import logging
 import math
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import ConfigurationError
+
 logger = logging.getLogger(__name__)
 
 
-def write_text_atomic(path: Path, text: str, *, mode: int = 0o666) -> None:
-    """Write through a temporary file (flushed to disk) and a rename, so a crash never leaves half a file.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""What may name a folder or a file part that comes from a caller: a run's project and name, a split."""
+
+
+def check_safe_name(value: str, what: str) -> str:
+    """`value` if it is safe as one path component (`SAFE_NAME`, no '..'); else a ConfigurationError naming it."""
+    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or ".." in value:
+        raise ConfigurationError(
+            f"{what} {value!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit, "
+            "without '..', '/' or '@' (it becomes part of a file or folder name in the run folder)"
+        )
+    return value
+
+
+def make_private_dir(path: Path) -> None:
+    """Create `path` and its missing parents readable by this user only (0700): runs hold trajectories,
+    checkpoints and tokens. Folders that already exist keep their modes."""
+    missing = []
+    for folder in [Path(path), *Path(path).parents]:
+        if folder.exists():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+
+
+def write_text_atomic(path: Path, text: str, *, mode: int = 0o600) -> None:
+    """Write through a temporary file (flushed to disk) and a rename, then flush the folder, so a crash or a
+    power loss never leaves half a file, and a failure (a full disk) leaves no temporary file behind.
 
     `mode` (less the umask) is set when the file is created, so a secret is never readable by others.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
 
 
 def fsync_tree(folder: Path) -> None:
@@ -72,7 +107,7 @@ def append_line(path: Path, record: dict[str, Any]) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (json.dumps(_finite_or_none(record), allow_nan=False) + "\n").encode()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":

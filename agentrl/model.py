@@ -8,26 +8,24 @@ logprobs on every chat completion, so the Choices a rollout keeps are ready for 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import httpx2
 import openai
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 
 from agentrl.backend.protocol import Backend, InferenceEndpoint
 from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError
+from agentrl.files import check_safe_name
 from agentrl.tracking import DEFAULT_BEST_BY
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from agentrl.trajectory import History
-
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 class Model(BaseModel):
@@ -90,7 +88,7 @@ class Model(BaseModel):
         return params
 
 
-class _SaysWhenTheServerIsGone(httpx.AsyncBaseTransport):
+class _SaysWhenTheServerIsGone(httpx2.AsyncBaseTransport):
     """Turns a failed request to our own server into an answer that says what happened to it.
 
     A dead server would otherwise surface as openai's bare "Connection error." after its retries,
@@ -99,22 +97,22 @@ class _SaysWhenTheServerIsGone(httpx.AsyncBaseTransport):
     so the openai client raises at once (`InternalServerError`, the message in its body).
     """
 
-    def __init__(self, inner: httpx.AsyncBaseTransport, death_notice: Callable[[], str | None], timeout_s: float):
+    def __init__(self, inner: httpx2.AsyncBaseTransport, death_notice: Callable[[], str | None], timeout_s: float):
         self.inner = inner
         self.death_notice = death_notice
         self.timeout_s = timeout_s
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         try:
             return await self.inner.handle_async_request(request)
-        except httpx.TimeoutException as error:
+        except httpx2.TimeoutException as error:
             message = self.death_notice() or (
                 f"the vLLM server at {request.url.host}:{request.url.port} is running but gave no answer within "
                 f"{self.timeout_s:.0f} s ({type(error).__name__}); it may be hung or overloaded (raise "
                 "ServerConfig.request_timeout_s for long generations)"
             )
             return _error_response(request, 504, message)
-        except httpx.TransportError:
+        except httpx2.TransportError:
             if (notice := self.death_notice()) is None:
                 raise  # a running server: a passing network error, which the client retries
             return _error_response(request, 503, notice)
@@ -123,25 +121,26 @@ class _SaysWhenTheServerIsGone(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def _error_response(request: httpx.Request, status: int, message: str) -> httpx.Response:
+def _error_response(request: httpx2.Request, status: int, message: str) -> httpx2.Response:
     body = {"error": {"message": message, "type": "server_unavailable", "code": status}}
-    return httpx.Response(status, json=body, headers={"x-should-retry": "false"}, request=request)
+    return httpx2.Response(status, json=body, headers={"x-should-retry": "false"}, request=request)
 
 
 MAX_CONNECTIONS = 64
 
 
-def _pooled_http_client(*, timeout_s: float = 600.0, endpoint: InferenceEndpoint | None = None) -> httpx.AsyncClient:
-    """At most MAX_CONNECTIONS sockets; further requests wait for a free one (no pool timeout).
+def _pooled_http_client(*, timeout_s: float = 600.0, endpoint: InferenceEndpoint | None = None) -> httpx2.AsyncClient:
+    """At most MAX_CONNECTIONS sockets; further requests wait for a free one (no pool timeout). httpx2, the
+    HTTP client openai 3 is built on and types its `http_client` with.
 
     With a backend's `endpoint` that can tell, a dead or hung server is reported as such (see
     `_SaysWhenTheServerIsGone`). Token data needs nothing here: the backend's gateway asks for it.
     """
-    limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
-    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(limits=limits)
+    limits = httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
+    transport: httpx2.AsyncBaseTransport = httpx2.AsyncHTTPTransport(limits=limits)
     if endpoint is not None and endpoint.death_notice is not None:
         transport = _SaysWhenTheServerIsGone(transport, endpoint.death_notice, timeout_s)
-    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout_s, connect=30.0, pool=None))
+    return httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(timeout_s, connect=30.0, pool=None))
 
 
 def endpoint_client(endpoint: InferenceEndpoint, *, timeout_s: float) -> openai.AsyncOpenAI:
@@ -165,6 +164,8 @@ class TrainResult:
     """Why a skipped step trained nothing, cause by cause (no groups, not gathered, all failed, ...)."""
     last_judge_error: str | None = None
     """The last error of a judge whose failure dropped a group this step (`metrics["num_groups_judge_failed"]`)."""
+    record_error: str | None = None
+    """Set when the step happened (and is served) but writing its metrics, trajectories or W&B record failed."""
 
 
 class TrainableModel(Model):
@@ -188,12 +189,7 @@ class TrainableModel(Model):
     @classmethod
     def _safe_for_a_folder_name(cls, value: str, info: ValidationInfo) -> str:
         # Both become folders under base_path, and the name is served as "{name}@{step}".
-        if not SAFE_NAME.fullmatch(value) or ".." in value:
-            raise ValueError(
-                f"{info.field_name} {value!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a letter "
-                f"or digit, without '..', '/' or '@' (it names the run folder {{base_path}}/{{project}}/{{name}})"
-            )
-        return value
+        return check_safe_name(value, str(info.field_name))
 
     @property
     def registered(self) -> bool:
@@ -266,6 +262,7 @@ class TrainableModel(Model):
     ) -> dict[str, float]:
         """Record evaluation results at the current step, beside the training metrics (metrics.jsonl,
         trajectories, an HTML transcript, reward.png); returns the averaged metrics."""
+        check_safe_name(split, "split")  # it names files in the run folder
         items: list[Trajectory | TrajectoryGroup] = list(trajectories_or_groups)
         groups = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in items]
         return await self._require_backend().log(self, groups, split)

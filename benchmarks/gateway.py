@@ -84,7 +84,7 @@ async def measure(requests: int) -> dict:
             await model.register(backend)
             (server,), gateway = backend.server.replicas, backend.gateway
             direct = httpx.AsyncClient(timeout=600, headers={"Authorization": f"Bearer {server.api_key}"})
-            through = httpx.AsyncClient(timeout=600)
+            through = httpx.AsyncClient(timeout=600, headers={"Authorization": f"Bearer {gateway.token}"})
             name = model.inference_name
             await timed_completions(direct, server.base_url, name, 4, 4)  # warm both paths
             await timed_completions(through, gateway.base_url, name, 4, 4)

@@ -733,7 +733,7 @@ def test_corrupt_checkpoints_are_moved_aside_and_resume_takes_the_newest_valid(b
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
     backend, trainer = LocalBackend(), Trainer(base_model_path)
     trainer.add_adapter("default", agentrl.LoRAConfig())
-    backend._engine = _Engine(model.base_model, base_model_path, server=None, trainer=trainer)  # type: ignore[arg-type]
+    backend._engine = _Engine(model.base_model, base_model_path, server=None, trainer=trainer, vocab_size=49152)  # type: ignore[arg-type]
     store = CheckpointStore(model.run_dir)
     session = ModelSession(model, "default", store, RunLock(model.run_dir))
     for step in range(5):

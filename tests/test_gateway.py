@@ -72,7 +72,7 @@ def clients(model: agentrl.TrainableModel) -> dict[str, Complete]:
         return completion.choices[0]
 
     async def plain_openai(messages):
-        client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused")
+        client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=gateway.token)
         completion = await client.chat.completions.create(model=name, messages=messages, **params)
         await client.close()
         return completion.choices[0]
@@ -81,14 +81,14 @@ def clients(model: agentrl.TrainableModel) -> dict[str, Complete]:
         from agentrl.judges.call import litellm  # imported with its bundled price list: no network at import
 
         response = await litellm.acompletion(
-            model=f"openai/{name}", api_base=gateway.base_url, api_key="unused", messages=messages, **params
+            model=f"openai/{name}", api_base=gateway.base_url, api_key=gateway.token, messages=messages, **params
         )
         choice = response.choices[0].model_dump(exclude_none=True)
         choice.setdefault("completion_id", response.id)  # what a client that drops extra fields keeps
         return choice
 
     async def raw_http(messages):
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with httpx.AsyncClient(timeout=120, headers={"Authorization": f"Bearer {gateway.token}"}) as client:
             response = await client.post(
                 f"{gateway.base_url}/chat/completions", json={"model": name, "messages": messages, **params}
             )
@@ -122,7 +122,7 @@ async def test_four_clients_train_on_exactly_the_sampled_tokens(served_model):
 
 async def test_a_streamed_completion_is_kept_and_trains_by_its_id(served_model):
     gateway = served_model.backend.gateway
-    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused")
+    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=gateway.token)
     stream = await client.chat.completions.create(
         model=served_model.inference_name,
         messages=[{"role": "user", "content": "Count to five."}],
@@ -231,7 +231,8 @@ def test_the_store_is_bounded_and_an_evicted_completion_names_the_fix():
 
 async def test_a_blocking_client_is_answered_while_it_blocks_the_event_loop(served_model):
     """A notebook cell with the synchronous openai client blocks the loop it runs in; the gateway has its own."""
-    client = openai.OpenAI(base_url=served_model.backend.gateway.base_url, api_key="unused", timeout=60)
+    gateway = served_model.backend.gateway
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=gateway.token, timeout=60)
     completion = client.chat.completions.create(  # no await: this blocks the test's event loop
         model=served_model.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
     )
@@ -272,7 +273,7 @@ async def test_two_models_train_on_one_backend_each_served_as_its_own(served_mod
     )
     assert result.step == first_step + 1 and await second.get_step() == 2
 
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {backend.gateway.token}"}) as client:
         served = {m["id"] for m in (await client.get(f"{backend.gateway.base_url}/models")).json()["data"]}
     # Each model's adapter and the one before it (for requests that named it just before the swap).
     assert {"base", "second@2", "second@1", served_model.inference_name} <= served and "second@0" not in served

@@ -5,6 +5,10 @@ import agentrl
 EXPECTED = {
     "AgentRLError",
     "Backend",
+    "BackendBrokenError",
+    "GatewayLimits",
+    "NotAllowedError",
+    "StepConflictError",
     "CISPOLoss",
     "CheckpointError",
     "ConfigurationError",

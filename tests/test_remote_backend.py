@@ -84,8 +84,9 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
 
 
-def test_the_token_is_generated_once_printed_and_private(service, token):
-    assert token in service.first_output and "0600" in service.first_output
+def test_the_token_is_generated_once_kept_private_and_never_printed(service, token):
+    assert "generated an admin token" in service.first_output and "0600" in service.first_output
+    assert token not in service.first_output  # a terminal's scrollback or a log is no place for it
     assert (service.runs / "backend.token").stat().st_mode & 0o777 == 0o600
 
 
@@ -172,3 +173,101 @@ async def test_after_a_restart_the_client_is_told_and_continues_after_register(s
     assert result.step == step + 1 and model.inference_name == f"agent@{step + 1}"
     assert (service.runs / "remote" / "agent" / "checkpoints" / f"{step + 1:04d}").is_dir()
     await backend.close()
+
+
+def vllm_processes(service: Service) -> list:
+    import psutil
+
+    children = psutil.Process(service.process.pid).children(recursive=True)
+    return [p for p in children if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
+
+
+@pytest.fixture
+async def agent(service, token):
+    """The module's model remote/agent, registered through a RemoteBackend of its own."""
+    model = agentrl.TrainableModel(name="agent", project="remote")
+    backend = agentrl.RemoteBackend(service.url, token=token)
+    await model.register(backend)
+    yield model
+    await backend.close()
+
+
+async def test_rollouts_get_the_sampling_token_which_cannot_train(service, token, agent):
+    from tests.remote_client import sampled_group
+
+    model, backend = agent, agent.backend
+    assert backend.sampling_token != token and model.litellm_params()["api_key"] == backend.sampling_token
+    group = await sampled_group(model)  # the rollout's client holds the sampling token: it samples
+    assert group.trajectories[0].choices()[0].model_extra["token_ids"]
+    async with agentrl.RemoteBackend(service.url, token=backend.sampling_token) as leaked:  # a rollout's token
+        with pytest.raises(agentrl.ConfigurationError, match="sampling token, which cannot train"):
+            await leaked.register(agentrl.TrainableModel(name="agent", project="remote"))
+    with pytest.raises(agentrl.NotAllowedError, match="base model 'gpt2' is not offered"):
+        await agentrl.TrainableModel(name="other", project="remote", base_model="gpt2").register(backend)
+
+
+async def test_a_step_whose_answer_was_lost_is_applied_once_and_a_stale_one_is_refused(service, token, agent):
+    from agentrl.backend.wire import ModelRef, TrainRequest
+    from tests.remote_client import sampled_group
+
+    model = agent
+    step = await model.get_step()
+    lines = len((service.runs / "remote" / "agent" / "metrics.jsonl").read_text().splitlines())
+    request = TrainRequest(
+        model=ModelRef(project="remote", name="agent"),
+        groups=[await sampled_group(model) for _ in range(2)],
+        config=agentrl.TrainConfig(learning_rate=1e-3),
+        request_id="lost-answer-0001",
+        from_step=step,
+    ).model_dump_json()
+    headers = {"Authorization": f"Bearer {token}", "content-type": "application/json"}
+    async with httpx.AsyncClient(base_url=service.url, headers=headers) as client:
+        with pytest.raises(httpx.ReadTimeout):  # a proxy's read timeout: the client never hears the answer
+            await client.post("/backend/train", content=request, timeout=0.3)
+        retry = await client.post("/backend/train", content=request, timeout=300)
+        assert retry.status_code == 200 and retry.json()["step"] == step + 1, retry.text
+        again = await client.post("/backend/train", content=request, timeout=300)
+        assert again.json() == retry.json()
+        stale = await client.post("/backend/train", content=request.replace("lost-answer-0001", "other-client-02"))
+        assert (
+            stale.status_code == 409
+            and f"is at step {step + 1}, but this request was made at step {step}" in (stale.json()["message"])
+        )
+    assert await model.get_step() == step + 1
+    assert len((service.runs / "remote" / "agent" / "metrics.jsonl").read_text().splitlines()) == lines + 1
+
+
+async def test_token_ids_outside_the_vocabulary_are_refused_before_training(service, token, agent):
+    from tests.helpers import make_choice
+    from tests.remote_client import sampled_group
+
+    model = agent
+    step = await model.get_step()
+    group = await sampled_group(model)
+    forged = agentrl.Trajectory(
+        messages_and_choices=[{"role": "user", "content": "Name a colour."}, make_choice([5, 10**12, -7])], reward=1.0
+    )
+    with pytest.raises(
+        agentrl.TokenizationError, match="group 0, trajectory 2, assistant turn 0: token id 1000000000000"
+    ):
+        await model.train([agentrl.TrajectoryGroup([*group.trajectories, forged])], agentrl.TrainConfig())
+    assert await model.get_step() == step
+    result = await model.train([group], agentrl.TrainConfig(learning_rate=1e-3))  # the trainer is unharmed
+    assert result.step == step + 1
+
+
+async def test_after_the_server_dies_a_remote_client_registers_again_and_trains_on(service, token, agent):
+    from tests.remote_client import sampled_group
+
+    model, backend = agent, agent.backend
+    step = await model.get_step()
+    groups = [await sampled_group(model) for _ in range(2)]
+    for process in vllm_processes(service):
+        process.kill()
+    with pytest.raises(agentrl.ServerError, match="[Rr]egister the model again"):
+        await model.train(groups, agentrl.TrainConfig(learning_rate=1e-3))
+    await asyncio.wait_for(model.register(backend), timeout=600)  # rebuilds the server and trainer
+    assert await model.get_step() == step  # resumed from disk
+    assert vllm_processes(service)
+    result = await model.train([await sampled_group(model) for _ in range(2)], agentrl.TrainConfig(learning_rate=1e-3))
+    assert result.step == step + 1

@@ -109,7 +109,9 @@ async def test_two_replicas_serve_through_swaps_without_a_404_and_survive_one_dy
 
     async def keep_asking() -> None:
         """Ask for whatever the model serves now, as a rollout would, until told to stop."""
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with httpx.AsyncClient(
+            timeout=120, headers={"Authorization": f"Bearer {backend.gateway.token}"}
+        ) as client:
             while not stop.is_set():
                 request = {
                     "model": model.inference_name,

@@ -131,7 +131,7 @@ print("REWARD", trajectory.reward)
         env = {
             **os.environ,
             **fake.environment(),
-            "AGENTRL_TEST_SERVER_KEY": served_model.backend.server.replicas[0].api_key,
+            "AGENTRL_TEST_SERVER_KEY": served_model.backend.gateway.token,
         }
         args = [served_model.backend.base_url, served_model.inference_name]
         result = subprocess.run(

@@ -7,18 +7,24 @@ each has its own run folder, lock, checkpoints and step. A training step, in ord
 server sleeps) -> the trainer updates the LoRA -> the new checkpoint is written atomically -> the
 server loads it as "{name}@{step}" and drops the adapter before the previous one. The checkpoint is on disk before the server switches, so a crash at any point resumes
 from a complete checkpoint that the step counter agrees with. A save or a switch that fails puts
-the trainer back to the last served checkpoint, so a retry applies exactly one step; a step
-that cannot train (see `agentrl.rl.screen`) says why in `TrainResult.skip_reason`.
+the trainer back to the last served checkpoint, so a retry applies exactly one step; so does a
+failure of the update itself or of the server's wake-up after it. A step that cannot train (see
+`agentrl.rl.screen`) says why in `TrainResult.skip_reason`. When the server died or a rollback failed,
+the backend is broken: every call says so, and the next `register` rebuilds the server and trainer
+from the checkpoints on disk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
+import math
+import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -33,11 +39,14 @@ from agentrl.backend.run_lock import RunLock
 from agentrl.backend.trainer import StepOutcome, Trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.config import SFTConfig, TrainConfig
-from agentrl.errors import AgentRLError, CheckpointError, ConfigurationError, ServerError
+from agentrl.errors import AgentRLError, BackendBrokenError, CheckpointError, ConfigurationError, ServerError
+from agentrl.files import check_safe_name
+from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
 from agentrl.gateway.store import fill_sampled_tokens
 from agentrl.model import TrainResult
 from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
+from agentrl.rl.tokenize import check_token_ids, labelled_histories
 from agentrl.tracking import DEFAULT_BEST_BY, best_step, record_step, summarize, with_art_names
 from agentrl.wandb_metrics import WandbMetrics, wandb_requested
 
@@ -63,6 +72,8 @@ class _Engine:
     model_path: str
     server: ServerReplicas
     trainer: Trainer | TrainerRanks
+    vocab_size: int
+    """Token ids a client may send for training lie in [0, vocab_size)."""
 
 
 @dataclass
@@ -96,7 +107,9 @@ class LocalBackend:
     `shard_trainer` also shards the decoder layers over them (FSDP2), for a base model too large
     for one device (one model per backend then).
     `host`, `port` and `token` say where its OpenAI-compatible gateway listens (by default a free
-    port on loopback, with no token); a token is required beyond loopback.
+    port on loopback, with a token generated here: another user of a shared host can neither sample
+    the adapters nor read their tokens). `admin_token` opens `routes` (a backend service's own);
+    `limits` bound what one request may ask (`GatewayLimits`).
     """
 
     def __init__(
@@ -109,7 +122,9 @@ class LocalBackend:
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
+        admin_token: str | None = None,
         routes: Sequence[BaseRoute] = (),
+        limits: GatewayLimits | None = None,
     ) -> None:
         if trainer_ranks < 1:
             raise ConfigurationError(f"trainer_ranks must be 1 or more, got {trainer_ranks}")
@@ -123,9 +138,17 @@ class LocalBackend:
         self.shard_trainer = shard_trainer
         self.sessions: dict[str, ModelSession] = {}
         """Registered models by run folder."""
-        self.gateway = Gateway(host=host, port=port, token=token, routes=routes)
+        self.gateway = Gateway(
+            host=host,
+            port=port,
+            token=token or secrets.token_urlsafe(32),
+            admin_token=admin_token,
+            routes=routes,
+            limits=limits,
+        )
         """The OpenAI-compatible door to the server, for any client; rollouts sample through it."""
         self._engine: _Engine | None = None  # started by the first register
+        self._broken: str | None = None  # why the engine can no longer be trusted; the next register rebuilds it
         self._starting = asyncio.Lock()
         # Every trainer call runs on this one thread. Spread over a pool's threads, torch's
         # allocations land in several glibc malloc arenas that never share freed memory: measured
@@ -155,6 +178,8 @@ class LocalBackend:
 
     def session(self, model: TrainableModel) -> ModelSession:
         """The registered `model`'s state on this backend (an error naming the fix if it is not registered)."""
+        if self._broken is not None:
+            raise BackendBrokenError(self._broken)
         session = self.sessions.get(str(model.run_dir.resolve()))
         if session is None:
             raise AgentRLError(
@@ -169,7 +194,7 @@ class LocalBackend:
 
     @property
     def _client_key(self) -> str:
-        """What clients send as their API key: the gateway's token, or any non-empty string without one."""
+        """What clients send as their API key: the gateway's sampling token."""
         return self.gateway.token or "agentrl"
 
     @property
@@ -191,6 +216,8 @@ class LocalBackend:
         Registering a model whose run is already registered here returns its step (after any step in
         progress), so a client that reconnects continues where the run is.
         """
+        if (why := self._why_rebuild()) is not None:
+            await self._drop_engine(why)
         key = str(model.run_dir.resolve())
         if (session := self.sessions.get(key)) is not None:
             async with session.busy:
@@ -226,6 +253,7 @@ class LocalBackend:
                 )
             return engine
         model_path = await self._on_trainer_thread(resolve_base_model, model.base_model)
+        vocab_size = await self._on_trainer_thread(_vocab_size, model_path)
         server = ServerReplicas(model_path, model.run_dir / "logs", model.server, max_lora_rank=model.lora.rank)
         trainer: Trainer | TrainerRanks
         if self.trainer_ranks > 1:
@@ -239,10 +267,10 @@ class LocalBackend:
             )
         else:
             trainer = await self._on_trainer_thread(Trainer, model_path, seed=self.seed, device=self.trainer_device)
-        self._engine = _Engine(model.base_model, model_path, server, trainer)
+        self._engine = _Engine(model.base_model, model_path, server, trainer, vocab_size)
         await server.start()
         await self.gateway.start()
-        self.gateway.connect(server.gateway_replicas(), drop_seed=not server.gpu)
+        self.gateway.connect(server.gateway_replicas(), drop_seed=not server.gpu, context=model.server.max_model_len)
         return self._engine
 
     async def _open_session(self, model: TrainableModel, engine: _Engine, lock: RunLock) -> ModelSession:
@@ -291,6 +319,8 @@ class LocalBackend:
         step_metrics: dict[str, float] | None = None,
     ) -> TrainResult:
         """One GRPO step; the server serves the new checkpoint when it returns."""
+        if bad := sorted(k for k, v in (step_metrics or {}).items() if not math.isfinite(v)):
+            raise ConfigurationError(f"step_metrics {bad} are not finite numbers; record only finite values")
         session = self.session(model)
         async with session.busy:
             return await self._train(session, groups, config, dict(step_metrics or {}))
@@ -300,6 +330,7 @@ class LocalBackend:
     ) -> TrainResult:
         trainer = self.trainer
         groups = fill_sampled_tokens(groups, self.gateway.store)  # Choices that kept only their completion id
+        check_token_ids(labelled_histories(groups), self.engine.vocab_size)  # before any of it reaches the trainer
         screened = screen_groups(groups)  # raises RewardError for a missing or non-finite reward
         if (error := judge_failure_error(screened, config.max_judge_failure_rate)) is not None:
             raise error
@@ -311,11 +342,8 @@ class LocalBackend:
                 screened.last_judge_error,
             )
         if screened.trainable:
-            await self._make_room()
-            try:
+            async with self._updating(session):
                 outcome = await self._on_trainer_thread(trainer.train_step, session.adapter, screened.trainable, config)
-            finally:
-                await self._give_room_back()
         else:
             outcome = StepOutcome(updated=False)
         reason = None
@@ -348,38 +376,50 @@ class LocalBackend:
         index = int(device.partition(":")[2] or 0)
         return self._engine is None or index < self._engine.server.devices
 
-    async def _make_room(self) -> None:
-        if self.shares_a_device:
-            await self.server.sleep()
-
-    async def _give_room_back(self) -> None:
-        if self.shares_a_device:
-            await self.server.wake_up()
+    @contextlib.asynccontextmanager
+    async def _updating(self, session: ModelSession) -> AsyncIterator[None]:
+        """The server asleep (one GPU) while the trainer changes `session`'s adapter. If the update or the
+        wake-up after it fails, the adapter and optimizer go back to the served checkpoint before the error
+        is raised, so nothing of the failed step stays in the trainer and a retry applies exactly one step."""
+        try:
+            if self.shares_a_device:
+                await self.server.sleep()
+            yield
+            if self.shares_a_device:
+                await self.server.wake_up()
+        except Exception as error:
+            await self._roll_back(session, session.step, f"the update failed before it was saved ({error})")
+            if self.shares_a_device:
+                with contextlib.suppress(Exception):  # best effort: the error below says what went wrong
+                    await self.server.wake_up()
+            if isinstance(error, AgentRLError):
+                raise type(error)(f"{error}. Nothing of this step was applied: {self._next_move(session)}") from error
+            raise
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:
         """Supervised steps on demonstrations (their assistant messages are the targets), then one checkpoint."""
         session = self.session(model)
+        check_token_ids(((f"demonstration {i}", h) for i, h in enumerate(histories)), self.engine.vocab_size)
         async with session.busy:
             metrics: dict[str, float] = {}
-            await self._make_room()
             starts = range(0, len(histories), config.batch_size)
             progress = tqdm(total=config.epochs * len(starts), desc="sft", unit="batch")
             try:
-                for epoch in range(config.epochs):
-                    for start in starts:
-                        outcome = await self._on_trainer_thread(
-                            self.trainer.sft_step,
-                            session.adapter,
-                            histories[start : start + config.batch_size],
-                            learning_rate=config.learning_rate,
-                            micro_batch_tokens=config.micro_batch_tokens,
-                        )
-                        metrics = {**outcome.metrics, "epoch": float(epoch)}
-                        progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)
-                        progress.update(1)
+                async with self._updating(session):
+                    for epoch in range(config.epochs):
+                        for start in starts:
+                            outcome = await self._on_trainer_thread(
+                                self.trainer.sft_step,
+                                session.adapter,
+                                histories[start : start + config.batch_size],
+                                learning_rate=config.learning_rate,
+                                micro_batch_tokens=config.micro_batch_tokens,
+                            )
+                            metrics = {**outcome.metrics, "epoch": float(epoch)}
+                            progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)
+                            progress.update(1)
             finally:
                 progress.close()
-                await self._give_room_back()
             return await self._commit(session, StepOutcome(bool(metrics), metrics), split="sft", groups=[])
 
     async def _commit(
@@ -388,14 +428,17 @@ class LocalBackend:
         """Checkpoint the model's adapter as its next step and serve it; or record a skipped step.
 
         If the save or the switch fails, the adapter goes back to the last served checkpoint (an
-        unserved new checkpoint is moved aside, not deleted) and the error says so: the step did
-        not happen, and calling train again applies exactly one step.
+        unserved new checkpoint is moved aside, not deleted, and unloaded from every replica that took
+        it) and the error says so: the step did not happen, and calling train again applies exactly one
+        step. Once the new checkpoint is served the step is committed: a failure to record its metrics
+        is reported in `TrainResult.record_error`, never raised (a retry would apply a second step).
         """
         store, server = session.store, self.server
         metrics = dict(outcome.metrics)
         if not outcome.updated:
-            await self._record(session, groups, metrics, step=session.step, split=split, skipped=True)
-            return TrainResult(step=session.step, metrics=metrics, skipped=True)
+            recording = self._record(session, groups, metrics, step=session.step, split=split, skipped=True)
+            record_error = await self._record_committed(recording, session.step)
+            return TrainResult(step=session.step, metrics=metrics, skipped=True, record_error=record_error)
         new_step, old_step = session.step + 1, session.step
         started = time.perf_counter()
         save = functools.partial(self.trainer.save, session.adapter)
@@ -420,7 +463,8 @@ class LocalBackend:
             raise ServerError(
                 f"{why}. The step was rolled back: the unserved checkpoint was moved aside to {aside}, the trainer is "
                 f"at checkpoint {old_step} again and {session.served_name(old_step)} is still what a rollout gets. "
-                "Call train again once the server answers; if it died, register the model with a new backend"
+                "Call train again once the server answers; if it died, register the model again (the backend "
+                "then restarts its server and trainer from the checkpoints on disk)"
             ) from error
         session.served.append(new_step)
         while len(session.served) > SERVED_ADAPTERS:
@@ -431,18 +475,34 @@ class LocalBackend:
                 logger.warning("could not unload %s: %s", session.served_name(retired), error)
         metrics["swap_s"] = time.perf_counter() - started
         session.step = new_step
-        await self._record(session, groups, metrics, step=new_step, split=split, skipped=False)
-        return TrainResult(step=new_step, metrics=metrics)
+        recording = self._record(session, groups, metrics, step=new_step, split=split, skipped=False)
+        record_error = await self._record_committed(recording, new_step)
+        return TrainResult(step=new_step, metrics=metrics, record_error=record_error)
+
+    @staticmethod
+    async def _record_committed(recording: Awaitable[None], step: int) -> str | None:
+        """Await the record of a step that already happened; a failure is returned (and logged), never raised."""
+        try:
+            await recording
+        except Exception as error:  # noqa: BLE001 - the step is committed and served whatever went wrong here
+            message = f"step {step} is done, but recording its metrics failed: {type(error).__name__}: {error}"
+            logger.error("%s", message)
+            return message
+        return None
 
     async def _roll_back(self, session: ModelSession, step: int, why: str) -> None:
-        """Put the model's adapter and optimizer back to checkpoint `step` after a failed commit."""
+        """Put the model's adapter and optimizer back to checkpoint `step` after a failed update or commit; if
+        that fails too, the backend is broken (`BackendBrokenError`) until the next register rebuilds it."""
         try:
             await self._on_trainer_thread(self.trainer.load, session.adapter, session.store.path(step))
         except Exception as error:
-            raise CheckpointError(
-                f"{why}, and restoring the trainer from checkpoint {step} failed too ({error}); the trainer's weights "
-                "are one step ahead of disk: close this backend and register the model again to resume from disk"
-            ) from error
+            self._broken = (
+                f"{why}, and restoring the trainer from checkpoint {step} failed too ({type(error).__name__}: "
+                f"{error}), so the trainer no longer matches the disk. Register the model again: the backend then "
+                f"rebuilds its server and trainer and resumes every model from its checkpoints on disk (this one at "
+                f"{step})"
+            )
+            raise BackendBrokenError(self._broken) from error
         logger.warning("%s; the trainer was restored to checkpoint %d", why, step)
 
     async def _record(
@@ -467,6 +527,7 @@ class LocalBackend:
 
     async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
         """Record evaluation groups at the current step: metrics line, trajectories, transcript, plot."""
+        check_safe_name(split, "split")  # it names files in the run folder: no path may come through it
         session = self.session(model)
         metrics = summarize([t for g in groups for t in g.trajectories])
         await self._record(session, groups, metrics, step=session.step, split=split)
@@ -487,21 +548,55 @@ class LocalBackend:
         async with session.busy:
             return await asyncio.to_thread(session.store.delete, keep_last=keep_last, keep=keep | {session.step})
 
-    async def _stop_engine(self) -> None:
-        await self.gateway.stop()
-        if self._engine is not None:
-            await asyncio.to_thread(self._engine.server.stop)
-            if isinstance(self._engine.trainer, TrainerRanks):
-                await asyncio.to_thread(self._engine.trainer.close)
+    def _next_move(self, session: ModelSession) -> str:
+        """What a caller does after a failed step that was rolled back to the served checkpoint."""
+        if self._why_rebuild() is not None:
+            return (
+                f"the trainer is back at checkpoint {session.step}, but the inference server died. Register the model "
+                "again: the backend then restarts its server and trainer from the checkpoints on disk"
+            )
+        return f"the trainer is back at checkpoint {session.step}, which is still served; call train again"
 
-    async def close(self) -> None:
-        """Stop the gateway and the server, finish W&B runs and release the run folders."""
-        await self._stop_engine()
+    def _why_rebuild(self) -> str | None:
+        """Why the engine must be rebuilt before it serves again (a failed rollback, every server dead); None if not."""
+        if self._engine is None:
+            return None
+        if self._broken is not None:
+            return self._broken
+        if (notice := self._engine.server.death_notice()) is not None:
+            return f"the inference server died: {notice}"
+        return None
+
+    async def _drop_engine(self, why: str) -> None:
+        """Stop the server and trainer and forget every model (their runs stay on disk); the gateway keeps
+        listening, and the next register starts a new engine that resumes from the checkpoints."""
+        logger.warning("rebuilding the backend's server and trainer; registered models must register again: %s", why)
+        await self._stop_engine(keep_gateway=True)
+        await self._release_sessions()
+        self._broken = None
+
+    async def _stop_engine(self, *, keep_gateway: bool = False) -> None:
+        if keep_gateway:
+            self.gateway.connect([])
+        else:
+            await self.gateway.stop()
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await asyncio.to_thread(engine.server.stop)
+            if isinstance(engine.trainer, TrainerRanks):
+                await asyncio.to_thread(engine.trainer.close)
+
+    async def _release_sessions(self) -> None:
         for session in self.sessions.values():
             if session.wandb is not None:
                 await asyncio.to_thread(session.wandb.finish)
             session.lock.release()
         self.sessions.clear()
+
+    async def close(self) -> None:
+        """Stop the gateway and the server, finish W&B runs and release the run folders."""
+        await self._stop_engine()
+        await self._release_sessions()
         self._trainer_thread.shutdown(wait=False)
 
     async def __aenter__(self) -> LocalBackend:
@@ -509,3 +604,11 @@ class LocalBackend:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _vocab_size(model_path: str) -> int:
+    """Rows of the model's token embedding: the ids its server can sample."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    return int(config.get_text_config().vocab_size)

@@ -10,7 +10,7 @@ server behind it died.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -25,8 +25,8 @@ class InferenceEndpoint:
 
     base_url: str
     """OpenAI-compatible root, e.g. "http://127.0.0.1:8000/v1"."""
-    api_key: str
-    """Bearer token the gateway requires (any non-empty string on a tokenless loopback gateway)."""
+    api_key: str = field(repr=False)
+    """Bearer token the gateway requires (never shown in a repr)."""
     death_notice: Callable[[], str | None] | None = None
     """None while the server runs, else what happened to it (exit, log tail); None when unknowable."""
 

@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import pickle
 import shutil
+import socket
 import tempfile
 import time
 import traceback
@@ -85,6 +86,16 @@ def _portable_error(error: BaseException) -> BaseException:
         return TrainingError(f"{type(error).__name__}: {error}")
 
 
+def keep_rank_sockets_on_loopback() -> None:
+    """All ranks run on this host: their gloo and NCCL sockets listen on the loopback interface only (on a
+    cloud host they would otherwise bind the interface the hostname resolves to), unless the user chose one."""
+    names = {name for _, name in socket.if_nameindex()}
+    loopback = next((name for name in ("lo", "lo0") if name in names), None)
+    if loopback is not None:
+        for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(variable, loopback)
+
+
 def serve_rank(
     rank: int,
     world_size: int,
@@ -105,6 +116,7 @@ def serve_rank(
     elif device.startswith("cuda"):
         torch.cuda.set_device(device)
     backend = "nccl" if device.startswith("cuda") else "gloo"
+    keep_rank_sockets_on_loopback()
     try:
         torch.distributed.init_process_group(
             backend, init_method=rendezvous, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT

@@ -2,12 +2,17 @@
 
 A notebook on a laptop registers, trains and logs as with `LocalBackend`; the GPU host runs the
 server and the trainer. Rollouts sample from the service's gateway (`model.openai_client()` and
-`model.litellm_params()` point there, with the token), so the same rollout code runs unchanged.
+`model.litellm_params()` point there), so the same rollout code runs unchanged. They get the
+service's sampling token, which the service hands over at register: this backend keeps the admin
+token to itself. A step request carries an id and the step it was made at, so a step whose answer
+was lost (a dropped connection, a proxy's timeout) is retried here without ever being applied twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -23,6 +28,7 @@ from agentrl.backend.wire import (
     ErrorReply,
     LogRequest,
     ModelRef,
+    RegisterReply,
     RegisterRequest,
     SFTRequest,
     TrainRequest,
@@ -38,11 +44,14 @@ if TYPE_CHECKING:
 class RemoteBackend:
     """Trains and serves models on an `agentrl backend serve` service at `url` ("http://gpu-host:8000").
 
-    `token` defaults to the AGENTRL_TOKEN environment variable; the service printed it when it
-    generated it, and keeps it in `backend.token` beside its runs.
+    `token` is the service's admin token (default: the AGENTRL_TOKEN environment variable; a service
+    that generated it keeps it in `backend.token` beside its runs). `step_retries`: how often a step
+    whose answer was lost in transit is asked for again (the same request: applied once).
     """
 
-    def __init__(self, url: str, *, token: str | None = None, timeout_s: float | None = None) -> None:
+    def __init__(
+        self, url: str, *, token: str | None = None, timeout_s: float | None = None, step_retries: int = 3
+    ) -> None:
         token = token or os.environ.get(TOKEN_ENV, "").strip()
         if not token:
             raise ConfigurationError(
@@ -50,14 +59,20 @@ class RemoteBackend:
                 "printed it when it generated it, and keeps it in backend.token beside its runs)"
             )
         self.url = url.rstrip("/").removesuffix("/v1")
-        self.token = token
+        self._token = token
+        self.step_retries = step_retries
         self._instance: str | None = None  # the service instance this backend's models registered with
+        self._sampling_token: str | None = None  # what rollouts get; handed over by the service at register
+        self._steps: dict[tuple[str, str], int] = {}  # each model's step as last seen, sent with step requests
         # A step takes as long as it takes (timeout_s None); connecting should not.
         self._client = httpx.AsyncClient(
             base_url=self.url,
-            headers={"Authorization": f"Bearer {token}"},
+            headers={"Authorization": f"Bearer {token}"},  # the admin token: never handed to rollouts
             timeout=httpx.Timeout(timeout_s, connect=30.0),
         )
+
+    def __repr__(self) -> str:
+        return f"RemoteBackend({self.url!r})"
 
     async def _call(self, path: str, message: BaseModel) -> Any:
         headers = {SERVICE_HEADER: self._instance} if self._instance else {}  # the service ignores it on register
@@ -70,8 +85,13 @@ class RemoteBackend:
             ) from error
         if response.status_code == 401:
             raise ConfigurationError(
-                f"the agentrl backend at {self.url} refused the token: give the one it printed at start "
-                f"(token=... or {TOKEN_ENV}; the service keeps it in backend.token beside its runs)"
+                f"the agentrl backend at {self.url} refused the token: give its admin token (token=... or "
+                f"{TOKEN_ENV}; a service that generated it keeps it in backend.token beside its runs)"
+            )
+        if response.status_code == 403 and not response.headers.get(SERVICE_HEADER):
+            raise ConfigurationError(
+                f"the agentrl backend at {self.url} took this token for its sampling token, which cannot train: "
+                f"give RemoteBackend its admin token (token=... or {TOKEN_ENV})"
             )
         if response.status_code == 404 and not response.headers.get(SERVICE_HEADER):
             raise ServerError(f"{self.url} answered 404 to {path}: it is not an agentrl backend service")
@@ -79,18 +99,41 @@ class RemoteBackend:
             raise _error_from(response, self.url)
         return response.json()
 
+    async def _step_call(self, path: str, message: TrainRequest | SFTRequest) -> TrainResult:
+        """A step request, asked again (same id) when its answer is lost in transit: the service applies it
+        once and answers every attempt with the same result."""
+        from agentrl.model import TrainResult
+
+        for attempt in range(self.step_retries + 1):
+            try:
+                result = TrainResult(**await self._call(path, message))
+                self._steps[(message.model.project, message.model.name)] = result.step
+                return result
+            except ServerError as error:
+                if attempt == self.step_retries or not isinstance(error.__cause__, httpx.TransportError):
+                    raise
+                await asyncio.sleep(2.0**attempt)
+        raise AssertionError("unreachable")
+
     def _ref(self, model: TrainableModel) -> ModelRef:
         return ModelRef(project=model.project, name=model.name)
 
     async def register(self, model: TrainableModel) -> int:
-        """Register `model` on the service: it resumes from the run's latest checkpoint there and serves it."""
-        fields = model.model_dump(mode="json", include=set(REGISTERED_FIELDS))
-        reply = await self._call("/backend/register", RegisterRequest(model=fields))
-        self._instance = reply["service"]
-        return int(reply["step"])
+        """Register `model` on the service: it resumes from the run's latest checkpoint there and serves it.
+
+        Only the settings you set are sent; the base model and server settings you leave out are the
+        service's (its operator fixes them), and ones it does not offer are refused by name."""
+        fields = model.model_dump(mode="json", include=set(REGISTERED_FIELDS) & (model.model_fields_set | {"name"}))
+        fields["project"] = model.project
+        reply = RegisterReply.model_validate(await self._call("/backend/register", RegisterRequest(model=fields)))
+        self._instance, self._sampling_token = reply.service, reply.sampling_token
+        self._steps[(model.project, model.name)] = reply.step
+        return reply.step
 
     async def get_step(self, model: TrainableModel) -> int:
-        return int((await self._call("/backend/get_step", self._ref(model)))["step"])
+        step = int((await self._call("/backend/get_step", self._ref(model)))["step"])
+        self._steps[(model.project, model.name)] = step
+        return step
 
     async def train(
         self,
@@ -100,16 +143,25 @@ class RemoteBackend:
         *,
         step_metrics: dict[str, float] | None = None,
     ) -> TrainResult:
-        from agentrl.model import TrainResult
-
-        request = TrainRequest(model=self._ref(model), groups=groups, config=config, step_metrics=step_metrics or {})
-        return TrainResult(**await self._call("/backend/train", request))
+        request = TrainRequest(
+            model=self._ref(model),
+            groups=groups,
+            config=config,
+            step_metrics=step_metrics or {},
+            request_id=uuid.uuid4().hex,
+            from_step=self._steps.get((model.project, model.name)),
+        )
+        return await self._step_call("/backend/train", request)
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:
-        from agentrl.model import TrainResult
-
-        request = SFTRequest(model=self._ref(model), histories=histories, config=config)
-        return TrainResult(**await self._call("/backend/train_sft", request))
+        request = SFTRequest(
+            model=self._ref(model),
+            histories=histories,
+            config=config,
+            request_id=uuid.uuid4().hex,
+            from_step=self._steps.get((model.project, model.name)),
+        )
+        return await self._step_call("/backend/train_sft", request)
 
     async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
         metrics: dict[str, float] = await self._call(
@@ -121,15 +173,27 @@ class RemoteBackend:
         request = DeleteRequest(model=self._ref(model), keep_last=keep_last, best_by=best_by)
         return [int(step) for step in await self._call("/backend/delete_checkpoints", request)]
 
+    @property
+    def sampling_token(self) -> str:
+        """The token rollouts, judges and agent frameworks get: it samples, and cannot train or register."""
+        if self._sampling_token is None:
+            raise AgentRLError(
+                f"no model is registered through this RemoteBackend yet; call `await model.register(backend)` first "
+                f"(the service at {self.url} hands over its sampling token then)"
+            )
+        return self._sampling_token
+
     def endpoint(self, model: TrainableModel) -> InferenceEndpoint:
-        """The service's gateway, with the token."""
-        return InferenceEndpoint(f"{self.url}/v1", self.token)
+        """The service's gateway, with the sampling token."""
+        return InferenceEndpoint(f"{self.url}/v1", self.sampling_token)
 
     def base_model(self) -> Model:
-        """The untrained base model on the service's server ("base")."""
+        """The untrained base model on the service's server ("base"), reached with the sampling token."""
         from agentrl.model import Model
 
-        return Model(name="base", base_url=f"{self.url}/v1", api_key=self.token, litellm_provider="hosted_vllm")
+        return Model(
+            name="base", base_url=f"{self.url}/v1", api_key=self.sampling_token, litellm_provider="hosted_vllm"
+        )
 
     async def close(self) -> None:
         """Close the connection; the service keeps running, and keeps the models registered."""

@@ -115,8 +115,16 @@ class ServerReplicas:
             raise ServerError(self.death_notice() or "no vLLM server is running")
 
     async def load_adapter(self, name: str, path: Path) -> None:
-        """Serve the LoRA in `path` as `name` on every live replica; returns once all have it."""
-        await self._on_each_live(lambda replica: replica.load_adapter(name, path))
+        """Serve the LoRA in `path` as `name` on every live replica; returns once all have it.
+
+        All or none: if any replica fails (or times out, when vLLM may have loaded it after all), `name` is
+        unloaded from every live replica before the error is raised, so a retry can load it again (vLLM
+        refuses a name already loaded) and no replica serves weights the backend rolled back."""
+        try:
+            await self._on_each_live(lambda replica: replica.load_adapter(name, path))
+        except BaseException:
+            await asyncio.gather(*(replica.unload_adapter(name) for replica in self.live), return_exceptions=True)
+            raise
 
     async def unload_adapter(self, name: str) -> None:
         """Stop serving `name` on every live replica."""

@@ -11,7 +11,8 @@ import fcntl
 import os
 from pathlib import Path
 
-from agentrl.errors import RunLockedError
+from agentrl.errors import ConfigurationError, RunLockedError
+from agentrl.files import make_private_dir
 
 LOCK_FILE = ".lock"
 
@@ -24,9 +25,11 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise `RunLockedError` naming the process that holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock, or raise `RunLockedError` naming the process that holds it (held already: nothing to do)."""
+        if self._fd is not None:
+            return
+        make_private_dir(self.path.parent)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -37,6 +40,12 @@ class RunLock:
                 "one process trains or evaluates a run at a time. Stop that process, wait for it to finish, or use "
                 "another run name"
             ) from None
+        except OSError as error:  # ENOLCK, EOPNOTSUPP: a file system without locks (some NFS mounts)
+            os.close(fd)
+            raise ConfigurationError(
+                f"cannot lock the run folder {self.path.parent}: its file system does not support file locks "
+                f"({error.strerror}). Put runs (base_path) on a local disk"
+            ) from error
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd

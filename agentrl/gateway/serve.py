@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute
 
 from agentrl.errors import ConfigurationError, ServerError
 from agentrl.gateway.app import Replica, Upstream, create_gateway_app
+from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.store import SampledStore
 
 
@@ -41,25 +42,32 @@ class Gateway:
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
+        admin_token: str | None = None,
         store: SampledStore | None = None,
         routes: Sequence[BaseRoute] = (),
+        limits: GatewayLimits | None = None,
     ) -> None:
+        """`token` opens sampling (/v1); `admin_token` also opens `routes` (/backend/); see `gateway.auth`."""
         if not token and not is_loopback(host):
             raise ConfigurationError(
                 f"the gateway would listen on {host}, beyond loopback, without a token; set one "
                 "(AGENTRL_TOKEN) or listen on 127.0.0.1"
             )
+        if routes and not admin_token:
+            raise ConfigurationError("a gateway with backend routes needs an admin token for them")
         self.host, self.port, self.token = host, port, token
         self.store = store or SampledStore()
-        self.upstream = Upstream()
-        app = create_gateway_app(self.upstream, self.store, token=token, routes=routes)
+        self.upstream = Upstream(limits=limits or GatewayLimits())
+        app = create_gateway_app(self.upstream, self.store, token=token, admin_token=admin_token, routes=routes)
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
 
-    def connect(self, replicas: Sequence[Replica], *, drop_seed: bool = False) -> None:
-        """Forward completions to these vLLM servers (replicas of one model), balanced by requests in flight."""
+    def connect(self, replicas: Sequence[Replica], *, drop_seed: bool = False, context: int | None = None) -> None:
+        """Forward completions to these vLLM servers (replicas of one model, `context` tokens long), balanced by
+        requests in flight."""
         self.upstream.drop_seed = drop_seed
+        self.upstream.context = context
         self.upstream.replicas = list(replicas)
 
     @property

@@ -6,6 +6,7 @@ completion trained on: the trainer asks for it by the completion's id.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from array import array
@@ -18,6 +19,8 @@ from pydantic import BaseModel
 
 from agentrl.errors import TokenizationError
 from agentrl.trajectory import TrajectoryGroup
+
+logger = logging.getLogger(__name__)
 
 
 class SampledChoice(BaseModel):
@@ -38,36 +41,58 @@ def policy_step_of(served_name: Any) -> int | None:
 
 @dataclass(frozen=True)
 class _Kept:
-    """A choice packed into typed arrays: 4 bytes per token id, 8 per logprob (Python lists take 36 and 32)."""
+    """A choice packed into typed arrays: 4 bytes per token id, 8 per logprob (Python lists take 36 and 32);
+    its prompt is an index into the completion's prompts, which its choices share."""
 
-    prompt_token_ids: array[int] | None
+    prompt: int | None
     token_ids: array[int]
     logprobs: array[float]
     policy_step: int | None
 
-    @classmethod
-    def pack(cls, choice: SampledChoice) -> _Kept:
-        prompt = array("i", choice.prompt_token_ids) if choice.prompt_token_ids is not None else None
-        return cls(prompt, array("i", choice.token_ids), array("d", choice.logprobs), choice.policy_step)
 
-    def unpack(self) -> SampledChoice:
-        prompt = self.prompt_token_ids.tolist() if self.prompt_token_ids is not None else None
-        return SampledChoice(
-            prompt_token_ids=prompt,
-            token_ids=self.token_ids.tolist(),
-            logprobs=self.logprobs.tolist(),
-            policy_step=self.policy_step,
-        )
+@dataclass(frozen=True)
+class _KeptCompletion:
+    """A completion's choices and their distinct prompts: n choices of one prompt keep that prompt once."""
+
+    prompts: list[array[int]]
+    choices: list[_Kept]
+
+    @classmethod
+    def pack(cls, choices: list[SampledChoice]) -> _KeptCompletion:
+        prompts: list[array[int]] = []
+        kept = []
+        for choice in choices:
+            index = None
+            if choice.prompt_token_ids is not None:
+                prompt = array("i", choice.prompt_token_ids)
+                index = next((i for i, known in enumerate(prompts) if known == prompt), None)
+                if index is None:
+                    prompts.append(prompt)
+                    index = len(prompts) - 1
+            kept.append(_Kept(index, array("i", choice.token_ids), array("d", choice.logprobs), choice.policy_step))
+        return cls(prompts, kept)
+
+    def unpack(self) -> list[SampledChoice]:
+        return [
+            SampledChoice(
+                prompt_token_ids=self.prompts[k.prompt].tolist() if k.prompt is not None else None,
+                token_ids=k.token_ids.tolist(),
+                logprobs=k.logprobs.tolist(),
+                policy_step=k.policy_step,
+            )
+            for k in self.choices
+        ]
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids or ()) + len(self.token_ids)
+        return sum(len(p) for p in self.prompts) + sum(len(k.token_ids) for k in self.choices)
 
 
 class SampledStore:
     """The sampled token data of recent completions, by completion id: oldest out first beyond
-    `max_completions` completions or `max_tokens` tokens (prompts included), so memory stays bounded
-    (about 20 bytes a token) however long the run.
+    `max_completions` completions or `max_tokens` tokens (prompts included, once per completion), so memory
+    stays bounded (about 20 bytes a token) however long the run. A completion larger than the whole token
+    bound is not kept (a warning says so; its Choices still carry their tokens).
 
     Thread-safe: the gateway's thread puts, the trainer's caller gets.
     """
@@ -75,7 +100,7 @@ class SampledStore:
     def __init__(self, max_completions: int = 100_000, max_tokens: int = 20_000_000) -> None:
         self.max_completions = max_completions
         self.max_tokens = max_tokens
-        self._by_id: OrderedDict[str, list[_Kept]] = OrderedDict()
+        self._by_id: OrderedDict[str, _KeptCompletion] = OrderedDict()
         self._num_tokens = 0
         self._lock = threading.Lock()
 
@@ -88,17 +113,23 @@ class SampledStore:
         return self._num_tokens
 
     def put(self, completion_id: str, choices: list[SampledChoice]) -> None:
-        kept = [_Kept.pack(choice) for choice in choices]
+        kept = _KeptCompletion.pack(choices)
+        if kept.num_tokens > self.max_tokens:
+            logger.warning(
+                "completion %s has %d tokens, more than the gateway's whole store (%d): not kept for lookup by id",
+                completion_id,
+                kept.num_tokens,
+                self.max_tokens,
+            )
+            return
         with self._lock:
             if (previous := self._by_id.pop(completion_id, None)) is not None:
-                self._num_tokens -= sum(k.num_tokens for k in previous)
+                self._num_tokens -= previous.num_tokens
             self._by_id[completion_id] = kept
-            self._num_tokens += sum(k.num_tokens for k in kept)
-            while len(self._by_id) > 1 and (
-                len(self._by_id) > self.max_completions or self._num_tokens > self.max_tokens
-            ):
+            self._num_tokens += kept.num_tokens
+            while len(self._by_id) > self.max_completions or self._num_tokens > self.max_tokens:
                 _, evicted = self._by_id.popitem(last=False)
-                self._num_tokens -= sum(k.num_tokens for k in evicted)
+                self._num_tokens -= evicted.num_tokens
 
     def get(self, completion_id: str) -> list[SampledChoice]:
         """The choices of a completion; `TokenizationError` naming the fix when it is not (or no longer) kept."""
@@ -110,7 +141,7 @@ class SampledStore:
                 f"gateway, or it was evicted (the gateway keeps the last {self.max_completions} completions and "
                 f"{self.max_tokens} tokens). Keep the Choice with its token_ids/logprobs, or train sooner after sampling"
             )
-        return [k.unpack() for k in kept]
+        return kept.unpack()
 
 
 def sampled_choices(response: dict[str, Any]) -> list[SampledChoice]:

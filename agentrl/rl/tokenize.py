@@ -15,7 +15,7 @@ Shapes: `_T` tokens of one sequence, `_B` sequences of a micro-batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
@@ -48,6 +48,44 @@ class SampledTokens:
     logprobs: list[float]
 
 
+def choice_token_ids(choice: Choice) -> list[int] | None:
+    """The token ids a Choice says were sampled (`token_ids`, or logprob tokens spelled `token_id:N`); None
+    when it carries none. Not yet checked against any vocabulary: see `check_token_ids`."""
+    token_ids = (choice.model_extra or {}).get("token_ids")
+    if token_ids is not None:
+        if not isinstance(token_ids, list) or not all(type(t) is int for t in token_ids):
+            raise TokenizationError(f"an assistant turn's token_ids must be a list of whole numbers: {token_ids!r:.80}")
+        return token_ids
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    if not content:
+        return None
+    try:
+        return [int(entry.token.removeprefix("token_id:")) for entry in content]
+    except ValueError:
+        return None
+
+
+def labelled_histories(groups: Sequence[TrajectoryGroup]) -> Iterator[tuple[str, History]]:
+    """Every conversation of a step, with where it is ("group 2, trajectory 5, additional history 1")."""
+    for g, group in enumerate(groups):
+        for t, trajectory in enumerate(group.trajectories):
+            for h, history in enumerate(trajectory.histories()):
+                yield f"group {g}, trajectory {t}" + (f", additional history {h}" if h else ""), history
+
+
+def check_token_ids(histories: Iterable[tuple[str, History]], vocab_size: int) -> None:
+    """`TokenizationError` naming the conversation and turn when a sampled token id is outside [0, vocab_size):
+    on a GPU such an id is a device-side assert that breaks the shared trainer for every model."""
+    for label, history in histories:
+        for turn, choice in enumerate(history.choices()):
+            for token_id in choice_token_ids(choice) or ():
+                if not 0 <= token_id < vocab_size:
+                    raise TokenizationError(
+                        f"{label}, assistant turn {turn}: token id {token_id} is outside the model's vocabulary "
+                        f"[0, {vocab_size}); train only on token ids this backend's server sampled"
+                    )
+
+
 def sampled_tokens(choice: Choice) -> SampledTokens:
     """The token ids and logprobs a Choice was sampled with.
 
@@ -61,15 +99,12 @@ def sampled_tokens(choice: Choice) -> SampledTokens:
             "server for token ids and logprobs), or set TrainConfig(allow_training_without_logprobs=True) to skip it"
         )
     logprobs = [entry.logprob for entry in content]
-    token_ids = (choice.model_extra or {}).get("token_ids")
+    token_ids = choice_token_ids(choice)
     if token_ids is None:
-        try:
-            token_ids = [int(entry.token.removeprefix("token_id:")) for entry in content]
-        except ValueError as error:
-            raise TokenizationError(
-                "an assistant turn's logprob tokens are text, not ids: ask the server for "
-                "`return_token_ids` or `return_tokens_as_token_ids` (model.openai_client() does)"
-            ) from error
+        raise TokenizationError(
+            "an assistant turn's logprob tokens are text, not ids: ask the server for "
+            "`return_token_ids` or `return_tokens_as_token_ids` (model.openai_client() does)"
+        )
     if len(token_ids) != len(logprobs):
         raise TokenizationError(f"an assistant turn has {len(token_ids)} token ids but {len(logprobs)} logprobs")
     return SampledTokens(list(token_ids), logprobs)

@@ -1,0 +1,567 @@
+"""The remote surfaces under a hostile or buggy client: each finding of the security review, as the request or
+call that exploited it, against the real gateway, service and backend on loopback, and what happens now.
+
+vLLM is replaced by `tests.fake_vllm` (its HTTP protocol) and a step by a stand-in only where a real one
+would need a GPU or a long run; the same findings on the real server and trainer are in
+test_remote_backend.py. Every loop here is bounded, and every address is loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import threading
+import tracemalloc
+from pathlib import Path
+
+import httpx
+import pytest
+
+import agentrl
+from agentrl.backend.service import BackendService, OperatorPolicy, ServiceTokens, sampling_token_for
+from agentrl.config import ServerConfig
+from agentrl.gateway.app import Replica
+from agentrl.gateway.limits import GatewayLimits
+from agentrl.gateway.serve import Gateway
+from agentrl.gateway.store import SampledChoice, SampledStore
+from tests.fake_vllm import FakeVLLM
+
+ADMIN, SAMPLING = "admin-token-for-tests", sampling_token_for("admin-token-for-tests")
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.fixture
+async def service(tmp_path):
+    """A real backend service on loopback; no model registers here (registering would start vLLM)."""
+    tokens = ServiceTokens(admin=ADMIN, sampling=SAMPLING, source="test", generated=False)
+    service = BackendService(tmp_path / "runs", host="127.0.0.1", port=0, tokens=tokens, policy=OperatorPolicy())
+    (tmp_path / "runs").mkdir()
+    await service.backend.gateway.start()
+    service.url = service.backend.gateway.root_url
+    yield service
+    await service.backend.close()
+
+
+def admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN}"}
+
+
+# --- High 1: the service token is not a shell on the GPU host --------------------------------------------------
+
+HOSTILE_REGISTERS = [
+    ({"server": {"extra_args": ["--trust-remote-code", "--host", "0.0.0.0", "--tool-parser-plugin", "/tmp/x.py"]}},
+     403, "server settings \\['extra_args'\\] differ"),
+    ({"server": {"extra_args": ["--chat-template", "/etc/shadow"]}}, 403, "operator fixes the inference server"),
+    ({"server": {"tool_call_parser": "/tmp/evil"}}, 403, "tool_call_parser"),
+    ({"base_model": "/etc"}, 403, "base model '/etc' is not offered .* --base-model"),
+    ({"base_model": "someone/remote-code-model"}, 403, "not offered"),
+    ({"lora": {"rank": 4096}}, 403, "LoRA rank 4096 is above .* 64"),
+    ({"base_path": "/tmp/elsewhere"}, 400, "does not take: \\['base_path'\\]"),
+    ({"server_args": {"x": 1}}, 400, "does not take: \\['server_args'\\]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("extra", "status", "message"), HOSTILE_REGISTERS)
+async def test_a_register_cannot_reach_vllms_command_line_or_choose_a_base_model(service, extra, status, message):
+    before = snapshot(service.runs_dir)
+    body = {"model": {"name": "intruder", "project": "remote", **extra}}
+    async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+        response = await client.post("/backend/register", json=body, headers=admin())
+    assert response.status_code == status, response.text
+    import re
+
+    assert re.search(message, response.json()["message"]), response.json()["message"]
+    assert snapshot(service.runs_dir) == before and service.backend._engine is None  # nothing started
+
+
+async def test_the_sampling_token_samples_and_cannot_administer(service):
+    with FakeVLLM() as upstream:
+        service.backend.gateway.connect([Replica(upstream.url, "k")], context=4096)
+        async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+            sampling = {"Authorization": f"Bearer {SAMPLING}"}
+            chat = {"model": "agent@0", "messages": [{"role": "user", "content": "hi"}]}
+            assert (await client.post("/v1/chat/completions", json=chat, headers=sampling)).status_code == 200
+            assert (await client.post("/v1/chat/completions", json=chat, headers=admin())).status_code == 200
+            for path in ("register", "train", "train_sft", "log", "delete_checkpoints", "get_step"):
+                refused = await client.post(f"/backend/{path}", json={}, headers=sampling)
+                assert refused.status_code == 403 and "may sample only" in refused.text, path
+                assert (await client.post(f"/backend/{path}", json={})).status_code == 401
+            assert (await client.post("/v1/chat/completions", json=chat)).status_code == 401
+
+
+def test_the_sampling_token_is_derived_one_way_and_overridable(tmp_path, monkeypatch):
+    from agentrl.backend.service import service_tokens
+
+    monkeypatch.delenv("AGENTRL_TOKEN", raising=False)
+    monkeypatch.delenv("AGENTRL_SAMPLING_TOKEN", raising=False)
+    tokens = service_tokens(tmp_path)
+    assert tokens.generated and tokens.sampling == sampling_token_for(tokens.admin) != tokens.admin
+    assert (tmp_path / "backend.token").stat().st_mode & 0o777 == 0o600
+    assert tokens.admin not in repr(tokens) and tokens.sampling not in repr(tokens)
+    monkeypatch.setenv("AGENTRL_SAMPLING_TOKEN", "chosen")
+    assert service_tokens(tmp_path).sampling == "chosen" and not service_tokens(tmp_path).generated
+    monkeypatch.setenv("AGENTRL_SAMPLING_TOKEN", tokens.admin)
+    with pytest.raises(agentrl.ConfigurationError, match="must differ"):
+        service_tokens(tmp_path)
+
+
+# --- Medium 2: path traversal through the split ------------------------------------------------------------------
+
+
+async def test_a_split_cannot_leave_the_run_folder(service, tmp_path):
+    escape = "../../../../escape/pwned"
+    async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+        body = {"model": {"project": "remote", "name": "agent"}, "groups": [], "split": escape}
+        response = await client.post("/backend/log", json=body, headers=admin())
+    assert response.status_code == 400 and "split '../../../../escape/pwned' must be" in response.text
+    model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path / "local"))
+    with pytest.raises(agentrl.ConfigurationError, match="split"):
+        await agentrl.LocalBackend().log(model, [], escape)
+    with pytest.raises(agentrl.ConfigurationError, match="split"):
+        await model.log([], split=escape)  # refused on the client, before it is sent
+    assert not list(tmp_path.parent.glob("**/pwned*"))
+
+
+# --- Medium 3: a train request applies at most once ---------------------------------------------------------------
+
+
+def stand_in_step(service: BackendService, monkeypatch, seconds: float) -> list[int]:
+    """Model remote/agent at step 4 on `service`, whose steps take `seconds` (a stand-in: a real step is in
+    test_remote_backend; what is tested is the service's and client's handling). Returns the steps applied."""
+    service.models[("remote", "agent")] = agentrl.TrainableModel(
+        name="agent", project="remote", base_path=str(service.runs_dir)
+    )
+    applied: list[int] = []
+
+    async def get_step(model):
+        return 4 + len(applied)
+
+    async def train(model, groups, config, step_metrics=None):
+        await asyncio.sleep(seconds)
+        applied.append(4 + len(applied) + 1)
+        return agentrl.TrainResult(step=applied[-1], metrics={"loss": 0.1})
+
+    monkeypatch.setattr(service.backend, "get_step", get_step)
+    monkeypatch.setattr(service.backend, "train", train)
+    return applied
+
+
+async def test_a_retried_or_stale_step_request_is_applied_once(service, monkeypatch):
+    applied = stand_in_step(service, monkeypatch, seconds=0.3)  # long enough for a retry to arrive while it runs
+    request = {"model": {"project": "remote", "name": "agent"}, "groups": [], "config": {},
+               "request_id": "first-attempt-0001", "from_step": 4}  # fmt: skip
+    async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+        post = lambda body: client.post("/backend/train", json=body, headers=admin())  # noqa: E731
+        first, retry = await asyncio.gather(post(request), post(request))  # a retry while the first runs
+        late_retry = await post(request)  # and one after it finished
+        assert [r.json()["step"] for r in (first, retry, late_retry)] == [5, 5, 5] and applied == [5]
+        other = await post({**request, "request_id": "other-client-0002"})  # another client, made at step 4
+        assert other.status_code == 409 and other.json()["type"] == "StepConflictError"
+        assert "at step 5, but this request was made at step 4" in other.json()["message"] and applied == [5]
+        fresh = await post({**request, "request_id": "next-step-00003", "from_step": 5})
+        assert fresh.json()["step"] == 6 and applied == [5, 6]
+
+
+async def test_a_remote_backend_asks_again_for_a_lost_answer_and_the_step_applies_once(service, monkeypatch):
+    applied = stand_in_step(service, monkeypatch, seconds=0.5)  # longer than the client waits for an answer
+    model = service.models[("remote", "agent")]
+    async with agentrl.RemoteBackend(service.url, token=ADMIN, timeout_s=0.2, step_retries=3) as backend:
+        assert await backend.get_step(model) == 4
+        result = await backend.train(model, [], agentrl.TrainConfig())
+    assert result.step == 5 and applied == [5]
+
+
+# --- Medium 5: a partial adapter load across replicas --------------------------------------------------------------
+
+
+async def test_a_failed_load_on_one_replica_is_unloaded_from_all_and_a_retry_loads(tmp_path):
+    from agentrl.backend.replicas import ServerReplicas
+    from agentrl.backend.server import VLLMServer
+
+    class Running(VLLMServer):
+        def death_notice(self):
+            return None
+
+    with FakeVLLM() as good, FakeVLLM(fail_loads=True) as bad:
+        replicas = ServerReplicas.__new__(ServerReplicas)
+        replicas.replicas = []
+        for fake in (good, bad):
+            server = Running("model", tmp_path / "log", ServerConfig(), max_lora_rank=8)
+            server.port, server.api_key = fake.port, "k"
+            replicas.replicas.append(server)
+        with pytest.raises(agentrl.ServerError, match="failed with 500"):
+            await replicas.load_adapter("agent@3", tmp_path)
+        assert good.loaded == set() and bad.loaded == set()  # not left served under the rolled-back name
+        bad.fail_loads = False
+        await replicas.load_adapter("agent@3", tmp_path)  # no "already loaded" on the retry
+        assert good.loaded == bad.loaded == {"agent@3"}
+
+
+# --- Medium 6 and 7, low items: the gateway's bounds and its own completion ids ----------------------------------
+
+
+@pytest.fixture
+async def gateway():
+    with FakeVLLM() as upstream:
+        gateway = Gateway(token=SAMPLING, limits=GatewayLimits(max_body_bytes=1 << 20, max_in_flight_per_replica=2))
+        await gateway.start()
+        gateway.connect([Replica(upstream.url, "k")], context=4096)
+        gateway.fake = upstream
+        gateway.client = httpx.AsyncClient(
+            base_url=gateway.base_url, headers={"Authorization": f"Bearer {SAMPLING}"}, timeout=30
+        )
+        yield gateway
+        await gateway.client.aclose()
+        await gateway.stop()
+
+
+CHAT = {"model": "agent@2", "messages": [{"role": "user", "content": "hi"}]}
+REFUSED = [
+    ({**CHAT, "n": 100000}, "`n` is 100000; this gateway takes 1 to 64"),
+    ({**CHAT, "best_of": 10**6}, "`best_of` is 1000000"),
+    ({**CHAT, "max_tokens": 10**12}, "`max_tokens` is 1000000000000; this gateway takes 1 to 4096"),
+    ({**CHAT, "max_completion_tokens": 0}, "`max_completion_tokens` is 0"),
+    ({**CHAT, "top_logprobs": 100000}, "`top_logprobs` is 100000; this gateway takes 0 to 20"),
+    ({**CHAT, "prompt_logprobs": 5000}, "`prompt_logprobs` is 5000"),
+    ({**CHAT, "logprobs": 5}, "`logprobs` of a chat completion must be true or false"),
+    ({**CHAT, "n": "3"}, "`n` must be a whole number"),
+    ({**CHAT, "stream": "false"}, "`stream` must be true or false"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "message"), REFUSED)
+async def test_sizes_past_the_bounds_are_refused_before_vllm_sees_them(gateway, body, message):
+    response = await gateway.client.post("/chat/completions", json=body)
+    assert response.status_code == 400 and message in response.json()["error"]["message"]
+    assert gateway.fake.received == []
+
+
+async def test_a_text_completions_logprobs_are_bounded_too(gateway):
+    body = {"model": "agent@2", "prompt": "hi", "logprobs": 1000}
+    response = await gateway.client.post("/completions", json=body)
+    assert response.status_code == 400 and "`logprobs` is 1000" in response.text
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"[" * 200_000 + b"]" * 200_000, "nested too deeply"),
+        (b'{"model": "\xff\xfe"}', "UTF-8"),
+        (b"not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+    ],  # fmt: skip
+)
+async def test_malformed_bodies_get_a_400_not_a_reset_connection(gateway, content, message):
+    response = await gateway.client.post("/chat/completions", content=content)
+    assert response.status_code == 400 and message in response.json()["error"]["message"]
+
+
+async def test_an_oversized_body_is_refused_while_it_streams_and_memory_stays_bounded(gateway):
+    chunk = b" " * (1 << 20)
+
+    async def body():  # 32 MiB, chunked: no length declared up front
+        for _ in range(32):
+            yield chunk
+
+    tracemalloc.start()
+    try:
+        response = await gateway.client.post("/chat/completions", content=body())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert response.status_code == 413 and "over 1048576 bytes" in response.json()["error"]["message"]
+    print(f"\npeak traced memory while refusing a 32 MiB body: {peak / 2**20:.1f} MiB")
+    assert peak < 8 * 2**20  # the limit (1 MiB) and a few chunks, not the body
+    declared = await gateway.client.post("/chat/completions", content=b"{}" + b" " * (2 << 20))  # Content-Length
+    assert declared.status_code == 413 and "this gateway takes at most 1048576" in declared.text
+
+
+async def test_requests_past_the_in_flight_bound_get_429_and_retry_later(gateway):
+    gateway.fake.delay_s = 1.0
+    responses = await asyncio.gather(*(gateway.client.post("/chat/completions", json=CHAT) for _ in range(3)))
+    assert sorted(r.status_code for r in responses) == [200, 200, 429]
+    assert "every inference server has 2 requests in flight" in next(r for r in responses if r.status_code == 429).text
+    assert gateway.upstream.replicas[0].in_flight == 0
+
+
+async def test_the_gateway_names_every_completion_so_clients_cannot_overwrite_each_others_tokens(gateway):
+    victim = await gateway.client.post("/chat/completions", json={**CHAT, "request_id": "known-id"})
+    attacker = await gateway.client.post("/chat/completions", json={**CHAT, "request_id": "known-id", "n": 3})
+    ids = victim.json()["id"], attacker.json()["id"]
+    assert ids[0] != ids[1] and "known-id" not in "".join(ids)
+    assert [b["request_id"] for b in gateway.fake.received] != ["known-id", "known-id"]
+    assert gateway.store.get(ids[0])[0].token_ids == [10, 11] and len(gateway.store.get(ids[1])) == 3
+
+
+async def test_an_abandoned_request_stops_generating_upstream(gateway):
+    gateway.fake.delay_s = 20.0
+    with pytest.raises(httpx.ReadTimeout):
+        await gateway.client.post("/chat/completions", json=CHAT, timeout=0.5)
+    for _ in range(100):  # bounded: 5 s
+        if gateway.fake.aborted:
+            break
+        await asyncio.sleep(0.05)
+    assert gateway.fake.aborted == 1 and gateway.fake.finished == 0
+    assert gateway.upstream.replicas[0].in_flight == 0
+
+
+def test_the_store_keeps_one_prompt_for_n_choices_and_never_an_entry_past_its_bound():
+    store = SampledStore(max_tokens=1000)
+    prompt = list(range(100))
+    store.put("a", [SampledChoice(prompt_token_ids=prompt, token_ids=[1, 2], logprobs=[-0.1, -0.2])] * 8)
+    assert store.num_tokens == 100 + 8 * 2  # not 8 x 102
+    assert [c.prompt_token_ids for c in store.get("a")] == [prompt] * 8
+    store.put("huge", [SampledChoice(prompt_token_ids=list(range(2000)), token_ids=[1], logprobs=[-0.1])])
+    assert len(store) == 1 and store.num_tokens == 116  # the oversized entry is not kept, the others stay
+
+
+# --- Medium 8: token ids out of the vocabulary ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad_id", [10**12, -7, 49152])
+def test_token_ids_outside_the_vocabulary_are_refused_naming_the_trajectory(bad_id):
+    from agentrl.rl.tokenize import check_token_ids, labelled_histories
+    from tests.helpers import make_choice
+
+    good = agentrl.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, make_choice([5, 6])], reward=0)
+    bad = agentrl.Trajectory(
+        messages_and_choices=[{"role": "user", "content": "hi"}, make_choice([5, bad_id])], reward=1
+    )
+    groups = [agentrl.TrajectoryGroup([good, good]), agentrl.TrajectoryGroup([good, bad])]
+    with pytest.raises(agentrl.TokenizationError, match=f"group 1, trajectory 1, assistant turn 0: token id {bad_id}"):
+        check_token_ids(labelled_histories(groups), 49152)
+    check_token_ids(labelled_histories(groups[:1]), 49152)
+
+
+# --- Low items --------------------------------------------------------------------------------------------------
+
+
+async def test_a_local_backends_gateway_always_has_a_token():
+    backend = agentrl.LocalBackend()
+    assert backend.gateway.token and len(backend.gateway.token) >= 32
+    await backend.gateway.start()
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            assert (await client.get(f"{backend.gateway.base_url}/models")).status_code == 401
+            good = {"Authorization": f"Bearer {backend.gateway.token}"}
+            assert (await client.get(f"{backend.gateway.base_url}/models", headers=good)).status_code == 200
+    finally:
+        await backend.close()
+
+
+def test_reprs_show_no_token():
+    from agentrl.backend.protocol import InferenceEndpoint
+
+    assert "s3cret" not in repr(InferenceEndpoint("http://h/v1", "s3cret"))
+    assert "s3cret" not in repr(agentrl.RemoteBackend("http://h:8000", token="s3cret"))
+
+
+def test_the_vllm_process_gets_no_secret_of_this_environment(monkeypatch):
+    from agentrl.backend.server import server_env
+
+    for name in (
+        "WANDB_API_KEY",
+        "HF_TOKEN",
+        "AWS_SECRET_ACCESS_KEY",
+        "OPENAI_API_KEY",
+        "AGENTRL_TOKEN",
+        "MY_PASSWORD",
+    ):
+        monkeypatch.setenv(name, "secret-value")
+    monkeypatch.setenv("HF_HOME", "/cache")
+    env = server_env(ServerConfig(), gpu=False, api_key="server-key")
+    assert "secret-value" not in env.values() and env["HF_HOME"] == "/cache" and env["VLLM_API_KEY"] == "server-key"
+
+
+def test_rank_sockets_stay_on_loopback_unless_the_user_chose(monkeypatch):
+    from agentrl.backend.ranks import keep_rank_sockets_on_loopback
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth7")
+    keep_rank_sockets_on_loopback()
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo" and os.environ["NCCL_SOCKET_IFNAME"] == "eth7"
+
+
+def test_an_atomic_write_that_fails_leaves_no_temp_file_and_the_old_content(tmp_path, monkeypatch):
+    from agentrl import files
+
+    path = tmp_path / "metrics.json"
+    files.write_text_atomic(path, "old")
+    synced = []
+    monkeypatch.setattr(files, "fsync_path", lambda p: synced.append(Path(p)))
+    files.write_text_atomic(path, "new")
+    assert synced == [tmp_path] and path.read_text() == "new"  # the folder's entry is flushed too
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        files.write_text_atomic(path, "newer")
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+
+
+def test_a_file_system_without_locks_is_named_and_leaks_no_descriptor(tmp_path, monkeypatch):
+    import fcntl
+
+    from agentrl.backend.run_lock import RunLock
+
+    def unsupported(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", unsupported)
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(agentrl.ConfigurationError, match="does not support file locks .* local disk"):
+        RunLock(tmp_path / "run").acquire()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_run_folders_are_private_to_their_user(tmp_path):
+    from agentrl.backend.run_lock import RunLock
+
+    lock = RunLock(tmp_path / "runs" / "project" / "name")
+    lock.acquire()
+    lock.acquire()  # again: nothing to do, no second descriptor
+    lock.release()
+    for folder in ("runs", "runs/project", "runs/project/name"):
+        assert (tmp_path / folder).stat().st_mode & 0o777 == 0o700, folder
+    assert (tmp_path / "runs/project/name/.lock").stat().st_mode & 0o777 == 0o600
+
+
+async def test_nan_step_metrics_are_refused(service):
+    async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+        body = '{"model": {"project": "p", "name": "n"}, "groups": [], "config": {}, "step_metrics": {"x": NaN}}'
+        response = await client.post("/backend/train", content=body, headers=admin())
+    assert response.status_code == 400 and "finite" in response.text
+    model = agentrl.TrainableModel(name="m", project="p")
+    with pytest.raises(agentrl.ConfigurationError, match="not finite"):
+        await agentrl.LocalBackend().train(model, [], agentrl.TrainConfig(), step_metrics={"x": float("nan")})
+
+
+async def test_a_backend_body_past_its_bound_is_refused(tmp_path):
+    tokens = ServiceTokens(admin=ADMIN, sampling=SAMPLING, source="test", generated=False)
+    service = BackendService(
+        tmp_path, host="127.0.0.1", port=0, tokens=tokens, limits=GatewayLimits(max_backend_body_bytes=1000)
+    )
+    await service.backend.gateway.start()
+    try:
+        async with httpx.AsyncClient(base_url=service.backend.gateway.root_url, timeout=30) as client:
+            body = {"model": {"project": "p", "name": "n"}, "groups": [], "split": "val" + " " * 2000}
+            response = await client.post("/backend/log", content=json.dumps(body), headers=admin())
+        assert response.status_code == 413 and "at most 1000" in response.text
+    finally:
+        await service.backend.close()
+
+
+# --- capture: only trained adapters, only inside the block, and threads -------------------------------------------
+
+
+async def test_capture_records_the_adapter_only_inside_the_block_and_from_a_lone_thread(gateway):
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=SAMPLING)
+    sync_client = openai.OpenAI(base_url=gateway.base_url, api_key=SAMPLING)
+    ask = lambda model: client.chat.completions.create(model=model, messages=CHAT["messages"])  # noqa: E731
+    started = threading.Event()
+    with agentrl.capture_trajectory() as trajectory:
+        await ask("agent@2")
+        await ask("base")  # a judge or baseline on the same gateway: not a training history
+        await ask("judge-provider-model")  # no "@step": not a trained adapter
+        await asyncio.get_running_loop().run_in_executor(
+            None,
+            lambda: sync_client.chat.completions.create(model="agent@2", messages=[{"role": "user", "content": "x"}]),
+        )  # a thread without the block's context: the only open capture takes it
+
+        async def outlives_the_block():
+            started.set()
+            await asyncio.sleep(0.2)
+            await ask("agent@2")
+
+        straggler = asyncio.ensure_future(outlives_the_block())
+        await asyncio.sleep(0.01)
+    await straggler  # its call came after the block: not recorded
+    assert len(trajectory.choices()) == 1 and len(trajectory.additional_histories) == 1
+    assert all(c.model_extra["policy_step"] == 2 for h in trajectory.histories() for c in h.choices())
+    with agentrl.capture_trajectory(model="other") as other:
+        await ask("agent@2")
+    assert other.messages_and_choices == []
+    await client.close()
+    sync_client.close()
+
+
+# --- Medium 4: failures after the update ---------------------------------------------------------------------------
+
+
+async def test_a_failure_after_the_update_rolls_back_and_a_committed_step_is_reported(
+    base_model_path, tokenizer, tmp_path
+):
+    """The real trainer and checkpoints; the server is the seam (waking after a step exists on a GPU only)."""
+    import functools
+
+    import torch
+
+    from agentrl.backend.checkpoints import CheckpointStore
+    from agentrl.backend.local import LocalBackend, ModelSession, _Engine
+    from agentrl.backend.run_lock import RunLock
+    from agentrl.backend.trainer import OPTIMIZER_FILE, Trainer
+    from tests.helpers import synthetic_groups
+
+    class GPUServer:
+        """The servers of a GPU host: asleep while the trainer trains; waking can fail."""
+
+        devices, wake_fails, loaded = 1, True, []
+
+        async def sleep(self, level: int = 1) -> None: ...
+
+        async def wake_up(self) -> None:
+            if self.wake_fails:
+                raise agentrl.ServerError("POST /wake_up failed with 500")
+
+        async def load_adapter(self, name, path) -> None:
+            self.loaded.append(name)
+
+        async def unload_adapter(self, name) -> None: ...
+
+        def death_notice(self) -> None:
+            return None
+
+    model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
+    backend, trainer, server = LocalBackend(trainer_device="cuda:0"), Trainer(base_model_path), GPUServer()
+    trainer.add_adapter("default", agentrl.LoRAConfig())
+    backend._engine = _Engine(model.base_model, base_model_path, server, trainer, vocab_size=49152)  # type: ignore[arg-type]
+    store, lock = CheckpointStore(model.run_dir), RunLock(model.run_dir)
+    lock.acquire()
+    store.save(0, functools.partial(trainer.save, "default"), {"metrics": {}})
+    backend.sessions[str(model.run_dir.resolve())] = ModelSession(model, "default", store, lock)
+    model._backend = backend
+    before = trainer.adapter_weights("default")
+    groups, config = synthetic_groups(tokenizer, seed=0), agentrl.TrainConfig(learning_rate=1e-3)
+
+    with pytest.raises(
+        agentrl.ServerError, match="Nothing of this step was applied: the trainer is back at checkpoint 0"
+    ):
+        await model.train(groups, config)
+    after = trainer.adapter_weights("default")
+    assert all(torch.equal(before[k], after[k]) for k in before) and store.steps() == [0]
+
+    server.wake_fails = False
+    (model.run_dir / "metrics.jsonl").mkdir()  # recording will fail: a folder where the metrics file goes
+    result = await model.train(groups, config)  # the retry applies one step, not two
+    assert result.step == 1 and not result.skipped and store.steps() == [0, 1]
+    assert result.record_error and "step 1 is done, but recording its metrics failed" in result.record_error
+    state = torch.load(store.path(1) / OPTIMIZER_FILE, weights_only=False)["state"]
+    assert {float(moments["step"]) for moments in state.values()} == {1.0}  # one optimizer step in the checkpoint
+    assert server.loaded == ["m@1"]
+    lock.release()
+
+
+@pytest.mark.parametrize("content", [b"[" * 200_000 + b"]" * 200_000, b'{"model": "\xff\xfe"}', b"{" * 5000])
+async def test_malformed_backend_bodies_get_a_400(service, content):
+    async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+        response = await client.post("/backend/register", content=content, headers=admin())
+    assert response.status_code == 400, response.text
