@@ -151,7 +151,9 @@ async def test_two_replicas_serve_through_swaps_without_a_404_and_survive_one_dy
             result = await model.train([group], agentrl.TrainConfig(learning_rate=1e-4))
         assert not result.skipped and result.step == 2
         assert any("left the rotation (1 left)" in r.message and "vllm-1.log" in r.message for r in caplog.records)
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(
+            timeout=60, headers={"Authorization": f"Bearer {backend.gateway.token}"}
+        ) as client:
             health = (await client.get(f"{backend.gateway.root_url}/health")).json()
         assert health["replicas"] == 2 and health["replicas_in_rotation"] == 1
         await two_sampled(model)  # the new adapter is served by the survivor

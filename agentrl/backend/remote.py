@@ -55,8 +55,8 @@ class RemoteBackend:
         token = token or os.environ.get(TOKEN_ENV, "").strip()
         if not token:
             raise ConfigurationError(
-                f"RemoteBackend({url!r}) needs the service's token: pass token=... or set {TOKEN_ENV} (the service "
-                "printed it when it generated it, and keeps it in backend.token beside its runs)"
+                f"RemoteBackend({url!r}) needs the service's token: pass token=... or set {TOKEN_ENV} (a service "
+                "that generated it keeps it in backend.token beside its runs, mode 0600)"
             )
         self.url = url.rstrip("/").removesuffix("/v1")
         self._token = token
