@@ -138,10 +138,11 @@ class LocalBackend:
         self.shard_trainer = shard_trainer
         self.sessions: dict[str, ModelSession] = {}
         """Registered models by run folder."""
+        self._sampling_token = token or secrets.token_urlsafe(32)
         self.gateway = Gateway(
             host=host,
             port=port,
-            token=token or secrets.token_urlsafe(32),
+            token=self._sampling_token,
             admin_token=admin_token,
             routes=routes,
             limits=limits,
@@ -194,8 +195,8 @@ class LocalBackend:
 
     @property
     def _client_key(self) -> str:
-        """What clients send as their API key: the gateway's sampling token."""
-        return self.gateway.token or "agentrl"
+        """What clients send as their API key: the gateway's sampling token (given, or generated here)."""
+        return self._sampling_token
 
     @property
     def base_url(self) -> str:
