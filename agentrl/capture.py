@@ -200,25 +200,31 @@ def _install_hooks() -> None:
         _installed.add(library)
 
 
+def _to_record(request: Any) -> tuple[_Capture, dict[str, Any]] | None:
+    """The open capture and request body when this request's answer should be recorded, else None (cheap
+    while no capture is open)."""
+    capture = _capture_here() if _open_by_id else None
+    body = _completion_request(request) if capture is not None else None
+    if capture is None or body is None or _streamed(body):
+        return None
+    return capture, body
+
+
 def _wrap_sends(module: Any) -> None:
     async_send, sync_send = module.AsyncClient.send, module.Client.send
 
     async def send_async(self: Any, request: Any, **kwargs: Any) -> Any:
         response = await async_send(self, request, **kwargs)
-        capture = _capture_here() if _open_by_id else None
-        body = _completion_request(request) if capture is not None else None
-        if capture is not None and body is not None and not _streamed(body):
+        if (recording := _to_record(request)) is not None:
             await response.aread()  # kept by the client: the caller still reads it as usual
-            _observe(capture, body, response)
+            _observe(*recording, response)
         return response
 
     def send_sync(self: Any, request: Any, **kwargs: Any) -> Any:
         response = sync_send(self, request, **kwargs)
-        capture = _capture_here() if _open_by_id else None
-        body = _completion_request(request) if capture is not None else None
-        if capture is not None and body is not None and not _streamed(body):
+        if (recording := _to_record(request)) is not None:
             response.read()
-            _observe(capture, body, response)
+            _observe(*recording, response)
         return response
 
     module.AsyncClient.send = send_async

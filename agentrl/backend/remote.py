@@ -100,14 +100,16 @@ class RemoteBackend:
         return response.json()
 
     async def _step_call(self, path: str, message: TrainRequest | SFTRequest) -> TrainResult:
-        """A step request, asked again (same id) when its answer is lost in transit: the service applies it
-        once and answers every attempt with the same result."""
+        """A step request, named by a new id and the model's step as last seen, asked again (same id) when its
+        answer is lost in transit: the service applies it once and answers every attempt with the same result."""
         from agentrl.model import TrainResult
 
+        key = (message.model.project, message.model.name)
+        message = message.model_copy(update={"request_id": uuid.uuid4().hex, "from_step": self._steps.get(key)})
         for attempt in range(self.step_retries + 1):
             try:
                 result = TrainResult(**await self._call(path, message))
-                self._steps[(message.model.project, message.model.name)] = result.step
+                self._steps[key] = result.step
                 return result
             except ServerError as error:
                 if attempt == self.step_retries or not isinstance(error.__cause__, httpx.TransportError):
@@ -143,24 +145,11 @@ class RemoteBackend:
         *,
         step_metrics: dict[str, float] | None = None,
     ) -> TrainResult:
-        request = TrainRequest(
-            model=self._ref(model),
-            groups=groups,
-            config=config,
-            step_metrics=step_metrics or {},
-            request_id=uuid.uuid4().hex,
-            from_step=self._steps.get((model.project, model.name)),
-        )
+        request = TrainRequest(model=self._ref(model), groups=groups, config=config, step_metrics=step_metrics or {})
         return await self._step_call("/backend/train", request)
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:
-        request = SFTRequest(
-            model=self._ref(model),
-            histories=histories,
-            config=config,
-            request_id=uuid.uuid4().hex,
-            from_step=self._steps.get((model.project, model.name)),
-        )
+        request = SFTRequest(model=self._ref(model), histories=histories, config=config)
         return await self._step_call("/backend/train_sft", request)
 
     async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
