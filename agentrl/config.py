@@ -18,10 +18,18 @@ class _Frozen(BaseModel):
 # --- policy losses: one small config per loss; `agentrl.rl.losses.POLICY_LOSSES` maps names to code ---
 
 
+ImportanceSamplingLevel = Literal["token", "sequence", "average", "geometric_average"]
+"""Which ratio p/p_sampler a loss weighs each token by: its own ("token"); its sequence's, the geometric
+mean of the sequence's token ratios ("sequence"); or the arithmetic ("average") or geometric
+("geometric_average") mean of the two (ART's `importance_sampling_level`)."""
+
+
 class ImportanceSamplingLoss(_Frozen):
-    """REINFORCE with a per-token importance ratio against the sampler, no clipping."""
+    """REINFORCE with an importance ratio against the sampler, no clipping."""
 
     name: Literal["importance_sampling"] = "importance_sampling"
+    importance_sampling_level: ImportanceSamplingLevel = "token"
+    """The ratio each token is weighed by (see `ImportanceSamplingLevel`)."""
 
 
 class PPOLoss(_Frozen):
@@ -32,6 +40,8 @@ class PPOLoss(_Frozen):
     """Ratio floor is 1 - clip_low (in (0, 1]: the floor stays in [0, 1))."""
     clip_high: float = Field(default=0.28, gt=0)
     """Ratio ceiling is 1 + clip_high."""
+    importance_sampling_level: ImportanceSamplingLevel = "token"
+    """The ratio that is clipped (see `ImportanceSamplingLevel`)."""
 
 
 class CISPOLoss(_Frozen):
@@ -42,6 +52,8 @@ class CISPOLoss(_Frozen):
     """Weight floor is 1 - clip_low (1.0 = no floor, as in MiniMax-M1)."""
     clip_high: float = Field(default=4.0, gt=0)
     """Weight ceiling is 1 + clip_high."""
+    importance_sampling_level: ImportanceSamplingLevel = "token"
+    """The ratio that is clipped into the weight (see `ImportanceSamplingLevel`)."""
 
 
 class DROLoss(_Frozen):

@@ -89,12 +89,17 @@ async def _run_rollouts(
     allowed = budget.allowed(total)
     failures: list[BaseException] = []
 
-    async def run_one(rollout: Awaitable[Trajectory], where: str) -> Trajectory | BaseException:
+    async def run_one(rollout: Awaitable[Trajectory | TrajectoryGroup], where: str) -> list[Trajectory] | BaseException:
         try:
-            trajectory = await rollout
-            if not isinstance(trajectory, Trajectory):
-                raise TypeError(f"a rollout returned {type(trajectory).__name__}; it must return an agentrl.Trajectory")
-            check_reward(trajectory, where)
+            result = await rollout
+            if isinstance(result, TrajectoryGroup):  # a rollout that makes a whole group (ART's rollout_fn)
+                trajectories = list(result.trajectories)
+            elif isinstance(result, Trajectory):
+                trajectories = [result]
+            else:
+                raise TypeError(f"a rollout returned {type(result).__name__}; it must return an agentrl.Trajectory")
+            for trajectory in trajectories:
+                check_reward(trajectory, where)
         except Exception as error:  # noqa: BLE001 - a rollout's failure is data, judged by the budget
             logger.warning("rollout failed: %s: %s", type(error).__name__, error)
             progress.update(None)
@@ -106,17 +111,18 @@ async def _run_rollouts(
                     f"{type(failures[0]).__name__}: {failures[0]}"
                 ) from failures[0]
             return error
-        progress.update(trajectory)
-        return trajectory
+        for trajectory in trajectories:
+            progress.update(trajectory)
+        return trajectories
 
     async def run_group(group_index: int, group: TrajectoryGroup) -> TrajectoryGroup | None:
         label = f"group {group_index}" + (f" ({group.metadata})" if group.metadata else "")
         results = await asyncio.gather(*(run_one(r, f"{label}, rollout {i}") for i, r in enumerate(group.pending)))
         resolved = group.with_results(
-            [*group.trajectories, *(r for r in results if isinstance(r, Trajectory))],
+            [*group.trajectories, *(t for r in results if isinstance(r, list) for t in r)],
             exceptions=[
                 *group.exceptions,
-                *(RolloutException.from_exception(r) for r in results if not isinstance(r, Trajectory)),
+                *(RolloutException.from_exception(r) for r in results if isinstance(r, BaseException)),
             ],
         )
         return resolved if after_each is None else await after_each(resolved)

@@ -16,11 +16,12 @@ logprobs survive).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import time
 import traceback
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Generator, Iterable, Iterator
 from typing import Annotated, Any
 
 from openai.types.chat.chat_completion import Choice
@@ -53,6 +54,9 @@ def _check_message(message: dict[str, Any]) -> dict[str, Any]:
     if role not in MESSAGE_ROLES:
         raise ValueError(f"'role' is {role!r}; it must be one of {MESSAGE_ROLES}")
     content = message.get("content")
+    if "content" in message and content is None and role == "user":  # ART accepts it; the template gets ""
+        message = {**message, "content": ""}
+        content = ""
     content_optional = role == "assistant" and message.get("tool_calls")
     if content is None and not content_optional:
         raise ValueError(f"a {role} message needs 'content' (a string or a list of content parts)")
@@ -179,6 +183,42 @@ class Trajectory(History):
         """The main conversation followed by the additional ones."""
         return [History(messages_and_choices=self.messages_and_choices, tools=self.tools), *self.additional_histories]
 
+    def policy_steps(self) -> list[int]:
+        """The adapter step that sampled each of its turns, in order, as the gateway stamped them
+        (turns without a stamp, e.g. written by hand, are left out)."""
+        return [
+            step
+            for history in self.histories()
+            for choice in history.choices()
+            if isinstance(step := (choice.model_extra or {}).get("policy_step"), int)
+        ]
+
+    @property
+    def initial_policy_version(self) -> int | None:
+        """The step of the adapter that sampled its first turn (None when no turn says)."""
+        steps = self.policy_steps()
+        return steps[0] if steps else None
+
+    @property
+    def final_policy_version(self) -> int | None:
+        """The step of the adapter that sampled its last turn (None when no turn says)."""
+        steps = self.policy_steps()
+        return steps[-1] if steps else None
+
+    def for_logging(self) -> dict[str, Any]:
+        """A JSON-ready dict: messages as plain dicts (token data left out), reward, metrics, metadata, logs."""
+        return {
+            "reward": self.reward,
+            "metrics": dict(self.metrics),
+            "metadata": dict(self.metadata),
+            "messages": self.messages(),
+            "tools": self.tools,
+            "logs": list(self.logs),
+            "additional_histories": [{"messages": h.messages(), "tools": h.tools} for h in self.additional_histories],
+            "initial_policy_version": self.initial_policy_version,
+            "final_policy_version": self.final_policy_version,
+        }
+
 
 class _DurationTracker:
     """The block timer behind `Trajectory.track_duration`, for `with` and `async with` alike."""
@@ -220,7 +260,10 @@ class TrajectoryGroup(BaseModel):
     """Attempts at one scenario. GRPO's advantages are computed within a group.
 
     `TrajectoryGroup(rollout(model, s) for _ in range(8))` holds the awaitables unresolved; pass
-    such groups to `gather_trajectory_groups`, which runs them and returns resolved groups.
+    such groups to `gather_trajectory_groups`, which runs them and returns resolved groups, or
+    `await` the group itself (any failed rollout raises). Exceptions given among the items or as
+    `exceptions=` are kept as `RolloutException`s. `len(group)` and `for t in group` are over its
+    trajectories.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -236,16 +279,53 @@ class TrajectoryGroup(BaseModel):
     logs: list[str] = Field(default_factory=list)
     """Free-text notes about the group (a judge's explanation); saved with the group."""
 
-    _pending: list[Awaitable[Trajectory]] = PrivateAttr(default_factory=list)
+    _pending: list[Awaitable[Trajectory | TrajectoryGroup]] = PrivateAttr(default_factory=list)
 
     def __init__(
         self,
-        trajectories: Iterable[Trajectory | Awaitable[Trajectory]] = (),
+        trajectories: Iterable[Trajectory | Awaitable[Trajectory | TrajectoryGroup] | BaseException] = (),
         **data: Any,
     ) -> None:
         items = list(trajectories)
-        super().__init__(trajectories=[t for t in items if not inspect.isawaitable(t)], **data)
+        failed = [t for t in items if isinstance(t, BaseException)]
+        if failed:
+            data["exceptions"] = [*data.get("exceptions", []), *failed]
+        finished = [t for t in items if not inspect.isawaitable(t) and not isinstance(t, BaseException)]
+        super().__init__(trajectories=finished, **data)
         self._pending = [t for t in items if inspect.isawaitable(t)]
+
+    @field_validator("exceptions", mode="before")
+    @classmethod
+    def _keep_exceptions_as_records(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [RolloutException.from_exception(e) if isinstance(e, BaseException) else e for e in value]
+        return value
+
+    def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
+        """Its finished trajectories (not pydantic's field pairs)."""
+        return iter(self.trajectories)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
+        """Run the pending rollouts and return the resolved group; a failed rollout raises (after all finished)."""
+        return self._resolve().__await__()
+
+    async def _resolve(self) -> TrajectoryGroup:
+        results = await asyncio.gather(*self._pending, return_exceptions=True)
+        self._pending = []
+        finished: list[Trajectory] = []
+        for index, result in enumerate(results):
+            if isinstance(result, BaseException):
+                raise result
+            items = result.trajectories if isinstance(result, TrajectoryGroup) else [result]
+            for trajectory in items:
+                if not isinstance(trajectory, Trajectory):
+                    raise TypeError(f"rollout {index} returned {type(trajectory).__name__}, not an agentrl.Trajectory")
+                check_reward(trajectory, f"rollout {index}")
+                finished.append(trajectory)
+        return self.with_results([*self.trajectories, *finished])
 
     def with_results(
         self, trajectories: Iterable[Trajectory], exceptions: list[RolloutException] | None = None
@@ -261,7 +341,7 @@ class TrajectoryGroup(BaseModel):
         )
 
     @property
-    def pending(self) -> list[Awaitable[Trajectory]]:
+    def pending(self) -> list[Awaitable[Trajectory | TrajectoryGroup]]:
         """Awaitables not yet run; `gather_trajectory_groups` runs them."""
         return list(self._pending)
 

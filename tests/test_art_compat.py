@@ -23,21 +23,62 @@ class EmailConfig(BaseModel):
     max_turns: int = 4
 
 
-def test_train_config_takes_arts_defaults_and_beta_is_the_kl_coefficient():
-    assert art.TrainConfig().learning_rate == 5e-6 and art.TrainConfig().kl_coef == 0.0
-    config = art.TrainConfig(learning_rate=1e-5, beta=0.04)
-    assert isinstance(config, agentrl.TrainConfig) and config.kl_coef == 0.04 and config.beta == 0.04
+def test_art_trains_cispo_by_default_and_epsilons_clip_the_selected_loss():
+    from agentrl.art.training import agentrl_train_config
+
+    default = agentrl_train_config({})
+    assert default.loss == agentrl.CISPOLoss(clip_low=1.0, clip_high=4.0) and default.learning_rate == 5e-6
+    assert agentrl_train_config({"epsilon": 0.5, "epsilon_high": 2.0}).loss == agentrl.CISPOLoss(
+        clip_low=0.5, clip_high=2.0
+    )
+    assert agentrl_train_config({"loss_fn": "ppo"}).loss == agentrl.PPOLoss(clip_low=0.2, clip_high=0.2)
+    assert agentrl_train_config({"ppo": True, "epsilon": 0.1, "epsilon_high": 0.3}).loss == agentrl.PPOLoss(
+        clip_low=0.1, clip_high=0.3)  # fmt: skip
+    for level in ("sequence", "average", "geometric_average"):
+        assert agentrl_train_config({"importance_sampling_level": level}).loss.importance_sampling_level == level
+    mapped = agentrl_train_config({"kl_penalty_coef": 0.05, "scale_rewards": False, "truncated_importance_sampling": 2.0,
+                                   "packed_sequence_length": 4096, "allow_training_without_logprobs": True})  # fmt: skip
+    assert (mapped.kl_coef, mapped.scale_advantages_by_std, mapped.truncated_importance_sampling) == (0.05, False, 2.0)
+    assert mapped.micro_batch_tokens == 4096 and mapped.allow_training_without_logprobs
+    assert agentrl_train_config({"beta": 0.04}).kl_coef == 0.04  # before ART 0.5.11
+    # ART's defaults for the keys agentrl has no counterpart of ask for nothing, and pass
+    assert agentrl_train_config({"advantage_balance": 0.0, "mask_prob_ratio": False, "precalculate_logprobs": True,
+                                 "logprob_calculation_chunk_size": 512}).loss.name == "cispo"  # fmt: skip
 
 
-def test_arts_dev_config_maps_onto_agentrls_fields_and_unknown_keys_say_what_to_use():
-    assert set(art.dev.TrainConfig.__annotations__) == set(art.DEV_CONFIG_KEYS)  # every key ART users pass
-    dev = art.dev.TrainConfig(scale_rewards=False, epsilon=0.1, epsilon_high=0.3)
-    config = art.with_dev_config(art.TrainConfig(), dev)
-    assert config.scale_advantages_by_std is False
-    assert isinstance(config.loss, agentrl.PPOLoss) and (config.loss.clip_low, config.loss.clip_high) == (0.1, 0.3)
-    assert isinstance(art.with_dev_config(config, {"importance_sampling_level": "sequence"}).loss, agentrl.GSPOLoss)
-    with pytest.raises(agentrl.ConfigurationError, match=r"\['precalculate_logprobs'\].*agentrl.TrainConfig"):
-        art.with_dev_config(config, {"precalculate_logprobs": True})
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        ({"advantage_balance": 0.5}, "advantage_balance"),
+        ({"mask_prob_ratio": True}, "mask_prob_ratio"),
+        ({"kimi_k2_tau": 0.1}, "kimi_k2_tau"),
+        ({"adam_params": {"beta1": 0.8}}, "adam_params"),
+        ({"kl_penalty_source": "sample"}, "kl_penalty_source"),
+        ({"kl_ref_adapter_path": "/x"}, "kl_ref_adapter_path"),
+        ({"normalize_advantages": False}, "normalize_advantages"),
+        ({"save_checkpoint": False}, "save_checkpoint"),
+        ({"loss_fn": "dapo"}, "loss_fn"),
+        ({"megatron_topology": object()}, "megatron_topology"),
+        ({"not_a_key": 1}, "not_a_key"),
+    ],
+)
+def test_each_training_key_agentrl_cannot_honour_raises_naming_itself(keys, named):
+    from agentrl.art.training import agentrl_train_config
+
+    with pytest.raises(agentrl.ConfigurationError, match=named):
+        agentrl_train_config(keys)
+
+
+def test_the_older_train_config_and_dev_config_merge():
+    from agentrl.art.training import agentrl_train_config, merged_keys
+
+    keys = merged_keys(
+        art.TrainConfig(learning_rate=1e-5, beta=0.04), art.dev.TrainConfig(scale_rewards=False, ppo=True)
+    )
+    config = agentrl_train_config(keys)
+    assert (config.learning_rate, config.kl_coef, config.scale_advantages_by_std) == (1e-5, 0.04, False)
+    assert isinstance(config.loss, agentrl.PPOLoss)
+    assert art.TrainConfig().learning_rate == 5e-6 and art.TrainConfig(kl_penalty_coef=0.1).kl_penalty_coef == 0.1
 
 
 def test_models_take_arts_keywords_accessors_and_a_typed_config():
@@ -52,14 +93,52 @@ def test_models_take_arts_keywords_accessors_and_a_typed_config():
     assert judge.get_inference_name() == "gpt-x" and not judge.trainable
     assert judge.inference_base_url == "http://127.0.0.1:9/v1" and judge.inference_api_key == "sk-test"
     assert judge.litellm_completion_params() == {
-        "model": "openai/gpt-x", "api_base": "http://127.0.0.1:9/v1", "api_key": "sk-test"}  # fmt: skip
+        "model": "openai/gpt-x", "base_url": "http://127.0.0.1:9/v1", "api_key": "sk-test", "temperature": 1}  # fmt: skip
     assert judge.config.max_turns == 7  # the user's own typed settings, kept as given
+    # a litellm-prefixed name reaches its provider unchanged
+    assert art.Model(name="openai/gpt-4.1", project="p").litellm_completion_params()["model"] == "openai/gpt-4.1"
+    together = art.Model(name="together_ai/meta-llama/Llama-3-8b", project="p", inference_base_url="http://h/v1")
+    assert together.litellm_completion_params()["model"] == "together_ai/meta-llama/Llama-3-8b"
     agent = art.TrainableModel(name="agent", project="p", base_model="smollm2-135m-instruct", config=EmailConfig())
-    assert agent.trainable and agent.get_inference_name() == "agent@0"
-    with pytest.raises(ValueError, match="LoRAConfig"):  # a pydantic ValidationError, with our message
-        art.TrainableModel(name="a", project="p", _internal_config={"engine_args": {}})
+    assert agent.trainable and agent.get_inference_name() == "agent@0" and agent.get_inference_name(step=3) == "agent@3"
+    assert agent.base_path == ".art"
     with pytest.raises(agentrl.AgentRLError, match="register"):
         _ = agent.inference_base_url  # no backend yet: says what to do
+    with pytest.raises(agentrl.AgentRLError, match="register"):
+        agent.backend()
+
+
+def test_internal_config_translates_at_construction_or_assignment_and_refuses_the_rest():
+    model = art.TrainableModel(name="a", project="p", lora_config=art.LoRAConfig(r=4, lora_alpha=8))
+    assert (model.lora.rank, model.lora.alpha) == (4, 8)
+    model._internal_config = art.dev.InternalModelConfig(
+        init_args=art.dev.InitArgs(max_seq_length=8192),
+        engine_args=art.dev.EngineArgs(gpu_memory_utilization=0.7, tensor_parallel_size=2, enable_sleep_mode=True),
+        peft_args=art.dev.PeftArgs(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"]),
+    )
+    assert (model.server.max_model_len, model.server.gpu_memory_utilization, model.server.tensor_parallel_size) == (
+        8192, 0.7, 2)  # fmt: skip
+    assert (model.lora.rank, model.lora.alpha, model.lora.target_modules) == (16, 32, ("q_proj", "v_proj"))
+    built = art.TrainableModel(name="b", project="p", _internal_config={"init_args": {"max_seq_length": 2048}})
+    assert built.server.max_model_len == 2048
+    rebuilt = art.TrainableModel(**model.model_dump())  # art-e's round trip
+    assert rebuilt.server == model.server and rebuilt.lora == model.lora and rebuilt.name == "a"
+    with pytest.raises(ValueError, match=r"engine_args.max_num_seqs"):  # a pydantic ValidationError, our message
+        art.TrainableModel(name="c", project="p", _internal_config={"engine_args": {"max_num_seqs": 8}})
+    with pytest.raises(agentrl.ConfigurationError, match="trainer_args"):
+        model._internal_config = {"trainer_args": {"learning_rate": 1.0}}
+
+
+def test_every_dev_name_is_a_typed_dict_or_says_what_to_do():
+    for name in ("TrainConfig", "InternalModelConfig", "InitArgs", "EngineArgs", "PeftArgs", "TrainerArgs",
+                 "LoRAConfig", "TrainSFTConfig", "OpenAIServerConfig", "ServerArgs", "TinkerArgs"):  # fmt: skip
+        cls = getattr(art.dev, name)
+        assert isinstance(cls(), dict) and hasattr(cls, "__annotations__"), name
+    assert art.dev.is_dedicated_mode({"dedicated": True}) and not art.dev.is_dedicated_mode({})
+    with pytest.raises(agentrl.ConfigurationError, match="trainer_device"):
+        art.dev.validate_dedicated_config({"dedicated": True})
+    with pytest.raises(agentrl.ConfigurationError, match="ServerConfig"):
+        art.dev.get_openai_server_config()
 
 
 def test_arts_metric_names_map_to_agentrls_and_are_recorded_beside_them():
@@ -111,12 +190,10 @@ async def test_utils_take_arts_keywords():
 
     await asyncio.gather(*(search(str(i)) for i in range(5)))
     assert peak == 2
-    with pytest.raises(agentrl.ConfigurationError, match="derive_key"):
-        limit_concurrency(2, derive_key=lambda query: query)
 
     attempts = []
 
-    @art.retry(max_attempts=2, min_delay=0.01, max_delay=0.01)
+    @art.retry(max_attempts=2, delay=0.01)
     async def flaky() -> str:
         attempts.append(1)
         if len(attempts) == 1:
@@ -124,13 +201,6 @@ async def test_utils_take_arts_keywords():
         return "ok"
 
     assert await flaky() == "ok" and len(attempts) == 2
-
-
-def test_rewards_are_agentrls_ruler():
-    import agentrl.art.rewards as rewards
-    from agentrl.judges import ruler, ruler_score_group
-
-    assert rewards.ruler_score_group is ruler_score_group and rewards.ruler is ruler
 
 
 def test_a_litellm_choice_converts_to_the_openai_choice_a_trajectory_keeps():
@@ -145,14 +215,14 @@ def test_a_litellm_choice_converts_to_the_openai_choice_a_trajectory_keeps():
 
 async def test_auto_trajectory_exists_only_inside_a_capture():
     assert art.auto_trajectory() is None
-    with pytest.raises(agentrl.ConfigurationError, match="capture_auto_trajectory"):
+    with pytest.raises(RuntimeError, match="capture_auto_trajectory"):
         art.auto_trajectory(required=True)
 
     async def agent() -> None:
         art.auto_trajectory(required=True).reward = 0.5
 
     trajectory = await art.capture_auto_trajectory(agent())
-    assert trajectory.reward == 0.5 and art.auto_trajectory() is None
+    assert trajectory.reward == 0.5 and art.auto_trajectory() is None and "duration" in trajectory.metrics
 
 
 @pytest.mark.slow
@@ -163,7 +233,7 @@ async def test_an_art_style_training_script_runs_on_the_real_server(tmp_path, se
     from agentrl.art.rewards import ruler_score_group
     from agentrl.tracking import read_metrics
 
-    @art.retry(max_attempts=2, min_delay=0.1, max_delay=0.1)
+    @art.retry(max_attempts=2, delay=0.1)
     async def rollout(model: art.TrainableModel, scenario: dict, attempt: int = 0) -> art.Trajectory:
         trajectory = art.Trajectory(
             messages_and_choices=[{"role": "user", "content": scenario["question"]}],

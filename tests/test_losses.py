@@ -92,6 +92,59 @@ def test_gspo_by_hand_sequence_ratio_is_geometric_mean_and_padding_is_ignored():
     assert out.num_clipped == 2
 
 
+# One sequence, token ratios 0.81 and 1.0 (sequence ratio: their geometric mean 0.9), then padding
+# that holds a huge logprob; A = 1 everywhere, denominator 2. For the unclipped IS loss
+# -sum_t w_t / 2, with w_t the ratio at each level:
+#   token:             w = [0.81, 1.0]                        d/dlogp_j = -r_j / 2
+#   sequence:          w = [0.9, 0.9]                         d/dlogp_j = -(n * s / n) / 2 = -0.9 / 2
+#   average:           w = [(0.81+0.9)/2, (1+0.9)/2]          d/dlogp_j = -(r_j/2 + s/2) / 2
+#   geometric_average: w = [sqrt(0.81*0.9), sqrt(0.9)]        d/dlogp_j = -(w_j/2 + sum(w)/4) / 2
+LEVEL_CASES = {
+    "token": ([0.81, 1.0], [-0.81 / 2, -1.0 / 2]),
+    "sequence": ([0.9, 0.9], [-0.9 / 2, -0.9 / 2]),
+    "average": ([0.855, 0.95], [-0.855 / 2, -0.95 / 2]),
+    "geometric_average": (
+        [math.sqrt(0.729), math.sqrt(0.9)],
+        [-(math.sqrt(0.729) / 2 + (math.sqrt(0.729) + math.sqrt(0.9)) / 4) / 2,
+         -(math.sqrt(0.9) / 2 + (math.sqrt(0.729) + math.sqrt(0.9)) / 4) / 2],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("level", list(LEVEL_CASES))
+def test_each_importance_sampling_level_by_hand(level):
+    weights, grads = LEVEL_CASES[level]
+    old_BT = torch.zeros(1, 3, dtype=torch.float64)
+    logprobs_BT = torch.tensor([[math.log(0.81), 0.0, 100.0]], dtype=torch.float64, requires_grad=True)
+    mask_BT = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    advantages_BT = torch.ones(1, 3, dtype=torch.float64)
+    loss_cfg = ImportanceSamplingLoss(importance_sampling_level=level)
+    out = policy_loss(loss_cfg, logprobs_BT, old_BT, advantages_BT, mask_BT, denominator=2.0)
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(-sum(weights) / 2)
+    assert logprobs_BT.grad[0].tolist() == pytest.approx([*grads, 0.0])
+
+
+def test_cispo_and_ppo_clip_the_ratio_of_their_level():
+    # Sequence ratio 0.9 for both tokens: CISPO with ART's clips (floor 0, ceiling 5) weighs each
+    # token's log-probability gradient by 0.9; PPO with ceiling 1 - 0.05 = 0.95 for A = -1 clips the
+    # sequence (min(-0.9, -0.95) = -0.95) and so gives no gradient, where token level would not clip 1.0.
+    old_BT = torch.zeros(1, 2, dtype=torch.float64)
+    mask_BT = torch.ones(1, 2, dtype=torch.float64)
+    logprobs_BT = torch.tensor([[math.log(0.81), 0.0]], dtype=torch.float64, requires_grad=True)
+    cispo = CISPOLoss(clip_low=1.0, clip_high=4.0, importance_sampling_level="sequence")
+    policy_loss(
+        cispo, logprobs_BT, old_BT, torch.ones(1, 2, dtype=torch.float64), mask_BT, denominator=2.0
+    ).loss.backward()
+    assert logprobs_BT.grad[0].tolist() == pytest.approx([-0.9 / 2, -0.9 / 2])
+    logprobs_BT.grad = None
+    ppo = PPOLoss(clip_low=0.05, clip_high=0.28, importance_sampling_level="sequence")
+    out = policy_loss(ppo, logprobs_BT, old_BT, -torch.ones(1, 2, dtype=torch.float64), mask_BT, denominator=2.0)
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(0.95) and out.num_clipped == 2
+    assert logprobs_BT.grad[0].tolist() == pytest.approx([0.0, 0.0])
+
+
 def test_kl_estimators_by_hand():
     logprobs_BT = torch.tensor([[math.log(0.5)]])
     ref_BT = torch.tensor([[math.log(0.25)]])

@@ -1,21 +1,217 @@
-"""ART's `art.dev.TrainConfig`: the advanced training settings passed as `model.train(..., _config=...)`.
+"""ART's `art.dev`: its advanced settings as TypedDicts, and what agentrl makes of them.
 
-Only the keys agentrl has a counterpart for (`agentrl.art.DEV_CONFIG_KEYS`); `with_dev_config` maps them
-onto `agentrl.TrainConfig` and refuses any other key by name."""
+`TrainConfig` holds the training keys of `agentrl.art.training` (mapped, or refused by name there).
+`InternalModelConfig` (init_args, engine_args, peft_args, ...) becomes `LoRAConfig`/`ServerConfig`
+fields for the keys agentrl has (`internal_config_settings`); any other key raises, naming itself.
+"""
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict
+
+import agentrl
+from agentrl.errors import ConfigurationError
 
 
 class TrainConfig(TypedDict, total=False):
-    allow_training_without_logprobs: bool
+    """ART's advanced training keys (`model.train(..., _config=...)`); see `agentrl.art.training`."""
+
+    ppo: bool
+    loss_fn: Literal["cispo", "ppo"]
+    loss_fn_config: dict[str, Any] | None
+    epsilon: float | None
+    epsilon_high: float | None
+    importance_sampling_level: Literal["token", "sequence", "average", "geometric_average"]
     scale_rewards: bool
-    """agentrl's `scale_advantages_by_std`."""
-    epsilon: float
-    """PPO's lower clip (agentrl's `PPOLoss.clip_low`)."""
-    epsilon_high: float
-    """PPO's upper clip (agentrl's `PPOLoss.clip_high`)."""
-    importance_sampling_level: Literal["token", "sequence"]
-    """"sequence" trains with agentrl's GSPOLoss."""
+    normalize_advantages: bool
+    kl_penalty_coef: float
+    kl_penalty_source: Literal["current_learner", "sample"]
+    kl_penalty_reference_step: int | None
+    kl_ref_adapter_path: str | None
+    adam_params: dict[str, Any] | None
+    advantage_balance: float
+    max_negative_advantage_importance_sampling_weight: float | None
+    mask_prob_ratio: bool
+    kimi_k2_tau: float | None
+    precalculate_logprobs: bool
+    allow_training_without_logprobs: bool
+    plot_tensors: bool
     truncated_importance_sampling: float | None
+    scale_learning_rate_by_reward_std_dev: bool
+    logprob_calculation_chunk_size: int
+    packed_sequence_length: int | None
+    num_trajectories_learning_rate_multiplier_power: float
+    grad_accumulation_sequences: int | None
+
+
+class InitArgs(TypedDict, total=False):
+    """How ART loads the model; agentrl uses `max_seq_length` (its server's `max_model_len`)."""
+
+    model_name: str
+    max_seq_length: int
+    load_in_4bit: bool
+    load_in_8bit: bool
+    fast_inference: bool
+
+
+class EngineArgs(TypedDict, total=False):
+    """vLLM engine arguments; agentrl uses gpu_memory_utilization, tensor_parallel_size, max_model_len,
+    enable_sleep_mode (True: agentrl's server sleeps while a step trains on its device)."""
+
+    gpu_memory_utilization: float
+    tensor_parallel_size: int
+    max_model_len: int
+    enable_sleep_mode: bool
+    max_num_seqs: int
+    enforce_eager: bool
+
+
+class PeftArgs(TypedDict, total=False):
+    """LoRA settings: r, lora_alpha, target_modules and lora_dropout become `agentrl.LoRAConfig`."""
+
+    r: int
+    lora_alpha: int
+    target_modules: list[str]
+    lora_dropout: float
+
+
+class TrainerArgs(TypedDict, total=False):
+    """Hugging Face TrainingArguments in ART; agentrl's trainer has its own (`agentrl.TrainConfig`)."""
+
+    learning_rate: float
+    gradient_accumulation_steps: int
+    max_grad_norm: float
+
+
+class LoRAConfig(TypedDict, total=False):
+    r: int
+    lora_alpha: int
+    target_modules: list[str]
+    lora_dropout: float
+
+
+class TrainSFTConfig(TypedDict, total=False):
+    learning_rate: float
+    batch_size: int
+
+
+class ServerArgs(TypedDict, total=False):
+    api_key: str
+    host: str
+    port: int
+
+
+class OpenAIServerConfig(TypedDict, total=False):
+    log_file: str
+    server_args: ServerArgs
+    engine_args: EngineArgs
+
+
+class TinkerArgs(TypedDict, total=False):
+    """ART's Tinker settings: agentrl has no Tinker backend (see `agentrl.art.TinkerBackend`)."""
+
+    renderer_name: str
+
+
+class TinkerTrainingClientArgs(TypedDict, total=False):
+    rank: int
+
+
+class InternalModelConfig(TypedDict, total=False):
+    init_args: InitArgs
+    engine_args: EngineArgs
+    peft_args: PeftArgs
+    trainer_args: TrainerArgs
+    tinker_args: TinkerArgs
+    tinker_training_client_args: TinkerTrainingClientArgs
+    dedicated: bool
+
+
+_SERVER_KEYS = {"max_seq_length": "max_model_len", "max_model_len": "max_model_len",
+                "gpu_memory_utilization": "gpu_memory_utilization", "tensor_parallel_size": "tensor_parallel_size"}  # fmt: skip
+_LORA_KEYS = {"r": "rank", "lora_alpha": "alpha", "target_modules": "target_modules", "lora_dropout": "dropout"}
+_ACCEPTED = {"model_name", "enable_sleep_mode"}  # model_name: the base model is `base_model`
+
+
+def internal_config_settings(
+    internal: Mapping[str, Any], *, lora: Any = None, server: Any = None
+) -> dict[str, agentrl.LoRAConfig | agentrl.ServerConfig]:
+    """`lora` and `server` (given, or agentrl's defaults) updated from ART's `InternalModelConfig`;
+    `ConfigurationError` naming any key agentrl has no counterpart for."""
+    server_update: dict[str, Any] = {}
+    lora_update: dict[str, Any] = {}
+    refused: list[str] = []
+    for section, values in dict(internal).items():
+        if section not in ("init_args", "engine_args", "peft_args") or not isinstance(values, Mapping):
+            if values:
+                refused.append(section)
+            continue
+        for key, value in values.items():
+            where = f"{section}.{key}"
+            if key == "enable_sleep_mode" and value is False:
+                refused.append(f"{where}=False (agentrl's server sleeps while a step trains on its device)")
+            elif section == "peft_args" and key in _LORA_KEYS:
+                lora_update[_LORA_KEYS[key]] = tuple(value) if key == "target_modules" else value
+            elif section != "peft_args" and key in _SERVER_KEYS:
+                server_update[_SERVER_KEYS[key]] = value
+            elif key not in _ACCEPTED:
+                refused.append(where)
+    if refused:
+        raise ConfigurationError(
+            f"_internal_config {refused} has no counterpart in agentrl: it takes init_args.max_seq_length, "
+            "engine_args.{gpu_memory_utilization, tensor_parallel_size, max_model_len, enable_sleep_mode} and "
+            "peft_args.{r, lora_alpha, target_modules, lora_dropout}; set other server settings with "
+            "TrainableModel(server=agentrl.ServerConfig(...))"
+        )
+    settings: dict[str, agentrl.LoRAConfig | agentrl.ServerConfig] = {}
+    if lora_update:
+        settings["lora"] = _updated(agentrl.LoRAConfig, lora, lora_update)
+    if server_update:
+        settings["server"] = _updated(agentrl.ServerConfig, server, server_update)
+    return settings
+
+
+def _updated(cls: Any, current: Any, update: dict[str, Any]) -> Any:
+    data = current.model_dump() if hasattr(current, "model_dump") else dict(current or {})
+    return cls.model_validate({**data, **update})
+
+
+def get_openai_server_config(*args: Any, **kwargs: Any) -> OpenAIServerConfig:
+    """ART builds its vLLM server's settings here; agentrl's come from `agentrl.ServerConfig`."""
+    raise ConfigurationError(
+        "art.dev.get_openai_server_config has no counterpart: agentrl starts vLLM from TrainableModel(server="
+        "agentrl.ServerConfig(...)); pass engine settings through _internal_config's engine_args"
+    )
+
+
+def is_dedicated_mode(config: Mapping[str, Any]) -> bool:
+    """Whether ART's config asks for dedicated trainer/inference GPUs (`dedicated`)."""
+    return bool(config.get("dedicated"))
+
+
+def validate_dedicated_config(config: Mapping[str, Any]) -> None:
+    """agentrl's dedicated mode is `LocalBackend(trainer_device="cuda:1")`, not a model setting."""
+    if is_dedicated_mode(config):
+        raise ConfigurationError(
+            "dedicated mode is LocalBackend(trainer_device='cuda:1') in agentrl: the trainer on its own GPU"
+        )
+
+
+__all__ = [
+    "EngineArgs",
+    "InitArgs",
+    "InternalModelConfig",
+    "LoRAConfig",
+    "OpenAIServerConfig",
+    "PeftArgs",
+    "ServerArgs",
+    "TinkerArgs",
+    "TinkerTrainingClientArgs",
+    "TrainConfig",
+    "TrainSFTConfig",
+    "TrainerArgs",
+    "get_openai_server_config",
+    "is_dedicated_mode",
+    "validate_dedicated_config",
+]

@@ -83,6 +83,10 @@ def server_command(
         "--tool-call-parser",
         config.tool_call_parser,
         "--disable-uvicorn-access-log",
+        # A request without temperature samples at 1.0 (vLLM's defaults), not at the model's generation_config
+        # defaults (Qwen's 0.7): what GRPO assumes, and what ART starts vLLM with.
+        "--generation-config",
+        "vllm",
         "--middleware",
         "agentrl.backend.server_guard.RequireServerKey",
     ]

@@ -18,7 +18,15 @@ from typing import Literal
 
 import torch
 
-from agentrl.config import CISPOLoss, DROLoss, GSPOLoss, ImportanceSamplingLoss, LossConfig, PPOLoss
+from agentrl.config import (
+    CISPOLoss,
+    DROLoss,
+    GSPOLoss,
+    ImportanceSamplingLevel,
+    ImportanceSamplingLoss,
+    LossConfig,
+    PPOLoss,
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,24 @@ def masked_log_ratio(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, m
     return torch.where(mask_BT.bool(), logprobs_BT - old_logprobs_BT, torch.zeros_like(logprobs_BT))
 
 
+def importance_ratio(
+    level: ImportanceSamplingLevel, logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, mask_BT: torch.Tensor
+) -> torch.Tensor:
+    """p / p_old per token at `level`: the token's own ratio, its sequence's (the geometric mean of the
+    sequence's token ratios, so long and short answers compare alike), or the arithmetic or geometric
+    mean of the two. Each row of `_BT` is one sequence; padding gets ratio 1."""
+    log_ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT)
+    if level == "token":
+        return log_ratio_BT.exp()
+    tokens_B1 = mask_BT.sum(dim=1, keepdim=True).clamp(min=1)
+    seq_log_ratio_B1 = log_ratio_BT.sum(dim=1, keepdim=True) / tokens_B1
+    if level == "sequence":
+        return seq_log_ratio_B1.exp().expand_as(log_ratio_BT)
+    if level == "average":
+        return (log_ratio_BT.exp() + seq_log_ratio_B1.exp()) / 2
+    return ((log_ratio_BT + seq_log_ratio_B1) / 2).exp()  # geometric_average: sqrt(token ratio * sequence ratio)
+
+
 def importance_sampling_loss(
     cfg: ImportanceSamplingLoss,
     logprobs_BT: torch.Tensor,
@@ -41,7 +67,7 @@ def importance_sampling_loss(
     advantages_BT: torch.Tensor,
     mask_BT: torch.Tensor,
 ) -> TokenLoss:
-    ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT).exp()
+    ratio_BT = importance_ratio(cfg.importance_sampling_level, logprobs_BT, old_logprobs_BT, mask_BT)
     return TokenLoss(-ratio_BT * advantages_BT, torch.zeros_like(mask_BT, dtype=torch.bool))
 
 
@@ -52,7 +78,7 @@ def ppo_loss(
     advantages_BT: torch.Tensor,
     mask_BT: torch.Tensor,
 ) -> TokenLoss:
-    ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT).exp()
+    ratio_BT = importance_ratio(cfg.importance_sampling_level, logprobs_BT, old_logprobs_BT, mask_BT)
     unclipped_BT = ratio_BT * advantages_BT
     clipped_BT = ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * advantages_BT
     # The pessimistic bound: clipping only ever removes incentive, never adds it.
@@ -66,7 +92,7 @@ def cispo_loss(
     advantages_BT: torch.Tensor,
     mask_BT: torch.Tensor,
 ) -> TokenLoss:
-    ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT).exp()
+    ratio_BT = importance_ratio(cfg.importance_sampling_level, logprobs_BT, old_logprobs_BT, mask_BT)
     weight_BT = ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high).detach()
     # Unlike PPO, a clipped token still gets a gradient, just a bounded one.
     is_clipped_BT = (ratio_BT < 1 - cfg.clip_low) | (ratio_BT > 1 + cfg.clip_high)
@@ -92,12 +118,9 @@ def gspo_loss(
     advantages_BT: torch.Tensor,
     mask_BT: torch.Tensor,
 ) -> TokenLoss:
-    log_ratio_BT = masked_log_ratio(logprobs_BT, old_logprobs_BT, mask_BT)
-    tokens_B = mask_BT.sum(dim=1).clamp(min=1)
-    # Sequence ratio = geometric mean of token ratios, so long and short answers clip alike.
-    seq_ratio_B1 = (log_ratio_BT.sum(dim=1) / tokens_B).exp().unsqueeze(1)
-    unclipped_BT = seq_ratio_B1 * advantages_BT
-    clipped_BT = seq_ratio_B1.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * advantages_BT
+    seq_ratio_BT = importance_ratio("sequence", logprobs_BT, old_logprobs_BT, mask_BT)
+    unclipped_BT = seq_ratio_BT * advantages_BT
+    clipped_BT = seq_ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * advantages_BT
     return TokenLoss(-torch.minimum(unclipped_BT, clipped_BT), clipped_BT < unclipped_BT)
 
 

@@ -1,0 +1,189 @@
+"""ART's gathering: `gather_trajectory_groups`, `gather_trajectories`, `trajectory_group_batches`,
+and the captured trajectories (`capture_auto_trajectory`, `auto_trajectory`, `yield_trajectory`).
+
+ART's `max_exceptions` is a count, or a fraction of the rollouts when a float below 1. Groups may
+be given as `TrajectoryGroup(rollouts)` or as any awaitable that returns a group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
+
+from tqdm.auto import tqdm
+
+import agentrl
+from agentrl.capture import capture_trajectory, current_trajectory
+from agentrl.errors import ConfigurationError, RolloutError
+from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup
+
+
+def _budget(max_exceptions: int | float) -> dict[str, Any]:
+    """ART's `max_exceptions` as agentrl's count or rate."""
+    if isinstance(max_exceptions, float) and 0 < max_exceptions < 1:
+        return {"max_exceptions": None, "max_exception_rate": max_exceptions}
+    return {"max_exceptions": int(max_exceptions), "max_exception_rate": None}
+
+
+def _allowed(max_exceptions: int | float, total: int) -> int:
+    budget = _budget(max_exceptions)
+    return (
+        int(budget["max_exception_rate"] * total) if budget["max_exception_rate"] is not None else int(max_exceptions)
+    )
+
+
+async def gather_trajectory_groups(
+    groups: Iterable[Awaitable[TrajectoryGroup] | TrajectoryGroup],
+    *,
+    pbar_desc: str | None = "gather",
+    pbar_total_completion_tokens: bool = False,
+    max_exceptions: int | float = 0,
+    max_metrics: int | None = None,
+    after_each: Callable[[TrajectoryGroup], Awaitable[Any]] | None = None,
+) -> list[TrajectoryGroup]:
+    """Run the groups' rollouts concurrently and return the resolved groups in order.
+
+    `after_each(group)` may return a group, None (drop it) or a list of groups (all kept, in place).
+    `pbar_total_completion_tokens` and `max_metrics` change only ART's progress bar and are accepted.
+    """
+    items = list(groups)
+    expanded: dict[int, list[TrajectoryGroup]] = {}
+
+    async def each(group: TrajectoryGroup) -> TrajectoryGroup | None:
+        result: Any = await after_each(group) if after_each is not None else group
+        if isinstance(result, list):
+            if not result:
+                return None
+            expanded[id(result[0])] = result
+            return result[0]  # type: ignore[no-any-return]
+        return result  # type: ignore[no-any-return]
+
+    # An awaitable that returns a group (an `async def`) is run as the one rollout of a group of its own.
+    items = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in items]  # type: ignore[list-item]
+    gathered = await agentrl.gather_trajectory_groups(
+        items,  # type: ignore[arg-type]
+        **_budget(max_exceptions),
+        after_each=each,
+        desc=pbar_desc or "gather",
+        show_progress=pbar_desc is not None,
+    )
+    return [g for group in gathered for g in expanded.get(id(group), [group])]
+
+
+async def gather_trajectories(
+    trajectories: Iterable[Awaitable[Trajectory | list[Trajectory]]],
+    *,
+    pbar_desc: str | None = "gather",
+    pbar_total_completion_tokens: bool = False,
+    max_exceptions: int | float = 0,
+) -> list[Any]:
+    """Run rollouts concurrently; results align with the inputs. With `max_exceptions` > 0 a failed
+    rollout comes back as its exception, in place; past the budget (or at 0) the first failure raises."""
+    rollouts = list(trajectories)
+    bar = tqdm(total=len(rollouts), desc=pbar_desc or "gather", disable=pbar_desc is None)
+
+    async def one(rollout: Awaitable[Any]) -> Any:
+        try:
+            return await rollout
+        finally:
+            bar.update(1)
+
+    try:
+        results = await asyncio.gather(*(one(r) for r in rollouts), return_exceptions=True)
+    finally:
+        bar.close()
+    failures = [r for r in results if isinstance(r, BaseException)]
+    for failure in failures:
+        if not isinstance(failure, Exception):
+            raise failure  # a cancellation or interrupt is never a rollout's failure
+    if len(failures) > _allowed(max_exceptions, len(rollouts)):
+        raise RolloutError(
+            f"{len(failures)} of {len(rollouts)} rollouts failed; the first: {failures[0]!r}"
+        ) from failures[0]
+    return results
+
+
+async def trajectory_group_batches(
+    groups: Iterable[Awaitable[TrajectoryGroup] | TrajectoryGroup],
+    *,
+    batch_size: int,
+    max_concurrent_batches: int = 1,
+    skip_batches: int = 0,
+    pbar_desc: str | None = "gather",
+    max_exceptions: int | float = 0,
+) -> AsyncIterator[list[TrajectoryGroup]]:
+    """Gather `groups` `batch_size` at a time (up to `max_concurrent_batches` gathering at once) and
+    yield each batch of resolved groups in order, after skipping the first `skip_batches`."""
+    if batch_size < 1 or max_concurrent_batches < 1:
+        raise ConfigurationError("trajectory_group_batches needs batch_size >= 1 and max_concurrent_batches >= 1")
+    items = list(groups)[skip_batches * batch_size :]
+    batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
+    running: list[asyncio.Task[list[TrajectoryGroup]]] = []
+    try:
+        for batch in batches:
+            running.append(
+                asyncio.ensure_future(
+                    gather_trajectory_groups(batch, pbar_desc=pbar_desc, max_exceptions=max_exceptions)
+                )
+            )
+            if len(running) >= max_concurrent_batches:
+                yield await running.pop(0)
+        while running:
+            yield await running.pop(0)
+    finally:
+        for task in running:
+            task.cancel()
+
+
+async def capture_auto_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
+    """Run `coroutine` and return the trajectory of every completion it made through agentrl's gateway
+    (`agentrl.capture_trajectory`), finished; set its reward inside with `auto_trajectory().reward = ...`."""
+    with capture_trajectory() as trajectory:
+        await coroutine
+    return trajectory.finish()
+
+
+def auto_trajectory(*, required: bool = False) -> Trajectory | None:
+    """The trajectory being captured now (inside `capture_auto_trajectory`), or None."""
+    trajectory = current_trajectory()
+    if trajectory is None and required:
+        raise RuntimeError("auto_trajectory(required=True) outside capture_auto_trajectory(...)")
+    return trajectory
+
+
+_yielded: contextvars.ContextVar[list[Trajectory] | None] = contextvars.ContextVar("agentrl_art_yielded", default=None)
+
+
+def yield_trajectory(trajectory: Trajectory) -> None:
+    """Hand `trajectory` to the enclosing `capture_yielded_trajectory` (ART's way for a deep call to return one)."""
+    holder = _yielded.get()
+    if holder is None:
+        raise RuntimeError("yield_trajectory(...) outside capture_yielded_trajectory(...)")
+    holder.append(trajectory)
+
+
+async def capture_yielded_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
+    """Run `coroutine` and return the trajectory it handed to `yield_trajectory` (the last one)."""
+    holder: list[Trajectory] = []
+    token = _yielded.set(holder)
+    try:
+        await coroutine
+    finally:
+        _yielded.reset(token)
+    if not holder:
+        raise RuntimeError("the coroutine finished without calling yield_trajectory(...)")
+    return holder[-1]
+
+
+__all__ = [
+    "RolloutException",
+    "auto_trajectory",
+    "capture_auto_trajectory",
+    "capture_yielded_trajectory",
+    "gather_trajectories",
+    "gather_trajectory_groups",
+    "trajectory_group_batches",
+    "yield_trajectory",
+]

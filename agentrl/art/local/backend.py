@@ -1,0 +1,157 @@
+"""ART's `art.local.LocalBackend`: agentrl's LocalBackend with ART's constructor, ART 0.5's
+`backend.train(model, groups, **training keys)` and `with LocalBackend() as backend:`."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import agentrl
+from agentrl.errors import ConfigurationError
+from agentrl.trajectory import TrajectoryGroup
+
+from ..storage import fork_checkpoint, pull_from_s3, push_to_s3
+from ..training import TRAIN_KEYS, agentrl_train_config, log_verbose
+
+
+@dataclass(frozen=True)
+class LocalTrainResult(agentrl.TrainResult):
+    """ART's result of `backend.train`: the new `step`, its `metrics` and where its `checkpoint_path` is."""
+
+    checkpoint_path: str | None = None
+
+
+class LocalBackend(agentrl.LocalBackend):
+    """`path`: where models registered with it keep their runs (ART's ".art"). `in_process` is accepted
+    (agentrl's trainer always runs in this process, the server in its own); `gpu_cost_per_hour_usd` is
+    kept for your own accounting; `enable_expert_replay` is about MoE models and has no effect here."""
+
+    def __init__(
+        self,
+        *,
+        in_process: bool = False,
+        path: str | None = None,
+        gpu_cost_per_hour_usd: float | None = None,
+        enable_expert_replay: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.art_path = path if path is not None else ".art"
+        self.gpu_cost_per_hour_usd = gpu_cost_per_hour_usd
+
+    async def train(  # type: ignore[override]
+        self,
+        model: agentrl.TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: agentrl.TrainConfig | None = None,
+        *,
+        step_metrics: dict[str, float] | None = None,
+        **keys: Any,
+    ) -> LocalTrainResult:
+        """ART 0.5's `backend.train(model, groups, learning_rate=..., loss_fn=..., ...)`: one step as ART
+        trains it (CISPO by default); the model's step moves on. agentrl's own form `train(model, groups,
+        config)` works too. Record the step with `model.log(groups, metrics=..., step=..., split="train")`
+        as ART does (agentrl has already recorded the step's own metrics)."""
+        groups = list(trajectory_groups)
+        if config is not None:
+            if keys:
+                raise ConfigurationError("give either an agentrl.TrainConfig or ART's training keywords, not both")
+            result = await super().train(model, groups, config, step_metrics=step_metrics)
+        else:
+            unknown = sorted(set(keys) - set(TRAIN_KEYS))
+            if unknown:
+                raise TypeError(f"LocalBackend.train() got unexpected keyword arguments {unknown}")
+            result = await agentrl.TrainableModel.train(model, groups, agentrl_train_config(keys))
+            log_verbose(bool(keys.get("verbose")), result.step, result.metrics)
+        path = self.session(model).store.path(result.step)
+        return LocalTrainResult(**vars(result), checkpoint_path=str(path) if path.exists() else None)
+
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_sync()
+
+    def close_sync(self) -> None:
+        """`close()` from synchronous code (ART's `with LocalBackend() as backend:`), also inside a notebook's
+        running event loop (then on a thread of its own)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            asyncio.run(self.close())
+            return
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                asyncio.run(self.close())
+            except BaseException as error:  # noqa: BLE001 - re-raised below, on the caller's thread
+                failure.append(error)
+
+        thread = threading.Thread(target=run, name="agentrl-art-close")
+        thread.start()
+        thread.join()
+        if failure:
+            raise failure[0]
+
+    async def _experimental_push_to_s3(
+        self, model: agentrl.TrainableModel, *, s3_bucket: str | None = None, prefix: str | None = None, **kwargs: Any
+    ) -> str:
+        """Copy the model's run folder (checkpoints, metrics) to `s3://{s3_bucket}/{prefix}/...` or a local folder."""
+        return await asyncio.to_thread(push_to_s3, model, s3_bucket=s3_bucket, prefix=prefix, **kwargs)
+
+    async def _experimental_pull_from_s3(
+        self,
+        model: agentrl.TrainableModel,
+        *,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        only_step: int | str | None = None,
+        exclude: Iterable[str] | None = None,
+        **kwargs: Any,
+    ) -> int | None:
+        """Copy a run folder back from object storage (`only_step`: one checkpoint, "latest" or a step;
+        `exclude`: "checkpoints", "logs", "trajectories"); returns the latest step pulled."""
+        if model.registered:
+            raise ConfigurationError("pull before `register`: a registered model's run folder is in use")
+        return await asyncio.to_thread(
+            pull_from_s3, model, s3_bucket=s3_bucket, prefix=prefix, only_step=only_step, exclude=exclude, **kwargs
+        )
+
+    async def _experimental_fork_checkpoint(
+        self,
+        model: agentrl.TrainableModel,
+        from_model: str,
+        *,
+        from_project: str | None = None,
+        from_s3_bucket: str | None = None,
+        not_after_step: int | None = None,
+        prefix: str | None = None,
+        **kwargs: Any,
+    ) -> int:
+        """Start `model` from another run's checkpoint (the latest, or the latest at or before `not_after_step`),
+        local or in object storage; returns the step copied. Call before `register`."""
+        if model.registered:
+            raise ConfigurationError("fork before `register`: the model would keep serving its own checkpoint")
+        return await asyncio.to_thread(
+            fork_checkpoint,
+            model,
+            from_model=from_model,
+            from_project=from_project or model.project,
+            from_s3_bucket=from_s3_bucket,
+            not_after_step=not_after_step,
+            prefix=prefix,
+            base_path=Path(self.art_path),
+            **kwargs,
+        )
+
+    async def _experimental_pull_model_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """ART pulls a checkpoint from W&B artifacts here; agentrl keeps checkpoints in the run folder."""
+        raise ConfigurationError(
+            "_experimental_pull_model_checkpoint (from W&B artifacts) has no counterpart: use "
+            "_experimental_pull_from_s3(model, only_step=...) or _experimental_fork_checkpoint"
+        )

@@ -1,0 +1,346 @@
+"""ART's `art.Model` (a prompted model) and `art.TrainableModel`, on agentrl's models.
+
+ART's keywords (`inference_base_url`, `inference_api_key`, `entity`, `id`, `run_id`, `lora_config`,
+`_internal_config`, ...), ART's methods (`get_inference_name(step)`, `litellm_completion_params(step)`,
+`backend()`, `log(..., metrics=, step=)`, the state helpers) and ART's default `base_path` ".art".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import PrivateAttr, model_validator
+
+import agentrl
+from agentrl.backend.protocol import Backend
+from agentrl.errors import ConfigurationError
+from agentrl.files import check_safe_name, write_json_atomic
+from agentrl.tracking import append_metrics, read_metrics
+from agentrl.trajectory import Trajectory, TrajectoryGroup
+
+from .dev import internal_config_settings
+from .training import TrainConfig, agentrl_train_config, log_verbose, merged_keys
+
+# ART's constructor keywords that only label a run (W&B entity, ids, metric reporters): kept, unused.
+_LABELS = ("entity", "id", "run_id", "report_metrics")
+
+
+def _has_provider(name: str) -> bool:
+    """Whether `name` starts with a litellm route ("openai/gpt-4.1", "together_ai/..."), which litellm must get unchanged."""
+    import litellm  # here: importing it loads its price map, which scripts that never call it should not wait for
+
+    prefix, slash, _ = name.partition("/")
+    return bool(slash) and prefix in {str(p.value) if hasattr(p, "value") else str(p) for p in litellm.provider_list}
+
+
+class _ArtMethods:
+    """What ART's two model classes share: naming, litellm parameters, state, metric logging."""
+
+    name: str
+    project: str
+    base_path: str
+    config: Any
+
+    def _served_name(self, step: int | None) -> str:
+        raise NotImplementedError
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The `model=` to send; for a trainable model, its adapter at `step` (default: the current one)."""
+        return self._served_name(step)
+
+    def __class_getitem__(cls, config_type: Any) -> Any:
+        """`art.Model[MyConfig]`: the config type is for your type checker; the class is the same."""
+        return cls
+
+    @property
+    def _state_path(self) -> Path:
+        return Path(self.base_path) / self.project / self.name / "state.json"
+
+    def read_state(self) -> dict[str, Any] | None:
+        """The run's saved state (your own JSON), or None before any was written."""
+        return json.loads(self._state_path.read_text()) if self._state_path.exists() else None
+
+    def overwrite_state(self, state: Mapping[str, Any]) -> None:
+        """Replace the run's saved state (written atomically)."""
+        write_json_atomic(self._state_path, dict(state))
+
+    def write_state(self, state: Mapping[str, Any]) -> None:
+        """ART's name for `overwrite_state`."""
+        self.overwrite_state(state)
+
+    def merge_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Update the run's saved state with these keys; returns the merged state."""
+        merged = {**(self.read_state() or {}), **state}
+        self.overwrite_state(merged)
+        return merged
+
+
+class Model(_ArtMethods, agentrl.Model):
+    """ART's prompted model: a judge or a baseline you do not train, logged beside the trained ones."""
+
+    entity: str | None = None
+    id: str | None = None
+    report_metrics: list[str] | None = None
+    base_path: str = ".art"
+
+    _backend: Backend | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _art_keywords(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            for art_name, ours in {"inference_base_url": "base_url", "inference_api_key": "api_key"}.items():
+                if art_name in data:
+                    data[ours] = data.pop(art_name)
+        return data
+
+    @property
+    def trainable(self) -> bool:
+        return False
+
+    @property
+    def inference_base_url(self) -> str | None:
+        return self.base_url
+
+    @property
+    def inference_api_key(self) -> str | None:
+        return self._key()
+
+    def _served_name(self, step: int | None) -> str:
+        return self.inference_name
+
+    def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
+        """`litellm.acompletion` keywords: model (a provider-prefixed name as given), base_url, api_key,
+        temperature 1 (ART's)."""
+        name = self.inference_name
+        model = name if _has_provider(name) or not self.base_url else f"{self.litellm_provider}/{name}"
+        return {"model": model, "base_url": self.base_url, "api_key": self._key(), "temperature": 1}
+
+    async def register(self, backend: Backend) -> None:
+        """Remember the backend (ART registers prompted models for logging; nothing is served)."""
+        self._backend = backend
+
+    def backend(self) -> Backend:
+        """The backend given to `register`."""
+        if self._backend is None:
+            raise ConfigurationError(f"model {self.name!r} is not registered: `await model.register(backend)` first")
+        return self._backend
+
+    async def get_step(self) -> int:
+        """Always 0: a prompted model is never trained."""
+        return 0
+
+    async def log(
+        self,
+        trajectories: Iterable[Trajectory] | Iterable[TrajectoryGroup] | None = None,
+        split: str = "val",
+        *,
+        metrics: Mapping[str, float] | None = None,
+        step: int | None = None,
+    ) -> None:
+        """Record a prompted model's results (its reward and metrics) in {base_path}/{project}/{name}/metrics.jsonl."""
+        from agentrl.tracking import summarize
+
+        check_safe_name(split, "split")
+        items: list[Any] = list(trajectories or [])
+        record: dict[str, Any] = {}
+        if items:
+            flat: list[Trajectory] = [
+                t for i in items for t in (i.trajectories if isinstance(i, TrajectoryGroup) else [i])
+            ]
+            record.update(summarize(flat))
+        record.update(metrics or {})
+        if record:
+            append_metrics(
+                Path(self.base_path) / self.project / self.name, {"step": step or 0, "split": split, **record}
+            )
+
+
+class TrainableModel(_ArtMethods, agentrl.TrainableModel):
+    """ART's trainable model: `base_model` (a hub name or agentrl's packaged model), `lora_config`,
+    `_internal_config` (art.dev.InternalModelConfig, its agentrl keys translated, at construction or
+    assigned later), ART's `train`/`log`/`backend()`."""
+
+    entity: str | None = None
+    id: str | None = None
+    run_id: str | None = None
+    report_metrics: list[str] | None = None
+    base_path: str = ".art"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _art_keywords(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for art_name, ours in {"inference_base_url": "base_url", "inference_api_key": "api_key"}.items():
+            if art_name in data:
+                data[ours] = data.pop(art_name)
+        lora_config = data.pop("lora_config", None)
+        internal = data.pop("_internal_config", None)
+        if lora_config is not None:
+            data["lora"] = _lora_from_art(lora_config)
+        if internal:
+            data.update(internal_config_settings(internal, lora=data.get("lora"), server=data.get("server")))
+        return data
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_internal_config":  # ART's 2048 example assigns it after construction
+            if self.registered:
+                raise ConfigurationError(
+                    "_internal_config was assigned after `register`: the server already runs; assign it before"
+                )
+            for field, setting in internal_config_settings(value or {}, lora=self.lora, server=self.server).items():
+                setattr(self, field, setting)
+            return
+        super().__setattr__(name, value)
+
+    @property
+    def trainable(self) -> bool:
+        return True
+
+    @property
+    def inference_base_url(self) -> str:
+        return self._require_backend().endpoint(self).base_url
+
+    @property
+    def inference_api_key(self) -> str:
+        return self._require_backend().endpoint(self).api_key
+
+    def _served_name(self, step: int | None) -> str:
+        return f"{self.name}@{self._step if step is None else step}"
+
+    def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
+        """`litellm.acompletion` keywords for this model's adapter at `step` (default: current), temperature 1."""
+        endpoint = self._require_backend().endpoint(self)
+        return {
+            "model": f"hosted_vllm/{self._served_name(step)}",
+            "base_url": endpoint.base_url,
+            "api_key": endpoint.api_key,
+            "temperature": 1,
+        }
+
+    def backend(self) -> Backend:  # type: ignore[override]
+        """The backend given to `register` (ART's method; agentrl's own models have it as a property)."""
+        return self._require_backend()
+
+    async def register(self, backend: Backend, _openai_client_config: Mapping[str, Any] | None = None) -> None:
+        """As agentrl's; an ART `LocalBackend(path=...)` puts the run folder under its path."""
+        if _openai_client_config:
+            raise ConfigurationError(
+                "register(_openai_client_config=...) has no counterpart: agentrl's server is set with "
+                "TrainableModel(server=agentrl.ServerConfig(...)) or _internal_config's engine_args"
+            )
+        path = getattr(backend, "art_path", None)
+        if path is not None and "base_path" not in self.model_fields_set:
+            self.base_path = str(path)
+        await agentrl.TrainableModel.register(self, backend)
+
+    async def train(  # type: ignore[override]
+        self,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | agentrl.TrainConfig | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+        *,
+        step_metrics: dict[str, float] | None = None,
+    ) -> agentrl.TrainResult:
+        """ART's older training call (to 0.5.17): `model.train(groups, config=art.TrainConfig(...),
+        _config=art.dev.TrainConfig(...))`, one step, as ART trains it (CISPO by default). An
+        `agentrl.TrainConfig` trains as agentrl's own `model.train` (what `train_pipelined` calls)."""
+        if isinstance(config, agentrl.TrainConfig):
+            if _config:
+                raise ConfigurationError("_config is ART's; with an agentrl.TrainConfig set its fields instead")
+            return await agentrl.TrainableModel.train(self, list(trajectory_groups), config, step_metrics=step_metrics)
+        keys = merged_keys(config, _config)
+        train_config = agentrl_train_config(keys)
+        result = await agentrl.TrainableModel.train(
+            self, list(trajectory_groups), train_config, step_metrics=step_metrics
+        )
+        log_verbose(verbose or bool(keys.get("verbose")), result.step, result.metrics)
+        return result
+
+    async def train_sft(  # type: ignore[override]
+        self,
+        trajectories: Iterable[Any],
+        config: Any = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+    ) -> agentrl.TrainResult:
+        """Supervised training on demonstrations (ART's `TrainSFTConfig` or agentrl's `SFTConfig`)."""
+        from .types import sft_config
+
+        if _config:
+            raise ConfigurationError(f"train_sft's _config keys {sorted(_config)} have no counterpart in agentrl")
+        result = await agentrl.TrainableModel.train_sft(self, list(trajectories), sft_config(config))
+        log_verbose(verbose, result.step, result.metrics)
+        return result
+
+    async def log(  # type: ignore[override]
+        self,
+        trajectories: Iterable[Trajectory] | Iterable[TrajectoryGroup] | None = None,
+        split: str = "val",
+        *,
+        metrics: Mapping[str, float] | None = None,
+        step: int | None = None,
+    ) -> None:
+        """ART's `model.log`: trajectories recorded at the current step under `split`, and `metrics`.
+        A training step's own metrics are already recorded by `backend.train`; `model.log(groups,
+        metrics=result.metrics, step=result.step, split="train")` adds only the keys it lacks."""
+        check_safe_name(split, "split")
+        current = await self.get_step()
+        if step is not None and step != current:
+            raise ConfigurationError(
+                f"model.log(step={step}): agentrl records results at the step being served ({current}); "
+                "log right after the step that produced them"
+            )
+        items: list[Any] = list(trajectories or [])
+        already: set[str] = set()
+        recorded = [r for r in read_metrics(self.run_dir) if r.get("step") == current and r.get("split") == split]
+        if items and not (split == "train" and recorded):
+            await agentrl.TrainableModel.log(self, items, split)
+            recorded = [r for r in read_metrics(self.run_dir) if r.get("step") == current and r.get("split") == split]
+        for record in recorded:
+            already.update(record)
+        extra = {k: v for k, v in (metrics or {}).items() if k not in already}
+        if extra:
+            append_metrics(self.run_dir, {"step": current, "split": split, **extra})
+
+    async def delete_checkpoints(  # type: ignore[override]
+        self, best_checkpoint_metric: str = "val/reward", *, keep_last: int = 1
+    ) -> list[int]:
+        """ART's form: keep the latest and the best by `best_checkpoint_metric` (ART's metric names)."""
+        return await agentrl.TrainableModel.delete_checkpoints(
+            self, keep_last=keep_last, best_by=agentrl_metric(best_checkpoint_metric)
+        )
+
+
+def _lora_from_art(lora_config: Any) -> agentrl.LoRAConfig:
+    """ART's `LoRAConfig` (or its dict: r, lora_alpha, target_modules, lora_dropout) as agentrl's."""
+    if isinstance(lora_config, agentrl.LoRAConfig):
+        return lora_config
+    data = lora_config.model_dump() if hasattr(lora_config, "model_dump") else dict(lora_config)
+    names = {"r": "rank", "rank": "rank", "lora_alpha": "alpha", "alpha": "alpha", "lora_dropout": "dropout",
+             "dropout": "dropout", "target_modules": "target_modules"}  # fmt: skip
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigurationError(f"lora_config keys {unknown} have no counterpart in agentrl.LoRAConfig")
+    mapped = {names[k]: v for k, v in data.items() if v is not None}
+    if "target_modules" in mapped:
+        mapped["target_modules"] = tuple(mapped["target_modules"])
+    return agentrl.LoRAConfig(**mapped)
+
+
+# ART's metric names and agentrl's (metrics.jsonl holds both).
+ART_METRICS = {"reward": "reward_mean", "reward_std_dev": "reward_std"}
+
+
+def agentrl_metric(art_metric: str) -> str:
+    """ "val/reward" -> "val/reward_mean": an ART metric name as agentrl records it."""
+    split, _, name = art_metric.rpartition("/")
+    name = ART_METRICS.get(name, name)
+    return f"{split}/{name}" if split else name

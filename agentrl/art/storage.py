@@ -1,0 +1,217 @@
+"""Run folders to and from object storage (ART's `_experimental_push_to_s3`, `_experimental_pull_from_s3`,
+`_experimental_fork_checkpoint`).
+
+A destination is an S3 bucket (`"my-bucket"` or `"s3://my-bucket"`, through boto3: the `s3` extra;
+`AWS_ENDPOINT_URL` points it at any S3-compatible server) or a local folder (`"/backups"`,
+`"file:///backups"`). A run lives at `{bucket}/{prefix/}{project}/{name}/`, its files as in the run
+folder. Pulling never overwrites a file the run folder already has, and a checkpoint arrives whole:
+it is downloaded into a staging folder and renamed into place, as the trainer writes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from agentrl.backend.checkpoints import INFO_FILE, CheckpointStore
+from agentrl.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+# What ART's `exclude` names, as run-folder paths.
+EXCLUDABLE = {"checkpoints": ("checkpoints/",), "trajectories": ("trajectories/",),
+              "logs": ("logs/", "metrics.jsonl", "transcripts/", "reward.png")}  # fmt: skip
+_NEVER_COPIED = (".lock", ".staging-", ".corrupt-")
+
+
+class _Location:
+    """A bucket or a folder, holding files by key ("project/name/checkpoints/0003/adapter.safetensors")."""
+
+    def __init__(self, bucket: str | None) -> None:
+        bucket = bucket or os.environ.get("BACKUP_BUCKET")
+        if not bucket:
+            raise ConfigurationError("name the bucket: s3_bucket='my-bucket' (or set BACKUP_BUCKET, as ART reads)")
+        self.folder: Path | None = None
+        if bucket.startswith("file://") or bucket.startswith("/") or bucket.startswith("."):
+            self.folder = Path(bucket.removeprefix("file://"))
+            self.name = str(self.folder)
+            return
+        self.name = bucket.removeprefix("s3://").strip("/")
+        try:
+            import boto3
+        except ImportError as error:
+            raise ConfigurationError("s3:// storage needs boto3: pip install 'agentrl[s3]'") from error
+        self.client = boto3.client("s3")
+
+    def keys(self, prefix: str) -> Iterator[str]:
+        if self.folder is not None:
+            root = self.folder / prefix
+            if root.exists():
+                yield from (str(p.relative_to(self.folder)) for p in sorted(root.rglob("*")) if p.is_file())
+            return
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix):
+            yield from (item["Key"] for item in page.get("Contents", []))
+
+    def put(self, source: Path, key: str) -> None:
+        if self.folder is None:
+            self.client.upload_file(str(source), self.name, key)
+            return
+        target = self.folder / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
+        shutil.copyfile(source, temporary)
+        os.replace(temporary, target)
+
+    def get(self, key: str, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
+        try:
+            if self.folder is None:
+                self.client.download_file(self.name, key, str(temporary))
+            else:
+                shutil.copyfile(self.folder / key, temporary)
+            os.replace(temporary, target)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+
+def _run_prefix(prefix: str | None, project: str, name: str) -> str:
+    return "/".join(p.strip("/") for p in (prefix or "", project, name) if p and p.strip("/")) + "/"
+
+
+def _excluded(relative: str, exclude: Iterable[str]) -> bool:
+    for what in exclude:
+        if what not in EXCLUDABLE:
+            raise ConfigurationError(f"exclude={what!r}: ART's choices are {sorted(EXCLUDABLE)}")
+        if any(relative == p or relative.startswith(p) for p in EXCLUDABLE[what]):
+            return True
+    return False
+
+
+def push_to_s3(
+    model: Any, *, s3_bucket: str | None = None, prefix: str | None = None, verbose: bool = False, delete: bool = False
+) -> str:
+    """Upload the model's run folder (complete checkpoints, metrics, trajectories); returns where it went."""
+    location = _Location(s3_bucket)
+    run_dir = Path(model.run_dir)
+    if not run_dir.exists():
+        raise ConfigurationError(f"{run_dir} does not exist: train or register the model before pushing it")
+    if delete:
+        raise ConfigurationError("push(delete=True) is not supported: agentrl never deletes remote copies")
+    run_prefix = _run_prefix(prefix, model.project, model.name)
+    for path in sorted(run_dir.rglob("*")):
+        relative = path.relative_to(run_dir).as_posix()
+        if path.is_file() and not any(part.startswith(_NEVER_COPIED) for part in relative.split("/")):
+            location.put(path, run_prefix + relative)
+            if verbose:
+                logger.info("pushed %s", relative)
+    return f"{location.name}/{run_prefix}"
+
+
+def pull_from_s3(
+    model: Any,
+    *,
+    s3_bucket: str | None = None,
+    prefix: str | None = None,
+    only_step: int | str | None = None,
+    exclude: Iterable[str] | None = None,
+    latest_only: bool = False,
+    verbose: bool = False,
+    delete: bool = False,
+) -> int | None:
+    """Download a run folder into the model's; returns the latest checkpoint step it now has (None: none)."""
+    if delete:
+        raise ConfigurationError("pull(delete=True) is not supported: agentrl never deletes local files")
+    location = _Location(s3_bucket)
+    run_prefix = _run_prefix(prefix, model.project, model.name)
+    return _copy_run(location, run_prefix, Path(model.run_dir), only_step="latest" if latest_only else only_step,
+                     exclude=list(exclude or []), verbose=verbose)  # fmt: skip
+
+
+def _copy_run(
+    location: _Location,
+    run_prefix: str,
+    run_dir: Path,
+    *,
+    only_step: int | str | None,
+    exclude: list[str],
+    verbose: bool,
+) -> int | None:
+    by_step: dict[int, list[str]] = {}
+    others: list[str] = []
+    for key in location.keys(run_prefix):
+        relative = key[len(run_prefix) :]
+        if not relative or _excluded(relative, exclude):
+            continue
+        parts = relative.split("/")
+        if parts[0] == "checkpoints" and len(parts) > 2 and parts[1].isdigit():
+            by_step.setdefault(int(parts[1]), []).append(relative)
+        else:
+            others.append(relative)
+    complete = sorted(s for s, files in by_step.items() if f"checkpoints/{s:04d}/{INFO_FILE}" in files)
+    if only_step is not None:
+        wanted = complete[-1:] if only_step == "latest" else [int(only_step)]
+        if only_step != "latest" and int(only_step) not in complete:
+            raise ConfigurationError(f"only_step={only_step}: the stored run has checkpoints {complete}")
+        complete = wanted
+    store = CheckpointStore(run_dir)
+    for step in complete:
+        if store.path(step).exists():
+            continue  # never overwritten: the local checkpoint is the one this run served
+        staging = store.root / f".staging-{step:04d}-{uuid.uuid4().hex[:8]}"
+        try:
+            for relative in by_step[step]:
+                location.get(run_prefix + relative, staging / relative.split("/", 2)[2])
+            os.rename(staging, store.path(step))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        if verbose:
+            logger.info("pulled checkpoint %d", step)
+    for relative in others:
+        target = run_dir / relative
+        if target.exists():
+            logger.warning("kept the local %s (a pull never overwrites a file the run folder has)", target)
+            continue
+        location.get(run_prefix + relative, target)
+    return store.latest_step()
+
+
+def fork_checkpoint(
+    model: Any,
+    *,
+    from_model: str,
+    from_project: str,
+    from_s3_bucket: str | None,
+    not_after_step: int | None,
+    prefix: str | None,
+    base_path: Path,
+    verbose: bool = False,
+) -> int:
+    """Copy another run's checkpoint into this model's (empty) run as its latest; returns the step copied."""
+    store = CheckpointStore(Path(model.run_dir))
+    if store.steps():
+        raise ConfigurationError(f"{model.run_dir} already has checkpoints {store.steps()}: fork into a new model name")
+    if from_s3_bucket is not None:
+        location = _Location(from_s3_bucket)
+        source_prefix = _run_prefix(prefix, from_project, from_model)
+    else:
+        location = _Location(str(base_path.resolve()))
+        source_prefix = _run_prefix(None, from_project, from_model)
+    steps = sorted({int(k[len(source_prefix):].split("/")[1]) for k in location.keys(source_prefix + "checkpoints/")
+                    if k.endswith("/" + INFO_FILE)})  # fmt: skip
+    eligible = [s for s in steps if not_after_step is None or s <= not_after_step]
+    if not eligible:
+        raise ConfigurationError(
+            f"no checkpoint of {from_project}/{from_model} in {location.name}"
+            + (f" at or before step {not_after_step}" if not_after_step is not None else "")
+            + f" (it has {steps})"
+        )
+    step = eligible[-1]
+    _copy_run(location, source_prefix, Path(model.run_dir), only_step=step, exclude=["logs", "trajectories"],
+              verbose=verbose)  # fmt: skip
+    return step

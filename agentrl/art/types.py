@@ -1,0 +1,50 @@
+"""ART's `art.types`: message type aliases, and ART's SFT settings."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from openai.types.chat.chat_completion import Choice
+from pydantic import BaseModel, ConfigDict, Field
+
+import agentrl
+from agentrl.errors import ConfigurationError
+
+Message = dict[str, Any]
+Messages = list[dict[str, Any]]
+MessageOrChoice = dict[str, Any] | Choice
+MessagesAndChoices = list[dict[str, Any] | Choice]
+Tools = list[dict[str, Any]]
+
+
+class TrainSFTConfig(BaseModel):
+    """ART's `art.TrainSFTConfig`: one pass over the demonstrations at `learning_rate` (ART's 5e-5),
+    `batch_size` of them per optimizer step ("auto": agentrl's 8)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    learning_rate: float = Field(default=5e-5, gt=0)
+    batch_size: int | Literal["auto"] = "auto"
+
+
+def sft_config(config: TrainSFTConfig | agentrl.SFTConfig | dict[str, Any] | None) -> agentrl.SFTConfig:
+    """agentrl's SFTConfig for ART's (or agentrl's own, passed through)."""
+    if isinstance(config, agentrl.SFTConfig):
+        return config
+    art = TrainSFTConfig.model_validate(config or {})
+    if isinstance(art.learning_rate, list):
+        raise ConfigurationError("a learning-rate schedule (a list) is not supported: give one learning_rate")
+    return agentrl.SFTConfig(
+        learning_rate=art.learning_rate, epochs=1, batch_size=8 if art.batch_size == "auto" else art.batch_size
+    )
+
+
+class LoRAConfig(BaseModel):
+    """ART's `art.LoRAConfig` (peft's names); a model's `lora_config` becomes `agentrl.LoRAConfig`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(default=8, gt=0)
+    lora_alpha: int = Field(default=16, gt=0)
+    target_modules: list[str] | None = None
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
