@@ -229,14 +229,15 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         return self._require_backend()
 
     async def register(self, backend: Backend, _openai_client_config: Mapping[str, Any] | None = None) -> None:
-        """As agentrl's; an ART `LocalBackend(path=...)` puts the run folder under its path."""
+        """As agentrl's; an ART `LocalBackend(path=...)` puts the run folder under its path (ART's backend
+        keeps the files), whatever the model's `base_path`."""
         if _openai_client_config:
             raise ConfigurationError(
                 "register(_openai_client_config=...) has no counterpart: agentrl's server is set with "
                 "TrainableModel(server=agentrl.ServerConfig(...)) or _internal_config's engine_args"
             )
         path = getattr(backend, "art_path", None)
-        if path is not None and "base_path" not in self.model_fields_set:
+        if path is not None:
             self.base_path = str(path)
         await agentrl.TrainableModel.register(self, backend)
 

@@ -26,7 +26,7 @@ class LocalTrainResult(agentrl.TrainResult):
 
 
 class LocalBackend(agentrl.LocalBackend):
-    """`path`: where models registered with it keep their runs (ART's ".art"). `in_process` is accepted
+    """`path`: where models registered with it keep their runs (by default, each model's `base_path`, ".art"). `in_process` is accepted
     (agentrl's trainer always runs in this process, the server in its own); `gpu_cost_per_hour_usd` is
     kept for your own accounting; `enable_expert_replay` is about MoE models and has no effect here."""
 
@@ -40,7 +40,8 @@ class LocalBackend(agentrl.LocalBackend):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.art_path = path if path is not None else ".art"
+        self.art_path = path
+        """Where registered models keep their runs when given (it overrides their `base_path`, as in ART)."""
         self.gpu_cost_per_hour_usd = gpu_cost_per_hour_usd
 
     async def train(  # type: ignore[override]
@@ -61,14 +62,16 @@ class LocalBackend(agentrl.LocalBackend):
             if keys:
                 raise ConfigurationError("give either an agentrl.TrainConfig or ART's training keywords, not both")
             result = await super().train(model, groups, config, step_metrics=step_metrics)
-        else:
-            unknown = sorted(set(keys) - set(TRAIN_KEYS))
-            if unknown:
-                raise TypeError(f"LocalBackend.train() got unexpected keyword arguments {unknown}")
-            result = await agentrl.TrainableModel.train(model, groups, agentrl_train_config(keys))
-            log_verbose(bool(keys.get("verbose")), result.step, result.metrics)
-        path = self.session(model).store.path(result.step)
-        return LocalTrainResult(**vars(result), checkpoint_path=str(path) if path.exists() else None)
+            path = self.session(model).store.path(result.step)
+            return LocalTrainResult(**vars(result), checkpoint_path=str(path) if path.exists() else None)
+        unknown = sorted(set(keys) - set(TRAIN_KEYS))
+        if unknown:
+            raise TypeError(f"LocalBackend.train() got unexpected keyword arguments {unknown}")
+        # Through the model, so that its served step moves on; it calls back into the branch above.
+        trained = await agentrl.TrainableModel.train(model, groups, agentrl_train_config(keys))
+        assert isinstance(trained, LocalTrainResult)
+        log_verbose(bool(keys.get("verbose")), trained.step, trained.metrics)
+        return trained
 
     def __enter__(self) -> LocalBackend:
         return self
@@ -145,7 +148,7 @@ class LocalBackend(agentrl.LocalBackend):
             from_s3_bucket=from_s3_bucket,
             not_after_step=not_after_step,
             prefix=prefix,
-            base_path=Path(self.art_path),
+            base_path=Path(self.art_path or model.base_path),
             **kwargs,
         )
 
