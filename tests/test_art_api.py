@@ -357,3 +357,18 @@ async def test_checkpoints_round_trip_through_object_storage_and_fork(tmp_path, 
         await backend._experimental_fork_checkpoint(forked, "agent", from_s3_bucket=bucket, prefix="exp")
     with pytest.raises(agentrl.ConfigurationError, match="only_step=7"):
         await backend._experimental_pull_from_s3(elsewhere, s3_bucket=bucket, prefix="exp", only_step=7)
+
+
+async def test_a_prompted_model_registers_logs_and_keeps_state(tmp_path):
+    from agentrl.tracking import read_metrics
+
+    baseline = art.Model(name="gpt-baseline", project="proj", base_path=str(tmp_path))
+    backend = art.LocalBackend(path=str(tmp_path))
+    await baseline.register(backend)
+    assert baseline.backend() is backend and await baseline.get_step() == 0
+    await baseline.log([art.Trajectory(reward=0.5), art.Trajectory(reward=1.0)], split="val", metrics={"cost": 0.1})
+    (record,) = read_metrics(tmp_path / "proj" / "gpt-baseline")
+    assert (record["split"], record["reward_mean"], record["cost"]) == ("val", 0.75, 0.1)
+    assert baseline.read_state() is None
+    baseline.overwrite_state({"epoch": 1})
+    assert baseline.merge_state({"seen": 3}) == {"epoch": 1, "seen": 3} == baseline.read_state()

@@ -18,7 +18,7 @@ import agentrl
 from agentrl.backend.protocol import Backend
 from agentrl.errors import ConfigurationError
 from agentrl.files import check_safe_name, write_json_atomic
-from agentrl.tracking import append_metrics, read_metrics
+from agentrl.tracking import append_metrics, read_metrics, summarize
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 from .dev import internal_config_settings
@@ -26,6 +26,15 @@ from .training import TrainConfig, agentrl_train_config, log_verbose, merged_key
 
 # ART's constructor keywords that only label a run (W&B entity, ids, metric reporters): kept, unused.
 _LABELS = ("entity", "id", "run_id", "report_metrics")
+
+
+def _with_our_names(data: dict[str, Any]) -> dict[str, Any]:
+    """ART's endpoint keywords under agentrl's names (`inference_base_url` -> `base_url`, ...)."""
+    data = dict(data)
+    for art_name, ours in {"inference_base_url": "base_url", "inference_api_key": "api_key"}.items():
+        if art_name in data:
+            data[ours] = data.pop(art_name)
+    return data
 
 
 def _has_provider(name: str) -> bool:
@@ -91,12 +100,7 @@ class Model(_ArtMethods, agentrl.Model):
     @model_validator(mode="before")
     @classmethod
     def _art_keywords(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            data = dict(data)
-            for art_name, ours in {"inference_base_url": "base_url", "inference_api_key": "api_key"}.items():
-                if art_name in data:
-                    data[ours] = data.pop(art_name)
-        return data
+        return _with_our_names(data) if isinstance(data, dict) else data
 
     @property
     def trainable(self) -> bool:
@@ -143,8 +147,6 @@ class Model(_ArtMethods, agentrl.Model):
         step: int | None = None,
     ) -> None:
         """Record a prompted model's results (its reward and metrics) in {base_path}/{project}/{name}/metrics.jsonl."""
-        from agentrl.tracking import summarize
-
         check_safe_name(split, "split")
         items: list[Any] = list(trajectories or [])
         record: dict[str, Any] = {}
@@ -176,10 +178,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
     def _art_keywords(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        data = dict(data)
-        for art_name, ours in {"inference_base_url": "base_url", "inference_api_key": "api_key"}.items():
-            if art_name in data:
-                data[ours] = data.pop(art_name)
+        data = _with_our_names(data)
         lora_config = data.pop("lora_config", None)
         internal = data.pop("_internal_config", None)
         if lora_config is not None:
