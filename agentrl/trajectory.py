@@ -21,6 +21,7 @@ import inspect
 import math
 import time
 import traceback
+from datetime import datetime, timezone
 from collections.abc import Awaitable, Generator, Iterable, Iterator
 from typing import Annotated, Any
 
@@ -157,6 +158,12 @@ class Trajectory(History):
         return value
 
     _started_s: float = PrivateAttr(default_factory=time.monotonic)
+    _started_at: datetime = PrivateAttr(default_factory=lambda: datetime.now(timezone.utc))
+
+    @property
+    def start_time(self) -> datetime:
+        """When this trajectory was made (UTC; ART's `start_time`)."""
+        return self._started_at
 
     def __eq__(self, other: object) -> bool:
         # Equal when their data are (pydantic would also compare the private start time, which no copy keeps).

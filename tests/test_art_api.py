@@ -92,6 +92,8 @@ ART_NAMES = [
     ("agentrl.art.dev", "get_openai_server_config", None),
     ("agentrl.art.dev", "is_dedicated_mode", None),
     ("agentrl.art.dev", "validate_dedicated_config", None),
+    ("agentrl.art.langgraph", "wrap_rollout", ["model", "fn"]),
+    ("agentrl.art.langgraph", "init_chat_model", ["model", "temperature"]),
     ("agentrl.art.pipeline_trainer", "PipelineTrainer", [
         "model", "backend", "rollout_fn", "scenarios", "config", "eval_fn", "num_rollout_workers", "min_batch_size",
         "max_batch_size", "max_steps_off_policy", "queue_maxsize", "learning_rate", "loss_fn", "loss_fn_config",
@@ -232,6 +234,7 @@ def test_trajectory_for_logging_policy_versions_and_strip_logprobs():
     trajectory = art.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}, choice(2),
                                                       {"role": "user", "content": "y"}, choice(3)], reward=1.0)  # fmt: skip
     assert (trajectory.initial_policy_version, trajectory.final_policy_version) == (2, 3)
+    assert trajectory.start_time.tzinfo is not None
     logged = trajectory.for_logging()
     assert json.loads(json.dumps(logged))["messages"][1] == {"role": "assistant", "content": "hi"}
     stripped = strip_logprobs(art.TrajectoryGroup([trajectory]))

@@ -369,3 +369,32 @@ async def test_train_sft_in_arts_forms(backend, base_model, tmp_path):
                                              {"role": "assistant", "content": "Bye!"}]}) + "\n")  # fmt: skip
     result = await train_sft_from_file(model, path, epochs=1, learning_rate=1e-4)
     assert result.step == 2 and await model.get_step() == 2
+
+
+async def test_a_langgraph_agent_through_art_langgraph(backend, base_model):
+    graph_module = pytest.importorskip("langgraph.graph")
+    from langchain_core.messages import HumanMessage
+
+    from agentrl.art.langgraph import init_chat_model, wrap_rollout  # was: from art.langgraph import ...
+
+    model = art.TrainableModel(name="langgraph-001", project="langgraph", base_model=base_model)
+    await model.register(backend)
+
+    async def answer(state: dict) -> dict:
+        return {"messages": [await init_chat_model(max_tokens=12).ainvoke(state["messages"])]}
+
+    builder = graph_module.StateGraph(graph_module.MessagesState)
+    builder.add_node("answer", answer)
+    builder.add_edge(graph_module.START, "answer")
+    builder.add_edge("answer", graph_module.END)
+    agent = builder.compile()
+
+    async def rollout(question: str) -> art.Trajectory:
+        result = await agent.ainvoke({"messages": [HumanMessage(question)]})
+        return art.Trajectory(reward=len(result["messages"][-1].content) / 100, metadata={"q": question})
+
+    trajectories = [await wrap_rollout(model, rollout)(q) for q in ("Name a colour.", "Name a fruit.")]
+    for trajectory in trajectories:
+        assert [m["role"] if isinstance(m, dict) else "choice" for m in trajectory.messages_and_choices] == [
+            "user", "choice"]  # fmt: skip
+        assert trajectory.choices()[0].model_extra.get("token_ids") and trajectory.metadata["q"]
