@@ -21,8 +21,8 @@ import inspect
 import math
 import time
 import traceback
-from datetime import datetime, timezone
 from collections.abc import Awaitable, Generator, Iterable, Iterator
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from openai.types.chat.chat_completion import Choice
@@ -158,7 +158,7 @@ class Trajectory(History):
         return value
 
     _started_s: float = PrivateAttr(default_factory=time.monotonic)
-    _started_at: datetime = PrivateAttr(default_factory=lambda: datetime.now(timezone.utc))
+    _started_at: datetime = PrivateAttr(default_factory=lambda: datetime.now(UTC))
 
     @property
     def start_time(self) -> datetime:
