@@ -217,6 +217,8 @@ async def train_temporal_clue(backend: LocalBackend, base_model: str) -> tuple[a
             groups = ([judged] if judged is not None else []) + groups[1:]
         else:
             judged_none.append(False)
+        # ART's examples keep only the finished trajectories of each group before training
+        groups = [art.TrajectoryGroup([t for t in g if isinstance(t, art.Trajectory)]) for g in groups]
         result = await backend.train(
             model, groups, learning_rate=1e-5, loss_fn="ppo", epsilon=0.2, epsilon_high=0.28,
             importance_sampling_level="geometric_average", scale_rewards=True, verbose=True,
