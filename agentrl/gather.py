@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from agentrl.errors import ConfigurationError, RolloutError
-from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup, check_reward, reward_stats
+from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup, reward_stats, rollout_trajectories
 
 logger = logging.getLogger(__name__)
 
@@ -91,15 +91,7 @@ async def _run_rollouts(
 
     async def run_one(rollout: Awaitable[Trajectory | TrajectoryGroup], where: str) -> list[Trajectory] | BaseException:
         try:
-            result = await rollout
-            if isinstance(result, TrajectoryGroup):  # a rollout that makes a whole group (ART's rollout_fn)
-                trajectories = list(result.trajectories)
-            elif isinstance(result, Trajectory):
-                trajectories = [result]
-            else:
-                raise TypeError(f"a rollout returned {type(result).__name__}; it must return an agentrl.Trajectory")
-            for trajectory in trajectories:
-                check_reward(trajectory, where)
+            trajectories = rollout_trajectories(await rollout, where)
         except Exception as error:  # noqa: BLE001 - a rollout's failure is data, judged by the budget
             logger.warning("rollout failed: %s: %s", type(error).__name__, error)
             progress.update(None)

@@ -326,12 +326,7 @@ class TrajectoryGroup(BaseModel):
         for index, result in enumerate(results):
             if isinstance(result, BaseException):
                 raise result
-            items = result.trajectories if isinstance(result, TrajectoryGroup) else [result]
-            for trajectory in items:
-                if not isinstance(trajectory, Trajectory):
-                    raise TypeError(f"rollout {index} returned {type(trajectory).__name__}, not an agentrl.Trajectory")
-                check_reward(trajectory, f"rollout {index}")
-                finished.append(trajectory)
+            finished.extend(rollout_trajectories(result, f"rollout {index}"))
         return self.with_results([*self.trajectories, *finished])
 
     def with_results(
@@ -370,6 +365,20 @@ class TrajectoryGroup(BaseModel):
                 f"this TrajectoryGroup still holds {len(self._pending)} unawaited rollouts; "
                 "run it through `await agentrl.gather_trajectory_groups([...])` first"
             )
+
+
+def rollout_trajectories(result: object, where: str) -> list[Trajectory]:
+    """What a rollout returned, as trajectories: itself, or a whole group's (ART's `rollout_fn`); each
+    reward checked. `TypeError` for anything else, naming `where`."""
+    if isinstance(result, TrajectoryGroup):
+        trajectories = list(result.trajectories)
+    elif isinstance(result, Trajectory):
+        trajectories = [result]
+    else:
+        raise TypeError(f"{where} returned {type(result).__name__}; it must return an agentrl.Trajectory")
+    for trajectory in trajectories:
+        check_reward(trajectory, where)
+    return trajectories
 
 
 def check_reward(trajectory: Trajectory, where: str) -> None:

@@ -84,11 +84,8 @@ class TrainerArgs(TypedDict, total=False):
     max_grad_norm: float
 
 
-class LoRAConfig(TypedDict, total=False):
-    r: int
-    lora_alpha: int
-    target_modules: list[str]
-    lora_dropout: float
+LoRAConfig = PeftArgs
+"""ART's `art.dev.LoRAConfig`: the same keys as `PeftArgs`."""
 
 
 class TrainSFTConfig(TypedDict, total=False):
