@@ -175,6 +175,9 @@ async def test_gather_trajectory_groups_takes_async_functions_returning_groups()
     batches = [b async for b in art.trajectory_group_batches(
         [art.TrajectoryGroup([rollout(float(i))]) for i in range(5)], batch_size=2, pbar_desc=None)]  # fmt: skip
     assert [[g.trajectories[0].reward for g in b] for b in batches] == [[0.0, 1.0], [2.0, 3.0], [4.0]]
+    skipped = [b async for b in art.trajectory_group_batches(
+        [art.TrajectoryGroup([rollout(float(i))]) for i in range(5)], batch_size=2, skip_batches=1, pbar_desc=None)]  # fmt: skip
+    assert [[g.trajectories[0].reward for g in b] for b in skipped] == [[2.0, 3.0], [4.0]]
 
 
 def test_retry_works_on_sync_and_async_functions_with_backoff_and_on_retry():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
@@ -17,7 +18,8 @@ from tqdm.auto import tqdm
 import agentrl
 from agentrl.capture import capture_trajectory, current_trajectory
 from agentrl.errors import ConfigurationError, RolloutError
-from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup
+from agentrl.gather import ExceptionBudget
+from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 
 def _budget(max_exceptions: int | float) -> dict[str, Any]:
@@ -28,10 +30,7 @@ def _budget(max_exceptions: int | float) -> dict[str, Any]:
 
 
 def _allowed(max_exceptions: int | float, total: int) -> int:
-    budget = _budget(max_exceptions)
-    return (
-        int(budget["max_exception_rate"] * total) if budget["max_exception_rate"] is not None else int(max_exceptions)
-    )
+    return ExceptionBudget(**_budget(max_exceptions)).allowed(total)
 
 
 async def gather_trajectory_groups(
@@ -118,7 +117,12 @@ async def trajectory_group_batches(
     yield each batch of resolved groups in order, after skipping the first `skip_batches`."""
     if batch_size < 1 or max_concurrent_batches < 1:
         raise ConfigurationError("trajectory_group_batches needs batch_size >= 1 and max_concurrent_batches >= 1")
-    items = list(groups)[skip_batches * batch_size :]
+    items = list(groups)
+    for skipped in items[: skip_batches * batch_size]:  # never run: no "never awaited" noise
+        for pending in skipped.pending if isinstance(skipped, TrajectoryGroup) else [skipped]:
+            if inspect.iscoroutine(pending):
+                pending.close()
+    items = items[skip_batches * batch_size :]
     batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
     running: list[asyncio.Task[list[TrajectoryGroup]]] = []
     try:
@@ -178,7 +182,6 @@ async def capture_yielded_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
 
 
 __all__ = [
-    "RolloutException",
     "auto_trajectory",
     "capture_auto_trajectory",
     "capture_yielded_trajectory",
