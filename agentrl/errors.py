@@ -58,3 +58,7 @@ class StepConflictError(AgentRLError):
 class BackendBrokenError(AgentRLError):
     """The backend's server or trainer can no longer be trusted (the server died, or a rollback failed); registering
     the model again rebuilds them from the checkpoints on disk."""
+
+
+class ToolServerError(AgentRLError):
+    """An MCP tool server could not be reached, did not start, or died; the message names the server."""

@@ -20,7 +20,7 @@ TINY = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["2048", "email_agent", "ruler", "rubric"])
+@pytest.mark.parametrize("name", ["2048", "email_agent", "ruler", "rubric", "mcp_rl"])
 def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
     for key, value in {**TINY, "AGENTRL_NB_BASE_PATH": str(tmp_path / "runs")}.items():
         monkeypatch.setenv(key, value)  # the kernel inherits the environment: the parameter cell reads it

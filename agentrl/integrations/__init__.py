@@ -1,0 +1,1 @@
+"""Adapters for environments from other standards (OpenEnv, verifiers); each needs its own extra."""

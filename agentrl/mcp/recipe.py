@@ -1,0 +1,224 @@
+"""MCP-RL: train an agent on any MCP server with tasks an LLM writes from its tools and RULER rewards.
+
+A recipe on the one agent loop (`run_agent`) and the ordinary training step, not a second loop:
+write tasks (or take the user's), then per step run a group of attempts per task, let RULER rank
+each group, and train. Held-out tasks are attempted before and after; RULER then judges each
+task's before/after pair side by side, which gives a score the two can be compared on, and a
+`check` (an answer the rollout can verify) gives a score that no judge sets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.config import TrainConfig
+from agentrl.errors import ConfigurationError
+from agentrl.files import write_text_atomic
+from agentrl.gather import gather_trajectories, gather_trajectory_groups
+from agentrl.judges.call import JudgeModel
+from agentrl.judges.ruler import ruler_score_group
+from agentrl.mcp.agent import run_agent
+from agentrl.mcp.servers import MCPToolbox, ServerSpec
+from agentrl.mcp.tasks import MCPTask, generate_tasks, tasks_to_jsonl
+from agentrl.model import TrainableModel
+from agentrl.trajectory import Trajectory, TrajectoryGroup
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an assistant with tools. Use them to do the user's task, then call complete_task with a short "
+    "summary of the result."
+)
+Check = Callable[[MCPTask, Trajectory], float | Awaitable[float]]
+"""A verifiable score of one attempt (1.0 = right), independent of any judge."""
+Servers = Sequence[ServerSpec] | Callable[[MCPTask], Sequence[ServerSpec]]
+"""The servers every rollout uses, or the servers for one task (then each rollout opens its own)."""
+
+
+@dataclass
+class MCPRLConfig:
+    """How much to train, and how each attempt runs."""
+
+    steps: int = 2
+    tasks_per_step: int = 2
+    group_size: int = 4
+    num_eval_tasks: int = 8
+    max_turns: int = 4
+    max_tokens: int = 128
+    learning_rate: float = 5e-5
+    tool_timeout_s: float = 30.0
+    shared_session: bool = True
+    """With a fixed server list: one connection for all rollouts (True) or one per rollout (False)."""
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    custom_instructions: str | None = None
+    """Added to the task writer's prompt (what kind of tasks, which data exists)."""
+
+
+@dataclass(frozen=True)
+class Score:
+    """A mean over held-out tasks and its standard error."""
+
+    mean: float
+    sem: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Score:
+        n = len(values)
+        if n == 0:
+            return cls(math.nan, math.nan, 0)
+        mean = sum(values) / n
+        variance = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else math.nan
+        return cls(mean, math.sqrt(variance / n) if n > 1 else math.nan, n)
+
+    def __str__(self) -> str:
+        return f"{self.mean:.3f} ± {self.sem:.3f} (n={self.n})"
+
+
+@dataclass
+class MCPRLReport:
+    """What an MCP-RL run did: its tasks, each step's metrics, and held-out scores before and after."""
+
+    train_tasks: list[MCPTask]
+    eval_tasks: list[MCPTask]
+    step_metrics: list[dict[str, float]] = field(default_factory=list)
+    ruler_before: Score | None = None
+    ruler_after: Score | None = None
+    check_before: Score | None = None
+    check_after: Score | None = None
+
+    def summary(self) -> str:
+        lines = [f"held-out RULER, before vs after side by side: {self.ruler_before} -> {self.ruler_after}"]
+        if self.check_before is not None:
+            lines.append(f"held-out check: {self.check_before} -> {self.check_after}")
+        return "\n".join(lines)
+
+
+async def mcp_rollout(
+    model: Any,
+    task: MCPTask,
+    servers: Servers | MCPToolbox,
+    config: MCPRLConfig,
+    check: Check | None = None,
+) -> Trajectory:
+    """One attempt at `task` with the servers' tools and `complete_task`; reward = `check`'s score (or 0)."""
+    messages = [{"role": "system", "content": config.system_prompt}, {"role": "user", "content": task.task}]
+
+    async def attempt(toolbox: MCPToolbox) -> Trajectory:
+        return await run_agent(
+            model,
+            toolbox,
+            messages,
+            max_turns=config.max_turns,
+            max_tokens=config.max_tokens,
+            offer_complete_task=True,
+            metadata={"task": task.task, "difficulty": task.difficulty},
+        )
+
+    if isinstance(servers, MCPToolbox):
+        trajectory = await attempt(servers)
+    else:
+        specs = servers(task) if callable(servers) else servers
+        async with MCPToolbox(list(specs), tool_timeout_s=config.tool_timeout_s) as toolbox:
+            trajectory = await attempt(toolbox)
+    trajectory.reward = 0.0
+    if check is not None:
+        score = check(task, trajectory)
+        trajectory.reward = float(await score if isinstance(score, Awaitable) else score)
+        trajectory.metrics["check"] = trajectory.reward
+    return trajectory
+
+
+async def _evaluate(
+    model: Any, tasks: list[MCPTask], servers: Servers | MCPToolbox, config: MCPRLConfig, check: Check | None, desc: str
+) -> list[Trajectory]:
+    return await gather_trajectories(
+        (mcp_rollout(model, t, servers, config, check) for t in tasks), max_exceptions=0, desc=desc
+    )
+
+
+async def train_mcp_rl(
+    model: TrainableModel,
+    servers: Servers,
+    *,
+    config: MCPRLConfig | None = None,
+    writer: JudgeModel | None = None,
+    judge: JudgeModel | None = None,
+    train_tasks: list[MCPTask] | None = None,
+    eval_tasks: list[MCPTask] | None = None,
+    check: Check | None = None,
+) -> MCPRLReport:
+    """Train `model` (registered) on an MCP server's tools: tasks written by `writer` unless given,
+    RULER by `judge` as the reward, held-out before/after reported. `writer` and `judge` default to
+    the untrained base model on the model's own server; any litellm id or `agentrl.Model` works."""
+    config = config or MCPRLConfig()
+    if config.steps < 1 or config.tasks_per_step < 1 or config.group_size < 2:
+        raise ConfigurationError(
+            "MCP-RL needs steps >= 1, tasks_per_step >= 1 and group_size >= 2 (RULER ranks a group)"
+        )
+    writer = writer or model.backend.base_model()
+    judge = judge or model.backend.base_model()
+    if callable(servers):
+        toolbox: MCPToolbox | None = None
+    else:
+        toolbox = MCPToolbox(list(servers), tool_timeout_s=config.tool_timeout_s)
+    # A per-task callable is asked once for a task with empty metadata, to list the tools before tasks exist.
+    listing_servers = servers(MCPTask(task="(listing the tools)")) if callable(servers) else servers
+    async with MCPToolbox(list(listing_servers), tool_timeout_s=config.tool_timeout_s) as listing:
+        tools, resources = listing.tools, listing.resources
+    needed_train = config.steps * config.tasks_per_step
+    if train_tasks is None:
+        train_tasks = await generate_tasks(
+            tools, needed_train, writer, resources=resources, custom_instructions=config.custom_instructions
+        )
+    if eval_tasks is None:
+        eval_tasks = await generate_tasks(
+            tools, config.num_eval_tasks, writer, resources=resources, custom_instructions=config.custom_instructions
+        )
+    write_text_atomic(model.run_dir / "mcp_train_tasks.jsonl", tasks_to_jsonl(train_tasks))
+    write_text_atomic(model.run_dir / "mcp_eval_tasks.jsonl", tasks_to_jsonl(eval_tasks))
+    report = MCPRLReport(train_tasks=train_tasks, eval_tasks=eval_tasks)
+
+    async def scored(group: TrajectoryGroup) -> TrajectoryGroup:
+        return await ruler_score_group(group, judge, swallow_exceptions=True)
+
+    async def run(where: Servers | MCPToolbox) -> None:
+        before = await _evaluate(model, eval_tasks, where, config, check, "held-out before")
+        await model.log(before, split="val")  # metrics.jsonl, transcript and reward.png, at the starting step
+        for step in range(config.steps):
+            batch = [
+                train_tasks[(step * config.tasks_per_step + i) % len(train_tasks)] for i in range(config.tasks_per_step)
+            ]
+            groups = await gather_trajectory_groups(
+                (
+                    TrajectoryGroup(mcp_rollout(model, t, where, config, check) for _ in range(config.group_size))
+                    for t in batch
+                ),
+                max_exception_rate=0.25,
+                after_each=scored,
+                desc=f"MCP-RL step {step + 1}/{config.steps}",
+            )
+            result = await model.train(groups, TrainConfig(learning_rate=config.learning_rate))
+            report.step_metrics.append(result.metrics)
+        after = await _evaluate(model, eval_tasks, where, config, check, "held-out after")
+        await model.log(after, split="val")
+        pairs = await gather_trajectory_groups(
+            (TrajectoryGroup([b, a]) for b, a in zip(before, after, strict=True)),
+            after_each=scored,
+            max_exception_rate=1.0,
+            desc="RULER before vs after",
+        )
+        judged = [g for g in pairs if len(g.trajectories) == 2]
+        report.ruler_before = Score.of([g.trajectories[0].reward for g in judged])
+        report.ruler_after = Score.of([g.trajectories[1].reward for g in judged])
+        if check is not None:
+            report.check_before = Score.of([t.metrics["check"] for t in before])
+            report.check_after = Score.of([t.metrics["check"] for t in after])
+
+    if toolbox is not None and config.shared_session:
+        async with toolbox:
+            await run(toolbox)
+    else:
+        await run(servers)
+    return report
