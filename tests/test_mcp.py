@@ -206,12 +206,12 @@ async def test_mcp_rl_writes_tasks_and_trains_two_steps_on_the_email_inbox_over_
     step = await served_model.get_step()
     before = children()
     try:
-        report = await mcp_rl.run(served_model, config=config, judge=judge)
+        report = await mcp_rl.run(served_model, config=config, judge=judge, warm_start_examples=2)
     finally:
         fake.close()
     assert len(report.train_tasks) == 2 and all(t.task.strip() for t in report.train_tasks)
     assert [t.metadata["answer"] for t in report.eval_tasks] and len(report.eval_tasks) == 2
-    assert len(report.step_metrics) == 2 and await served_model.get_step() == step + 2
+    assert len(report.step_metrics) == 2 and await served_model.get_step() == step + 3  # warm start + 2 steps
     assert report.check_before is not None and report.check_before.n == 2 and report.check_after.n == 2
     assert 0.0 <= report.check_before.mean <= 1.0 and 0.0 <= report.check_after.mean <= 1.0
     assert report.ruler_before is not None and report.ruler_before.n == report.ruler_after.n == 2

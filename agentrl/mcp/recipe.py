@@ -159,10 +159,6 @@ async def train_mcp_rl(
         )
     writer = writer or model.backend.base_model()
     judge = judge or model.backend.base_model()
-    if callable(servers):
-        toolbox: MCPToolbox | None = None
-    else:
-        toolbox = MCPToolbox(list(servers), tool_timeout_s=config.tool_timeout_s)
     # A per-task callable is asked once for a task with empty metadata, to list the tools before tasks exist.
     listing_servers = servers(MCPTask(task="(listing the tools)")) if callable(servers) else servers
     async with MCPToolbox(list(listing_servers), tool_timeout_s=config.tool_timeout_s) as listing:
@@ -203,22 +199,30 @@ async def train_mcp_rl(
             report.step_metrics.append(result.metrics)
         after = await _evaluate(model, eval_tasks, where, config, check, "held-out after")
         await model.log(after, split="val")
+        for trajectory in before:
+            trajectory.metadata["arm"] = "before"
+        for trajectory in after:
+            trajectory.metadata["arm"] = "after"
+        # The pair's order alternates, so a judge that favours one position favours neither arm overall.
         pairs = await gather_trajectory_groups(
-            (TrajectoryGroup([b, a]) for b, a in zip(before, after, strict=True)),
+            (
+                TrajectoryGroup([b, a] if i % 2 == 0 else [a, b])
+                for i, (b, a) in enumerate(zip(before, after, strict=True))
+            ),
             after_each=scored,
             max_exception_rate=1.0,
             desc="RULER before vs after",
         )
-        judged = [g for g in pairs if len(g.trajectories) == 2]
-        report.ruler_before = Score.of([g.trajectories[0].reward for g in judged])
-        report.ruler_after = Score.of([g.trajectories[1].reward for g in judged])
+        judged = [{t.metadata["arm"]: t.reward for t in g.trajectories} for g in pairs if len(g.trajectories) == 2]
+        report.ruler_before = Score.of([arms["before"] for arms in judged])
+        report.ruler_after = Score.of([arms["after"] for arms in judged])
         if check is not None:
             report.check_before = Score.of([t.metrics["check"] for t in before])
             report.check_after = Score.of([t.metrics["check"] for t in after])
 
-    if toolbox is not None and config.shared_session:
-        async with toolbox:
-            await run(toolbox)
-    else:
+    if callable(servers) or not config.shared_session:
         await run(servers)
+    else:
+        async with MCPToolbox(list(servers), tool_timeout_s=config.tool_timeout_s) as shared:
+            await run(shared)
     return report
