@@ -72,19 +72,55 @@ def _check_message(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
+def choice_from(data: dict[str, Any]) -> Choice:
+    """An openai `Choice` from a choice's fields (JSON, or a litellm `Choices` dumped), the gateway's
+    fields included: litellm keeps them under `provider_specific_fields`, where training cannot see them."""
+    data = dict(data)
+    for key, value in (data.pop("provider_specific_fields", None) or {}).items():
+        data.setdefault(key, value)  # completion_id, policy_step, token_ids
+    data["finish_reason"] = data.get("finish_reason") or "stop"
+    data.setdefault("index", 0)
+    return Choice.model_validate(data)
+
+
 def _to_message_or_choice(item: Any) -> dict[str, Any] | Choice:
     if isinstance(item, Choice):
         return item
-    if isinstance(item, BaseModel):  # e.g. a ChatCompletionMessage passed instead of its Choice
+    if isinstance(item, BaseModel):  # a litellm Choices, or a ChatCompletionMessage passed instead of its Choice
         item = item.model_dump(exclude_none=True)
     if not isinstance(item, dict):
         raise ValueError(f"expected a message dict or an openai Choice, got {type(item).__name__}")
-    if "message" in item and "finish_reason" in item:  # a Choice serialised to JSON
-        return Choice.model_validate(item)
+    if "message" in item and ("finish_reason" in item or "provider_specific_fields" in item):  # a choice
+        return choice_from(item)
     return _check_message(item)
 
 
 MessageOrChoice = Annotated[Any, BeforeValidator(_to_message_or_choice)]
+
+
+class CheckedList(list):  # type: ignore[type-arg]
+    """A conversation list that checks what is added to it, as the constructor does: a litellm
+    `Choices` appended as it comes becomes an openai `Choice` (its gateway token data kept), and a
+    malformed message raises at the `append` that adds it, not at training."""
+
+    def append(self, item: Any) -> None:
+        super().append(_to_message_or_choice(item))
+
+    def extend(self, items: Any) -> None:
+        super().extend(_to_message_or_choice(item) for item in items)
+
+    def insert(self, index: Any, item: Any) -> None:
+        super().insert(index, _to_message_or_choice(item))
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if isinstance(index, slice):
+            super().__setitem__(index, [_to_message_or_choice(item) for item in value])
+        else:
+            super().__setitem__(index, _to_message_or_choice(value))
+
+    def __iadd__(self, items: Any) -> CheckedList:  # type: ignore[misc]
+        self.extend(items)
+        return self
 
 
 def choice_to_message(choice: Choice) -> dict[str, Any]:
@@ -106,6 +142,11 @@ class History(BaseModel):
     """The conversation in order; Choices are assistant turns sampled by the server."""
     tools: list[dict[str, Any]] | None = None
     """OpenAI tool schemas offered to the model, or None when the agent has no tools."""
+
+    @field_validator("messages_and_choices", mode="after")
+    @classmethod
+    def _checked_on_append(cls, items: list[Any]) -> list[Any]:
+        return CheckedList(items)
 
     def messages(self) -> list[dict[str, Any]]:
         """The conversation as plain message dicts, ready to send to a chat-completions endpoint."""

@@ -6,6 +6,9 @@ import uuid
 import psutil
 import pytest
 
+# litellm fetches a model price list at import unless told to use its bundled copy; the suite has no network.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 
 @pytest.fixture(scope="session")
 def base_model_path() -> str:

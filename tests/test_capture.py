@@ -110,3 +110,40 @@ async def test_a_langgraph_agent_is_captured_and_trains_on_the_exact_sampled_tok
     step = await served_model.get_step()
     result = await served_model.train([agentrl.TrajectoryGroup(trajectories)], agentrl.TrainConfig(learning_rate=1e-5))
     assert not result.skipped and result.step == step + 1
+
+
+@pytest.mark.slow
+async def test_litellm_choices_appended_as_they_come_train_on_the_exact_sampled_tokens(served_model):
+    """A user's rollout: `litellm.acompletion(**model.litellm_params())`, `response.choices[0]` appended
+    as is (a litellm `Choices`, not an openai `Choice`), two turns."""
+    import litellm
+    from openai.types.chat.chat_completion import Choice
+
+    async def rollout(reward: float) -> agentrl.Trajectory:
+        trajectory = agentrl.Trajectory(messages_and_choices=[{"role": "user", "content": "Name a colour."}])
+        for follow_up in ("Now name another.", None):
+            response = await litellm.acompletion(
+                **served_model.litellm_params(), messages=trajectory.messages(), max_tokens=8, temperature=1.0
+            )
+            assert type(response.choices[0]).__name__ == "Choices"
+            trajectory.messages_and_choices.append(response.choices[0])
+            assert trajectory.messages()[-1]["role"] == "assistant" and "content" in trajectory.messages()[-1]
+            if follow_up:
+                trajectory.messages_and_choices.append({"role": "user", "content": follow_up})
+        trajectory.reward = reward
+        return trajectory
+
+    step = await served_model.get_step()
+    trajectories = await asyncio.gather(rollout(0.0), rollout(1.0))
+    for trajectory in trajectories:
+        assert len(trajectory.choices()) == 2 and all(isinstance(c, Choice) for c in trajectory.choices())
+        assert trajectory.policy_steps() == [step, step], "each turn says which adapter sampled it"
+        assert trajectory.initial_policy_version == trajectory.final_policy_version == step
+    backend = served_model._backend
+    (group,) = fill_sampled_tokens([agentrl.TrajectoryGroup(trajectories)], backend.gateway.store)
+    for trajectory in group.trajectories:
+        sequence = tokenize_history(trajectory, backend.trainer.tokenizer)
+        sampled = [token for choice in trajectory.choices() for token in choice.model_extra["token_ids"]]
+        assert sampled and [t for t, m in zip(sequence.input_ids_T, sequence.loss_mask_T) if m] == sampled
+    result = await served_model.train([agentrl.TrajectoryGroup(trajectories)], agentrl.TrainConfig(learning_rate=1e-5))
+    assert not result.skipped and result.step == step + 1

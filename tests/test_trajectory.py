@@ -122,3 +122,26 @@ async def test_log_track_duration_and_finish_record_into_the_trajectory():
     assert trajectory.metrics["duration"] >= trajectory.metrics["tool_duration"]  # ART's metric names
     restored = Trajectory.model_validate_json(trajectory.model_dump_json())  # numbers, so they round-trip
     assert restored.metrics == trajectory.metrics
+
+
+def test_what_is_appended_is_checked_and_a_litellm_choice_becomes_an_openai_choice_with_the_gateway_fields():
+    import litellm
+
+    trajectory = Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}])
+    raw = litellm.types.utils.Choices(
+        finish_reason="stop",
+        index=0,
+        message={"role": "assistant", "content": "hello"},
+        provider_specific_fields={"completion_id": "chatcmpl-1", "policy_step": 3, "token_ids": [5, 6]},
+    )
+    trajectory.messages_and_choices.append(raw)
+    choice = trajectory.messages_and_choices[-1]
+    assert isinstance(choice, Choice) and trajectory.messages()[-1] == {"role": "assistant", "content": "hello"}
+    assert choice.model_extra["completion_id"] == "chatcmpl-1" and choice.model_extra["token_ids"] == [5, 6]
+    assert trajectory.policy_steps() == [3]
+    with pytest.raises(ValueError, match="'role' is 'bot'"):
+        trajectory.messages_and_choices.append({"role": "bot", "content": "x"})
+    with pytest.raises(ValueError, match="needs 'content'"):
+        trajectory.messages_and_choices += [{"role": "user"}]
+    trajectory.messages_and_choices[0] = {"role": "user", "content": "hello again"}
+    assert trajectory.messages()[0]["content"] == "hello again" and len(trajectory.messages_and_choices) == 2

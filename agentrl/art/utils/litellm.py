@@ -6,12 +6,10 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
+from agentrl.trajectory import choice_from
+
 
 def convert_litellm_choice_to_openai(choice: Any) -> Choice:
     """A litellm `Choices` (or its dict) as the openai `Choice` a trajectory keeps, extra fields included
-    (the gateway's `completion_id` and `token_ids`, which training needs)."""
-    data = choice.model_dump() if hasattr(choice, "model_dump") else dict(choice)
-    data.setdefault("finish_reason", "stop")
-    data["finish_reason"] = data["finish_reason"] or "stop"
-    data.setdefault("index", 0)
-    return Choice.model_validate(data)
+    (the gateway's `completion_id`, `policy_step` and `token_ids`, which training needs)."""
+    return choice_from(choice.model_dump() if hasattr(choice, "model_dump") else dict(choice))
