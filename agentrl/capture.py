@@ -13,7 +13,8 @@ untrained "base" model stay out (`model=` narrows it to one model), and the trai
 exact sampled tokens from the gateway by that id. Nothing is recorded after the block ends, even from
 tasks it started that are still running. A call on a thread that did not inherit the block's context
 (`run_in_executor`, a plain thread) is recorded when exactly one capture is open, and otherwise
-skipped with a warning. Streamed completions are not captured (a warning says so).
+skipped with a warning. A streamed completion is recorded when its stream ends (`data: [DONE]`), from
+the chunks as the client reads them: text and tool calls joined, the gateway's stamps kept.
 """
 
 from __future__ import annotations
@@ -175,15 +176,8 @@ def _observe(capture: _Capture, body: dict[str, Any], response: Any) -> None:
         answer = response.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         return
-    if not isinstance(answer, dict):
-        return
-    choices = answer.get("choices") or []
-    # Answered by agentrl's gateway from a trained adapter: the base model and other endpoints stay out.
-    if not any(c.get("completion_id") and c.get("policy_step") is not None for c in choices):
-        return
-    if capture.model_name is not None and not str(answer.get("model", "")).startswith(f"{capture.model_name}@"):
-        return
-    record_completion(capture.trajectory, body, answer)
+    if isinstance(answer, dict):
+        _observe_answer(capture, body, answer)
 
 
 def _install_hooks() -> None:
@@ -205,9 +199,106 @@ def _to_record(request: Any) -> tuple[_Capture, dict[str, Any]] | None:
     while no capture is open)."""
     capture = _capture_here() if _open_by_id else None
     body = _completion_request(request) if capture is not None else None
-    if capture is None or body is None or _streamed(body):
+    if capture is None or body is None:
         return None
     return capture, body
+
+
+class _StreamedAnswer:
+    """A streamed chat completion put back together from its server-sent events, as they pass."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.model = ""
+        self.choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+        self.content: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.done = False
+
+    def feed(self, data: bytes) -> bool:
+        """Take some bytes of the stream; True once its `[DONE]` has arrived."""
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            text = line.strip().decode("utf-8", "replace")
+            if text == "data: [DONE]":
+                self.done = True
+            elif text.startswith("data: "):
+                try:
+                    self._add(json.loads(text[len("data: ") :]))
+                except (json.JSONDecodeError, AttributeError, TypeError):
+                    continue  # not a completion chunk: nothing to join
+        return self.done
+
+    def _add(self, chunk: dict[str, Any]) -> None:
+        self.model = chunk.get("model") or self.model
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue  # the first choice is the one a trajectory keeps, as for a whole answer
+            for key in ("completion_id", "policy_step", "finish_reason"):
+                if choice.get(key) is not None:
+                    self.choice[key] = choice[key]
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.content.append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                joined = self.tool_calls.setdefault(
+                    call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                joined["id"] = call.get("id") or joined["id"]
+                function = call.get("function") or {}
+                joined["function"]["name"] += function.get("name") or ""
+                joined["function"]["arguments"] += function.get("arguments") or ""
+
+    def answer(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return {"model": self.model, "choices": [{**self.choice, "message": message}]}
+
+
+def _observe_answer(capture: _Capture, body: dict[str, Any], answer: dict[str, Any]) -> None:
+    choices = answer.get("choices") or []
+    # Answered by agentrl's gateway from a trained adapter: the base model and other endpoints stay out.
+    if not capture.open or not any(c.get("completion_id") and c.get("policy_step") is not None for c in choices):
+        return
+    if capture.model_name is not None and not str(answer.get("model", "")).startswith(f"{capture.model_name}@"):
+        return
+    record_completion(capture.trajectory, body, answer)
+
+
+def _tee_stream(module: Any, response: Any, capture: _Capture, body: dict[str, Any]) -> None:
+    """Let the client read `response`'s stream as usual, and record the answer when it ends."""
+    streamed, inner = _StreamedAnswer(), response.stream
+
+    def chunk_seen(data: bytes) -> None:
+        if not streamed.done and streamed.feed(data):
+            _observe_answer(capture, body, streamed.answer())
+
+    if isinstance(inner, module.AsyncByteStream):
+
+        class AsyncTee(module.AsyncByteStream):  # type: ignore[name-defined,misc]
+            async def __aiter__(self) -> Any:
+                async for data in inner:
+                    chunk_seen(data)
+                    yield data
+
+            async def aclose(self) -> None:
+                await inner.aclose()
+
+        response.stream = AsyncTee()
+    elif isinstance(inner, module.SyncByteStream):
+
+        class SyncTee(module.SyncByteStream):  # type: ignore[name-defined,misc]
+            def __iter__(self) -> Any:
+                for data in inner:
+                    chunk_seen(data)
+                    yield data
+
+            def close(self) -> None:
+                inner.close()
+
+        response.stream = SyncTee()
 
 
 def _wrap_sends(module: Any) -> None:
@@ -216,23 +307,24 @@ def _wrap_sends(module: Any) -> None:
     async def send_async(self: Any, request: Any, **kwargs: Any) -> Any:
         response = await async_send(self, request, **kwargs)
         if (recording := _to_record(request)) is not None:
-            await response.aread()  # kept by the client: the caller still reads it as usual
-            _observe(*recording, response)
+            if recording[1].get("stream"):
+                if response.status_code == 200:
+                    _tee_stream(module, response, *recording)
+            else:
+                await response.aread()  # kept by the client: the caller still reads it as usual
+                _observe(*recording, response)
         return response
 
     def send_sync(self: Any, request: Any, **kwargs: Any) -> Any:
         response = sync_send(self, request, **kwargs)
         if (recording := _to_record(request)) is not None:
-            response.read()
-            _observe(*recording, response)
+            if recording[1].get("stream"):
+                if response.status_code == 200:
+                    _tee_stream(module, response, *recording)
+            else:
+                response.read()
+                _observe(*recording, response)
         return response
 
     module.AsyncClient.send = send_async
     module.Client.send = send_sync
-
-
-def _streamed(body: dict[str, Any]) -> bool:
-    if body.get("stream"):
-        logger.warning("a streamed chat completion was not captured into the trajectory; ask for non-streamed ones")
-        return True
-    return False

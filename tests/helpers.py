@@ -60,3 +60,19 @@ def synthetic_groups(
             )
         groups.append(agentrl.TrajectoryGroup(trajectories))
     return groups
+
+
+async def assert_trains_on_exact_tokens(model: agentrl.TrainableModel, trajectories: list[agentrl.Trajectory]) -> None:
+    """The trajectories' trained tokens are exactly the ones the server sampled, and they train a step."""
+    from agentrl.gateway.store import fill_sampled_tokens
+    from agentrl.rl.tokenize import tokenize_history
+
+    backend = model._backend
+    (group,) = fill_sampled_tokens([agentrl.TrajectoryGroup(trajectories)], backend.gateway.store)
+    for trajectory in group.trajectories:
+        sequence = tokenize_history(trajectory, backend.trainer.tokenizer)
+        sampled = [token for choice in trajectory.choices() for token in choice.model_extra["token_ids"]]
+        assert sampled and [t for t, m in zip(sequence.input_ids_T, sequence.loss_mask_T) if m] == sampled
+    step = await model.get_step()
+    result = await model.train([agentrl.TrajectoryGroup(trajectories)], agentrl.TrainConfig(learning_rate=1e-5))
+    assert not result.skipped and result.step == step + 1

@@ -7,13 +7,14 @@ OpenAI client, never told about trajectories) is captured, and its turns train o
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 import pytest
 
 import agentrl
 from agentrl.capture import capture_trajectory, current_trajectory, record_completion
-from agentrl.gateway.store import fill_sampled_tokens
-from agentrl.rl.tokenize import tokenize_history
+from tests.helpers import assert_trains_on_exact_tokens
 
 
 def answer(text: str, completion_id: str, tool_calls: list[dict] | None = None) -> dict:
@@ -99,17 +100,7 @@ async def test_a_langgraph_agent_is_captured_and_trains_on_the_exact_sampled_tok
             "user", "choice", "user", "choice"]  # fmt: skip
         assert not trajectory.additional_histories
 
-    backend = served_model._backend
-    (group,) = fill_sampled_tokens([agentrl.TrajectoryGroup(trajectories)], backend.gateway.store)
-    for trajectory in group.trajectories:
-        sequence = tokenize_history(trajectory, backend.trainer.tokenizer)
-        sampled = [token for choice in trajectory.choices() for token in choice.model_extra["token_ids"]]
-        assert len(sampled) > 0
-        assert [t for t, m in zip(sequence.input_ids_T, sequence.loss_mask_T) if m] == sampled
-
-    step = await served_model.get_step()
-    result = await served_model.train([agentrl.TrajectoryGroup(trajectories)], agentrl.TrainConfig(learning_rate=1e-5))
-    assert not result.skipped and result.step == step + 1
+    await assert_trains_on_exact_tokens(served_model, list(trajectories))
 
 
 @pytest.mark.slow
@@ -139,11 +130,64 @@ async def test_litellm_choices_appended_as_they_come_train_on_the_exact_sampled_
         assert len(trajectory.choices()) == 2 and all(isinstance(c, Choice) for c in trajectory.choices())
         assert trajectory.policy_steps() == [step, step], "each turn says which adapter sampled it"
         assert trajectory.initial_policy_version == trajectory.final_policy_version == step
-    backend = served_model._backend
-    (group,) = fill_sampled_tokens([agentrl.TrajectoryGroup(trajectories)], backend.gateway.store)
-    for trajectory in group.trajectories:
-        sequence = tokenize_history(trajectory, backend.trainer.tokenizer)
-        sampled = [token for choice in trajectory.choices() for token in choice.model_extra["token_ids"]]
-        assert sampled and [t for t, m in zip(sequence.input_ids_T, sequence.loss_mask_T) if m] == sampled
-    result = await served_model.train([agentrl.TrajectoryGroup(trajectories)], agentrl.TrainConfig(learning_rate=1e-5))
-    assert not result.skipped and result.step == step + 1
+    await assert_trains_on_exact_tokens(served_model, list(trajectories))
+
+
+@pytest.mark.slow
+async def test_a_streamed_answer_is_captured_and_trains_on_the_exact_sampled_tokens(served_model):
+    """The openai client streaming (async, and sync on a worker thread): the chunks the client reads are
+    joined into the turn, and the gateway's stamps let the trainer find the exact tokens."""
+    import openai
+
+    endpoint = served_model.backend.endpoint(served_model)
+
+    async def streamed_async() -> str:
+        client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key)
+        stream = await client.chat.completions.create(
+            model=served_model.inference_name, messages=[{"role": "user", "content": "Count to five."}],
+            max_tokens=12, temperature=1.0, stream=True,
+        )  # fmt: skip
+        return "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
+
+    def streamed_sync() -> str:
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key)
+        stream = client.chat.completions.create(
+            model=served_model.inference_name, messages=[{"role": "user", "content": "Count to five."}],
+            max_tokens=12, temperature=1.0, stream=True,
+        )  # fmt: skip
+        return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+    async def rollout(reward: float, read: Any) -> agentrl.Trajectory:
+        with capture_trajectory() as trajectory:
+            text = await read()
+        assert len(trajectory.choices()) == 1 and trajectory.messages()[-1]["content"] == text
+        assert trajectory.policy_steps() == [await served_model.get_step()]
+        trajectory.reward = reward
+        return trajectory
+
+    trajectories = [
+        await rollout(0.0, streamed_async),
+        await rollout(1.0, lambda: asyncio.to_thread(streamed_sync)),
+    ]
+    await assert_trains_on_exact_tokens(served_model, list(trajectories))
+
+
+def test_a_stream_split_anywhere_is_joined_into_one_answer_with_its_tool_calls():
+    from agentrl.capture import _StreamedAnswer
+
+    chunks = [
+        {"model": "m@2", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Let me "}, "completion_id": "c1", "policy_step": 2}]},
+        {"model": "m@2", "choices": [{"index": 0, "delta": {"content": "look."}, "completion_id": "c1", "policy_step": 2}]},
+        {"model": "m@2", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "search", "arguments": '{"q": '}}]}}]},
+        {"model": "m@2", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"x"}'}}]}, "finish_reason": "tool_calls"}]},
+    ]  # fmt: skip
+    data = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+    streamed = _StreamedAnswer()
+    done = [streamed.feed(data[i : i + 7]) for i in range(0, len(data), 7)]  # cut mid-line, mid-JSON
+    assert done[-1] and not done[0]
+    (choice,) = streamed.answer()["choices"]
+    assert choice["message"]["content"] == "Let me look." and choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}
+    ]
+    assert choice["completion_id"] == "c1" and choice["policy_step"] == 2

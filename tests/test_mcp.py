@@ -22,7 +22,6 @@ import pytest
 
 import agentrl
 from agentrl.backend.server import free_port
-from agentrl.gateway.store import fill_sampled_tokens
 from agentrl.mcp import (
     HTTPServer,
     MCPRLConfig,
@@ -31,8 +30,8 @@ from agentrl.mcp import (
     ToolServerError,
     run_agent,
 )
-from agentrl.rl.tokenize import tokenize_history
 from tests.fake_openai import FakeOpenAI
+from tests.helpers import assert_trains_on_exact_tokens
 
 TEST_SERVER = [sys.executable, str(Path(__file__).with_name("mcp_tools_server.py"))]
 
@@ -145,18 +144,6 @@ async def test_streamable_http_tools(http_server):
 
 
 # --- on the shared vLLM server --------------------------------------------------------------------
-
-
-async def assert_trains_on_exact_tokens(model: agentrl.TrainableModel, trajectories: list[agentrl.Trajectory]) -> None:
-    backend = model._backend
-    (group,) = fill_sampled_tokens([agentrl.TrajectoryGroup(trajectories)], backend.gateway.store)
-    for trajectory in group.trajectories:
-        sequence = tokenize_history(trajectory, backend.trainer.tokenizer)
-        sampled = [token for choice in trajectory.choices() for token in choice.model_extra["token_ids"]]
-        assert sampled and [t for t, m in zip(sequence.input_ids_T, sequence.loss_mask_T) if m] == sampled
-    step = await model.get_step()
-    result = await model.train([agentrl.TrajectoryGroup(trajectories)], agentrl.TrainConfig(learning_rate=1e-5))
-    assert not result.skipped and result.step == step + 1
 
 
 FORCED_ADD = "Call the add tool with a=2 and b=3, then answer with the sum."

@@ -12,7 +12,7 @@ import re
 import pytest
 
 import agentrl
-from tests.test_mcp import assert_trains_on_exact_tokens
+from tests.helpers import assert_trains_on_exact_tokens
 
 vf = pytest.importorskip("verifiers")
 datasets = pytest.importorskip("datasets")

@@ -310,7 +310,13 @@ async def _relay(upstream: httpx.Response, store: SampledStore, replica: Replica
                 store.put(accumulated.completion_id, accumulated.choices())
                 kept = True
             elif line.startswith("data: "):
-                accumulated.add(json.loads(line[len("data: ") :]))
+                chunk = json.loads(line[len("data: ") :])
+                accumulated.add(chunk)
+                for choice in chunk.get("choices") or []:  # as on a whole answer: the lookup id and the adapter step
+                    choice["completion_id"] = accumulated.completion_id
+                    if accumulated.policy_step is not None:
+                        choice["policy_step"] = accumulated.policy_step
+                line = "data: " + json.dumps(chunk, separators=(",", ":"))
             yield (line + "\n").encode()
     finally:
         await upstream.aclose()
