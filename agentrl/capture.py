@@ -26,16 +26,18 @@ import importlib
 import json
 import logging
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from openai.types.chat.chat_completion import Choice
 
+from agentrl.errors import ConfigurationError
+from agentrl.gateway.chunks import StreamedAnswer
 from agentrl.trajectory import History, Trajectory
 
 if TYPE_CHECKING:
-    from agentrl.model import Model
+    from agentrl.model import Model, TrainableModel
 
 logger = logging.getLogger(__name__)
 
@@ -204,72 +206,23 @@ def _to_record(request: Any) -> tuple[_Capture, dict[str, Any]] | None:
     return capture, body
 
 
-class _StreamedAnswer:
-    """A streamed chat completion put back together from its server-sent events, as they pass."""
-
-    def __init__(self) -> None:
-        self.pending = b""
-        self.model = ""
-        self.choice: dict[str, Any] = {"index": 0, "finish_reason": None}
-        self.content: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
-        self.done = False
-
-    def feed(self, data: bytes) -> bool:
-        """Take some bytes of the stream; True once its `[DONE]` has arrived."""
-        self.pending += data
-        *lines, self.pending = self.pending.split(b"\n")
-        for line in lines:
-            text = line.strip().decode("utf-8", "replace")
-            if text == "data: [DONE]":
-                self.done = True
-            elif text.startswith("data: "):
-                try:
-                    self._add(json.loads(text[len("data: ") :]))
-                except (json.JSONDecodeError, AttributeError, TypeError):
-                    continue  # not a completion chunk: nothing to join
-        return self.done
-
-    def _add(self, chunk: dict[str, Any]) -> None:
-        self.model = chunk.get("model") or self.model
-        for choice in chunk.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue  # the first choice is the one a trajectory keeps, as for a whole answer
-            for key in ("completion_id", "policy_step", "finish_reason"):
-                if choice.get(key) is not None:
-                    self.choice[key] = choice[key]
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                self.content.append(delta["content"])
-            for call in delta.get("tool_calls") or []:
-                joined = self.tool_calls.setdefault(
-                    call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-                )
-                joined["id"] = call.get("id") or joined["id"]
-                function = call.get("function") or {}
-                joined["function"]["name"] += function.get("name") or ""
-                joined["function"]["arguments"] += function.get("arguments") or ""
-
-    def answer(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
-        if self.tool_calls:
-            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-        return {"model": self.model, "choices": [{**self.choice, "message": message}]}
+def capture_counts(answer: dict[str, Any], model_name: str | None) -> bool:
+    """Whether an answer is recorded: agentrl's gateway answered it from a trained adapter (the base model
+    and other endpoints stay out), of `model_name` when one is given."""
+    choices = answer.get("choices") or []
+    if not any(c.get("completion_id") and c.get("policy_step") is not None for c in choices):
+        return False
+    return model_name is None or str(answer.get("model", "")).startswith(f"{model_name}@")
 
 
 def _observe_answer(capture: _Capture, body: dict[str, Any], answer: dict[str, Any]) -> None:
-    choices = answer.get("choices") or []
-    # Answered by agentrl's gateway from a trained adapter: the base model and other endpoints stay out.
-    if not capture.open or not any(c.get("completion_id") and c.get("policy_step") is not None for c in choices):
-        return
-    if capture.model_name is not None and not str(answer.get("model", "")).startswith(f"{capture.model_name}@"):
-        return
-    record_completion(capture.trajectory, body, answer)
+    if capture.open and capture_counts(answer, capture.model_name):
+        record_completion(capture.trajectory, body, answer)
 
 
 def _tee_stream(module: Any, response: Any, capture: _Capture, body: dict[str, Any]) -> None:
     """Let the client read `response`'s stream as usual, and record the answer when it ends."""
-    streamed, inner = _StreamedAnswer(), response.stream
+    streamed, inner = StreamedAnswer(), response.stream
 
     def chunk_seen(data: bytes) -> None:
         if not streamed.done and streamed.feed(data):
@@ -328,3 +281,38 @@ def _wrap_sends(module: Any) -> None:
 
     module.AsyncClient.send = send_async
     module.Client.send = send_sync
+
+
+@dataclass
+class RolloutSession:
+    """A base URL for one rollout: every chat completion sent under it goes into `trajectory`, for an
+    agent in another process or a program that only takes a base URL (OPENAI_BASE_URL)."""
+
+    base_url: str
+    api_key: str
+    model: str
+    """The name to ask for (the model's current adapter)."""
+    trajectory: Trajectory = field(default_factory=Trajectory)
+
+
+@contextlib.asynccontextmanager
+async def rollout_session(model: TrainableModel) -> AsyncIterator[RolloutSession]:
+    """Open a session URL on `model`'s gateway for the block; at its end the session is closed (later
+    requests on it get 404) and its completions fill `session.trajectory`, turn by turn as
+    `capture_trajectory` records them. Set the reward after the block."""
+    backend = model._require_backend()
+    gateway = getattr(backend, "gateway", None)
+    if gateway is None:
+        raise ConfigurationError(
+            f"{type(backend).__name__} has no gateway in this process, so it cannot open rollout sessions; "
+            "use a LocalBackend, or capture_trajectory() around a client in this process"
+        )
+    endpoint = backend.endpoint(model)
+    session_id = gateway.sessions.open()
+    session = RolloutSession(f"{endpoint.base_url}/sessions/{session_id}", endpoint.api_key, model.inference_name)
+    try:
+        yield session
+    finally:
+        for request, answer in gateway.sessions.close(session_id):
+            if capture_counts(answer, None):
+                record_completion(session.trajectory, request, answer)

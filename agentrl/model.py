@@ -8,6 +8,7 @@ logprobs on every chat completion, so the Choices a rollout keeps are ready for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from agentrl.tracking import DEFAULT_BEST_BY
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
+    from agentrl.capture import RolloutSession
     from agentrl.trajectory import History
 
 
@@ -256,6 +258,14 @@ class TrainableModel(Model):
         result = await self._require_backend().train_sft(self, list(demonstrations), config or SFTConfig())
         self._step = result.step
         return result
+
+    def session(self) -> contextlib.AbstractAsyncContextManager[RolloutSession]:
+        """A base URL for one rollout (`async with model.session() as session:`): point an agent program
+        at `session.base_url` (key `session.api_key`, model `session.model`); its completions become
+        `session.trajectory` when the block ends. See `agentrl.capture.rollout_session`."""
+        from agentrl.capture import rollout_session
+
+        return rollout_session(self)
 
     async def log(
         self, trajectories_or_groups: list[Trajectory] | list[TrajectoryGroup], split: str = "val"

@@ -173,7 +173,7 @@ async def test_a_streamed_answer_is_captured_and_trains_on_the_exact_sampled_tok
 
 
 def test_a_stream_split_anywhere_is_joined_into_one_answer_with_its_tool_calls():
-    from agentrl.capture import _StreamedAnswer
+    from agentrl.gateway.chunks import StreamedAnswer
 
     chunks = [
         {"model": "m@2", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Let me "}, "completion_id": "c1", "policy_step": 2}]},
@@ -182,7 +182,7 @@ def test_a_stream_split_anywhere_is_joined_into_one_answer_with_its_tool_calls()
         {"model": "m@2", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"x"}'}}]}, "finish_reason": "tool_calls"}]},
     ]  # fmt: skip
     data = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
-    streamed = _StreamedAnswer()
+    streamed = StreamedAnswer()
     done = [streamed.feed(data[i : i + 7]) for i in range(0, len(data), 7)]  # cut mid-line, mid-JSON
     assert done[-1] and not done[0]
     (choice,) = streamed.answer()["choices"]
@@ -191,3 +191,38 @@ def test_a_stream_split_anywhere_is_joined_into_one_answer_with_its_tool_calls()
         {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}
     ]
     assert choice["completion_id"] == "c1" and choice["policy_step"] == 2
+
+
+@pytest.mark.slow
+async def test_an_agent_program_that_knows_only_a_session_url_is_captured_and_trains(served_model):
+    import os
+    import sys
+
+    import httpx
+
+    async def rollout(reward: float) -> agentrl.Trajectory:
+        async with served_model.session() as session:
+            agent = await asyncio.create_subprocess_exec(
+                sys.executable, "tests/session_agent.py", session.model,
+                env={**os.environ, "OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key},
+                stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            printed, _ = await agent.communicate()
+            assert agent.returncode == 0
+        trajectory = session.trajectory
+        # user, answer, user, streamed answer: one conversation, as the program held it
+        assert [m["role"] for m in trajectory.messages()] == ["user", "assistant", "user", "assistant"]
+        assert trajectory.messages()[-1]["content"] == printed.decode().rstrip("\n")
+        assert trajectory.policy_steps() == [await served_model.get_step()] * 2
+        async with httpx.AsyncClient() as http:  # the session is closed: refused, and nothing is kept
+            refused = await http.post(
+                f"{session.base_url}/chat/completions",
+                json={"model": session.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                headers={"Authorization": f"Bearer {session.api_key}"},
+            )
+        assert refused.status_code == 404 and "closed or unknown" in refused.json()["error"]["message"]
+        trajectory.reward = reward
+        return trajectory
+
+    trajectories = await asyncio.gather(rollout(0.0), rollout(1.0))
+    await assert_trains_on_exact_tokens(served_model, list(trajectories))

@@ -38,8 +38,13 @@ from starlette.routing import BaseRoute, Route
 
 from agentrl.errors import TokenizationError
 from agentrl.gateway.auth import TokenGuard
+from agentrl.gateway.chunks import StreamedAnswer
 from agentrl.gateway.limits import GatewayLimits, RequestRefused, check_sampling_request, parse_json_object, read_body
+from agentrl.gateway.sessions import SessionLog
 from agentrl.gateway.store import SampledStore, StreamAccumulator, sampled_choices
+
+OnAnswer = Callable[[dict[str, Any], dict[str, Any]], None]
+"""Told each answer (request body, answer with the gateway's stamps) of a rollout session."""
 
 UPSTREAM_TIMEOUT = httpx.Timeout(None, connect=30.0)  # generations take as long as they take; clients set their own
 logger = logging.getLogger(__name__)
@@ -142,9 +147,11 @@ def create_gateway_app(
     token: str | None = None,
     admin_token: str | None = None,
     routes: Sequence[BaseRoute] = (),
+    sessions: SessionLog | None = None,
 ) -> Any:
     """The ASGI app: routes /v1/chat/completions, /v1/completions, /v1/models, /v1/sampled/{id}, /health,
-    and `routes` (a remote backend's own, under /backend/). With `token` (sampling), every route needs a token:
+    /v1/sessions/{id}/chat/completions and /v1/sessions/{id}/models (a rollout session's prefix, logged
+    into `sessions`), and `routes` (a remote backend's own, under /backend/). With `token` (sampling), every route needs a token:
     the sampling token or `admin_token` for /v1 and /health, the admin token alone for /backend/."""
     clients: dict[str, httpx.AsyncClient] = {}
 
@@ -189,11 +196,11 @@ def create_gateway_app(
         return no_replica()
 
     async def send_while_connected(
-        request: Request, body: dict[str, Any]
+        request: Request, body: dict[str, Any], path: str
     ) -> tuple[Replica, httpx.Response] | JSONResponse | None:
         """`send`, cancelled (None) if the client hangs up first: a non-streamed answer nobody will read
         would otherwise keep a server generating up to its `max_tokens`."""
-        forward = asyncio.ensure_future(send(body, request.url.path))
+        forward = asyncio.ensure_future(send(body, path))
         watch = asyncio.ensure_future(until_disconnected(request))
         try:
             await asyncio.wait({forward, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -229,7 +236,27 @@ def create_gateway_app(
         return Response(response.content, status_code=response.status_code, media_type="application/json")
 
     async def completions(request: Request) -> Response:
-        chat = request.url.path.endswith("/chat/completions")
+        return await complete(request, request.url.path)
+
+    async def session_completions(request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        if sessions is None or not sessions.is_open(session_id):
+            return _error(
+                404, f"rollout session {session_id[:8]}... is closed or unknown: open one with model.session()"
+            )
+
+        def log(body: dict[str, Any], answer: dict[str, Any]) -> None:
+            sessions.record(session_id, body, answer)
+
+        return await complete(request, "/v1/chat/completions", on_answer=log)
+
+    async def session_models(request: Request) -> Response:
+        if sessions is None or not sessions.is_open(request.path_params["session_id"]):
+            return _error(404, "this rollout session is closed or unknown: open one with model.session()")
+        return await models(request)
+
+    async def complete(request: Request, path: str, on_answer: OnAnswer | None = None) -> Response:
+        chat = path.endswith("/chat/completions")
         try:
             body = parse_json_object(await read_body(request, upstream.limits.max_body_bytes))
             check_sampling_request(body, upstream.limits, chat=chat, context=upstream.context)
@@ -241,7 +268,7 @@ def create_gateway_app(
             body["request_id"] = f"agentrl-{uuid.uuid4().hex}"
             if upstream.drop_seed and body.pop("seed", None) is not None:
                 _warn_seed_dropped()
-            sent = await (send(body, request.url.path) if body.get("stream") else send_while_connected(request, body))
+            sent = await (send(body, path) if body.get("stream") else send_while_connected(request, body, path))
         except RequestRefused as refused:
             return _error(refused.status, refused.message)
         if sent is None:
@@ -260,13 +287,16 @@ def create_gateway_app(
                 choice["completion_id"] = data["id"]  # for the trainer's lookup when a client drops the token data
                 if sampled and sampled[0].policy_step is not None:
                     choice["policy_step"] = sampled[0].policy_step  # which adapter sampled this turn
+            if on_answer is not None:
+                on_answer(body, data)
             return JSONResponse(data)
         if response.status_code != 200:
             content = await response.aread()
             await response.aclose()
             replica.in_flight -= 1
             return Response(content, status_code=response.status_code, media_type="application/json")
-        return StreamingResponse(_relay(response, store, replica), media_type="text/event-stream")
+        joined = None if on_answer is None else (body, on_answer)
+        return StreamingResponse(_relay(response, store, replica, joined), media_type="text/event-stream")
 
     async def sampled(request: Request) -> Response:
         try:
@@ -282,6 +312,8 @@ def create_gateway_app(
             Route("/v1/chat/completions", completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/sampled/{completion_id:path}", sampled),
+            Route("/v1/sessions/{session_id}/chat/completions", session_completions, methods=["POST"]),
+            Route("/v1/sessions/{session_id}/models", session_models),
             *routes,
         ],
         lifespan=lifespan,
@@ -297,18 +329,25 @@ def _warn_seed_dropped() -> None:
     )
 
 
-async def _relay(upstream: httpx.Response, store: SampledStore, replica: Replica) -> AsyncIterator[bytes]:
+async def _relay(
+    upstream: httpx.Response,
+    store: SampledStore,
+    replica: Replica,
+    joined: tuple[dict[str, Any], OnAnswer] | None = None,
+) -> AsyncIterator[bytes]:
     """Pass the server-sent events through as they come, and keep the token data once the stream ends.
 
     The data is kept before the final `[DONE]` goes out: a client that reads it and trains at once
     must find its completion in the store (seen in the suite: storing after the last byte raced it).
     """
-    accumulated, kept = StreamAccumulator(), False
+    accumulated, kept, answer = StreamAccumulator(), False, StreamedAnswer()
     try:
         async for line in upstream.aiter_lines():
             if line == "data: [DONE]" and accumulated.completion_id is not None:
                 store.put(accumulated.completion_id, accumulated.choices())
                 kept = True
+                if joined is not None:  # a session's stream: logged, like a whole answer, before [DONE] goes out
+                    joined[1](joined[0], answer.answer())
             elif line.startswith("data: "):
                 chunk = json.loads(line[len("data: ") :])
                 accumulated.add(chunk)
@@ -316,6 +355,7 @@ async def _relay(upstream: httpx.Response, store: SampledStore, replica: Replica
                     choice["completion_id"] = accumulated.completion_id
                     if accumulated.policy_step is not None:
                         choice["policy_step"] = accumulated.policy_step
+                answer.add(chunk)
                 line = "data: " + json.dumps(chunk, separators=(",", ":"))
             yield (line + "\n").encode()
     finally:

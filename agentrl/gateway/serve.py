@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute
 from agentrl.errors import ConfigurationError, ServerError
 from agentrl.gateway.app import Replica, Upstream, create_gateway_app
 from agentrl.gateway.limits import GatewayLimits
+from agentrl.gateway.sessions import SessionLog
 from agentrl.gateway.store import SampledStore
 
 
@@ -58,7 +59,10 @@ class Gateway:
         self.host, self.port, self.token = host, port, token
         self.store = store or SampledStore()
         self.upstream = Upstream(limits=limits or GatewayLimits())
-        app = create_gateway_app(self.upstream, self.store, token=token, admin_token=admin_token, routes=routes)
+        self.sessions = SessionLog()
+        app = create_gateway_app(
+            self.upstream, self.store, token=token, admin_token=admin_token, routes=routes, sessions=self.sessions
+        )
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None

@@ -1,0 +1,62 @@
+"""A streamed chat completion joined back into one answer from its chunks: text and tool calls, and
+the gateway's stamps (completion_id, policy_step). Fed raw server-sent-event bytes (a client reading
+the stream) or parsed chunks (the gateway relaying it)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class StreamedAnswer:
+    """A streamed chat completion put back together from its server-sent events, as they pass."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.model = ""
+        self.choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+        self.content: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.done = False
+
+    def feed(self, data: bytes) -> bool:
+        """Take some bytes of the stream; True once its `[DONE]` has arrived."""
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            text = line.strip().decode("utf-8", "replace")
+            if text == "data: [DONE]":
+                self.done = True
+            elif text.startswith("data: "):
+                try:
+                    self.add(json.loads(text[len("data: ") :]))
+                except (json.JSONDecodeError, AttributeError, TypeError):
+                    continue  # not a completion chunk: nothing to join
+        return self.done
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        """Take one parsed chunk."""
+        self.model = chunk.get("model") or self.model
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue  # the first choice is the one a trajectory keeps, as for a whole answer
+            for key in ("completion_id", "policy_step", "finish_reason"):
+                if choice.get(key) is not None:
+                    self.choice[key] = choice[key]
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.content.append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                joined = self.tool_calls.setdefault(
+                    call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                joined["id"] = call.get("id") or joined["id"]
+                function = call.get("function") or {}
+                joined["function"]["name"] += function.get("name") or ""
+                joined["function"]["arguments"] += function.get("arguments") or ""
+
+    def answer(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return {"model": self.model, "choices": [{**self.choice, "message": message}]}
