@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from agentrl.judges.call import JudgeModel
 from agentrl.mcp.agent import COMPLETE_TASK_TOOL
+from agentrl.mcp.servers import openai_tool
 from agentrl.mcp.tasks import generate_tasks
 from agentrl.model import Model
 
@@ -28,10 +29,7 @@ class MCPTool(BaseModel):
 
     def to_tool_schema(self) -> dict[str, Any]:
         """The tool as an OpenAI chat-completions tool."""
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
-        }
+        return openai_tool(self.name, self.description, self.parameters)
 
 
 class MCPResource(BaseModel):
@@ -83,8 +81,8 @@ def _openai_tool(tool: Any) -> dict[str, Any]:
         return tool.to_tool_schema()
     if isinstance(tool, dict):
         return tool if "function" in tool else MCPTool(**tool).to_tool_schema()
-    schema = getattr(tool, "input_schema", None) or getattr(tool, "inputSchema", None) or {}
-    return MCPTool(name=tool.name, description=tool.description or "", parameters=schema).to_tool_schema()
+    schema = getattr(tool, "input_schema", None) or getattr(tool, "inputSchema", None)
+    return openai_tool(tool.name, tool.description, schema)
 
 
 def _resource(resource: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import openai
 
 from agentrl.backend.server import free_port
 from agentrl.errors import ConfigurationError, ServerError
+from agentrl.mcp.servers import openai_tool
 from agentrl.model import Model
 from agentrl.trajectory import Trajectory
 
@@ -103,85 +104,63 @@ async def openenv_rollout(
             "Start its server (uvicorn module:app, or agentrl.integrations.openenv.serve_openenv) and pass its URL"
         ) from error
     try:
-        return await _play(
-            model, env, system_prompt, max_turns, max_tokens, temperature, use_tools, action, observation_text,
-            reset_kwargs or {},
-        )  # fmt: skip
-    finally:
-        await env.close()
-
-
-async def _play(
-    model: Model,
-    env: Any,
-    system_prompt: str | None,
-    max_turns: int,
-    max_tokens: int,
-    temperature: float,
-    use_tools: bool,
-    action: Callable[[str], Any],
-    observation_text: Callable[[Any], str],
-    reset_kwargs: dict[str, Any],
-) -> Trajectory:
-    result = await env.reset(**reset_kwargs)
-    tools: list[dict[str, Any]] | None = None
-    if use_tools:
-        listed = await env.list_tools()
-        tools = [
-            {"type": "function", "function": {"name": t.name, "description": t.description or "",
-                                               "parameters": t.input_schema or {"type": "object", "properties": {}}}}
-            for t in listed
-        ]  # fmt: skip
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": observation_text(result.observation)})
-    trajectory = Trajectory(messages_and_choices=messages, tools=tools)
-    client = model.openai_client()
-    total_reward, turns, steps, tool_errors = 0.0, 0, 0, 0
-    done = bool(result.done)
-    while not done and turns < max_turns:
-        turns += 1
-        completion = await client.chat.completions.create(
-            model=model.inference_name,
-            messages=cast(Any, trajectory.messages()),
-            tools=cast(Any, tools) if tools else openai.omit,
-            max_tokens=max_tokens,
-            temperature=temperature,
-        )
-        choice = completion.choices[0]
-        trajectory.messages_and_choices.append(choice)
-        calls = [c for c in choice.message.tool_calls or [] if c.type == "function"]
-        if use_tools and not calls:
-            break  # an answer without a tool call ends the episode: no action to take
-        if not use_tools:
-            result = await env.step(action(choice.message.content or ""))
-            steps += 1
-            total_reward += float(result.reward or 0.0)
-            done = bool(result.done)
-            if not done:
-                trajectory.messages_and_choices.append(
-                    {"role": "user", "content": observation_text(result.observation)}
-                )
-            continue
-        for call in calls:
-            try:
-                arguments = json.loads(call.function.arguments or "{}")
-            except ValueError:
-                arguments = None
-            if not isinstance(arguments, dict):
-                content, is_error = f"Error: the arguments are not a JSON object: {call.function.arguments!r}", True
-            else:
-                result = await env.step(CallToolAction(tool_name=call.function.name, arguments=arguments))
+        result = await env.reset(**(reset_kwargs or {}))
+        tools: list[dict[str, Any]] | None = None
+        if use_tools:
+            listed = await env.list_tools()
+            tools = [openai_tool(t.name, t.description, t.input_schema) for t in listed]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        messages.append({"role": "user", "content": observation_text(result.observation)})
+        trajectory = Trajectory(messages_and_choices=messages, tools=tools)
+        client = model.openai_client()
+        total_reward, turns, steps, tool_errors = 0.0, 0, 0, 0
+        done = bool(result.done)
+        while not done and turns < max_turns:
+            turns += 1
+            completion = await client.chat.completions.create(
+                model=model.inference_name,
+                messages=cast(Any, trajectory.messages()),
+                tools=cast(Any, tools) if tools else openai.omit,
+                max_tokens=max_tokens,
+                temperature=temperature,
+            )
+            choice = completion.choices[0]
+            trajectory.messages_and_choices.append(choice)
+            calls = [c for c in choice.message.tool_calls or [] if c.type == "function"]
+            if use_tools and not calls:
+                break  # an answer without a tool call ends the episode: no action to take
+            if not use_tools:
+                result = await env.step(action(choice.message.content or ""))
                 steps += 1
                 total_reward += float(result.reward or 0.0)
-                done = done or bool(result.done)
-                content, is_error = _tool_result_text(result.observation)
-            tool_errors += is_error
-            trajectory.messages_and_choices.append({"role": "tool", "tool_call_id": call.id, "content": content})
-            if done:
-                break
-    trajectory.reward = total_reward
-    trajectory.metrics.update(turns=turns, env_steps=steps, episode_done=done, tool_errors=tool_errors)
-    return trajectory
+                done = bool(result.done)
+                if not done:
+                    trajectory.messages_and_choices.append(
+                        {"role": "user", "content": observation_text(result.observation)}
+                    )
+                continue
+            for call in calls:
+                try:
+                    arguments = json.loads(call.function.arguments or "{}")
+                except ValueError:
+                    arguments = None
+                if not isinstance(arguments, dict):
+                    content, is_error = f"Error: the arguments are not a JSON object: {call.function.arguments!r}", True
+                else:
+                    result = await env.step(CallToolAction(tool_name=call.function.name, arguments=arguments))
+                    steps += 1
+                    total_reward += float(result.reward or 0.0)
+                    done = done or bool(result.done)
+                    content, is_error = _tool_result_text(result.observation)
+                tool_errors += is_error
+                trajectory.messages_and_choices.append({"role": "tool", "tool_call_id": call.id, "content": content})
+                if done:
+                    break
+        trajectory.reward = total_reward
+        trajectory.metrics.update(turns=turns, env_steps=steps, episode_done=done, tool_errors=tool_errors)
+        return trajectory
+    finally:
+        await env.close()
 
 
 @asynccontextmanager

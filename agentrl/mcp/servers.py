@@ -102,7 +102,8 @@ def _text_of(result: CallToolResult) -> str:
     return "\n".join(parts)
 
 
-def _openai_tool(name: str, description: str | None, input_schema: dict[str, Any] | None) -> dict[str, Any]:
+def openai_tool(name: str, description: str | None, input_schema: dict[str, Any] | None) -> dict[str, Any]:
+    """A tool as a chat-completions tool schema (an object schema when it takes no arguments)."""
     parameters = dict(input_schema or {"type": "object", "properties": {}})
     parameters.setdefault("type", "object")
     parameters.setdefault("properties", {})
@@ -181,7 +182,7 @@ class MCPToolbox:
             if self.resources:
                 uris = ", ".join(r["uri"] for r in self.resources)
                 self.tools.append(
-                    _openai_tool(
+                    openai_tool(
                         READ_RESOURCE_TOOL,
                         f"Read a resource by its URI. Resources: {uris}",
                         {"type": "object", "properties": {"uri": {"type": "string"}}, "required": ["uri"]},
@@ -202,7 +203,7 @@ class MCPToolbox:
                 )
             advertised = f"{spec.name}_{name}"
         self._routes[advertised] = ToolRoute(index, name)
-        self.tools.append(_openai_tool(advertised, description, schema))
+        self.tools.append(openai_tool(advertised, description, schema))
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
