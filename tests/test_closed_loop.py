@@ -115,6 +115,18 @@ async def test_held_out_reward_rises_clearly_after_pipelined_training(served_mod
     assert after - before > 2.5 * standard_error
 
 
+def with_alternating_rewards(groups):
+    """Rewards 0, 1, 0, 1... within each group: a signal whatever the shared, already-trained policy answered."""
+    return [
+        g.model_copy(
+            update={
+                "trajectories": [t.model_copy(update={"reward": float(i % 2)}) for i, t in enumerate(g.trajectories)]
+            }
+        )
+        for g in groups
+    ]
+
+
 async def test_after_a_step_the_server_serves_the_new_adapter(served_model):
     prompts = [[{"role": "user", "content": s.prompt}] for s in scenarios("test", 6, seed=3)]
     old_name, old_step = served_model.inference_name, await served_model.get_step()
@@ -130,6 +142,7 @@ async def test_after_a_step_the_server_serves_the_new_adapter(served_model):
         [agentrl.TrajectoryGroup(rollout(served_model, s) for _ in range(8)) for s in scenarios("train", 4, seed=11)],
         show_progress=False,
     )
+    groups = with_alternating_rewards(groups)  # earlier tests may have left the policy scoring 0 on all of these
     result = await served_model.train(groups, agentrl.TrainConfig(learning_rate=2e-3))
     assert not result.skipped and result.step == old_step + 1
     assert served_model.inference_name == f"test-agent@{old_step + 1}"
@@ -160,15 +173,7 @@ async def test_kl_to_the_base_model_and_other_losses_run_for_real(served_model):
         [agentrl.TrajectoryGroup(rollout(served_model, s) for _ in range(8)) for s in scenarios("train", 4, seed=13)],
         show_progress=False,
     )
-    # Rewards alternate within each group, so every group carries a signal whatever the policy answered.
-    groups = [
-        g.model_copy(
-            update={
-                "trajectories": [t.model_copy(update={"reward": float(i % 2)}) for i, t in enumerate(g.trajectories)]
-            }
-        )
-        for g in groups
-    ]
+    groups = with_alternating_rewards(groups)
     config = agentrl.TrainConfig(learning_rate=1e-4, loss="cispo", kl_coef=0.05, truncated_importance_sampling=2.0)
     result = await served_model.train(groups, config)
     assert not result.skipped
