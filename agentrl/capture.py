@@ -1,5 +1,6 @@
-"""Automatic trajectory capture: every chat completion an agent makes through agentrl's gateway, whatever
-client or framework makes it, recorded into the current trajectory.
+"""Automatic trajectory capture: every chat completion, Responses answer or Anthropic message an agent gets
+from agentrl's gateway, whatever client or framework asks, recorded into the current trajectory (a
+Responses or Messages exchange as the chat completion the gateway sampled for it).
 
     with agentrl.capture_trajectory() as trajectory:
         answer = await my_langgraph_agent.ainvoke({"messages": [("user", question)]})
@@ -33,7 +34,10 @@ from typing import TYPE_CHECKING, Any
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.errors import ConfigurationError
+from agentrl.gateway import messages_api, responses_api
+from agentrl.gateway.app import UPSTREAM_HEADER
 from agentrl.gateway.chunks import StreamedAnswer
+from agentrl.gateway.limits import RequestRefused
 from agentrl.trajectory import History, Trajectory
 
 if TYPE_CHECKING:
@@ -49,6 +53,8 @@ class _Capture:
     trajectory: Trajectory
     model_name: str | None
     open: bool = True
+    threads: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """The conversations of the Responses answers captured so far, for a later `previous_response_id`."""
 
 
 _current: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("agentrl_captured", default=None)
@@ -160,18 +166,23 @@ def _arguments(arguments: Any) -> Any:
         return arguments
 
 
-def _completion_request(request: Any) -> dict[str, Any] | None:
-    """The JSON body of a chat-completions request (an httpx or httpx2 request), or None for any other."""
-    if request.method != "POST" or not request.url.path.endswith("/chat/completions"):
+API_PATHS = {"/chat/completions": "chat", "/responses": "responses", "/messages": "messages"}
+"""The sampling routes recorded, by how their path ends: Chat Completions, Responses, Anthropic Messages."""
+
+
+def _completion_request(request: Any) -> tuple[str, dict[str, Any]] | None:
+    """The API and JSON body of a sampling request (an httpx or httpx2 request), or None for any other."""
+    api = next((api for end, api in API_PATHS.items() if request.url.path.endswith(end)), None)
+    if request.method != "POST" or api is None:
         return None
     try:
         body = json.loads(request.content or b"{}")
     except Exception:  # noqa: BLE001 - a body that is not read or not JSON is not a completion to record
         return None
-    return body if isinstance(body, dict) else None
+    return (api, body) if isinstance(body, dict) else None
 
 
-def _observe(capture: _Capture, body: dict[str, Any], response: Any) -> None:
+def _observe(capture: _Capture, api: str, body: dict[str, Any], response: Any) -> None:
     if not capture.open or response.status_code != 200:
         return
     try:
@@ -179,7 +190,7 @@ def _observe(capture: _Capture, body: dict[str, Any], response: Any) -> None:
     except (json.JSONDecodeError, UnicodeDecodeError):
         return
     if isinstance(answer, dict):
-        _observe_answer(capture, body, answer)
+        _observe_answer(capture, api, body, answer)
 
 
 def _install_hooks() -> None:
@@ -196,14 +207,16 @@ def _install_hooks() -> None:
         _installed.add(library)
 
 
-def _to_record(request: Any) -> tuple[_Capture, dict[str, Any]] | None:
-    """The open capture and request body when this request's answer should be recorded, else None (cheap
-    while no capture is open)."""
-    capture = _capture_here() if _open_by_id else None
-    body = _completion_request(request) if capture is not None else None
-    if capture is None or body is None:
+def _to_record(request: Any) -> tuple[_Capture, str, dict[str, Any]] | None:
+    """The open capture, API and request body when this request's answer should be recorded, else None
+    (cheap while no capture is open)."""
+    if not _open_by_id or request.headers.get(UPSTREAM_HEADER):  # the gateway forwarding to vLLM: not a client
         return None
-    return capture, body
+    sampling = _completion_request(request)
+    capture = _capture_here() if sampling is not None else None
+    if capture is None or sampling is None:
+        return None
+    return capture, *sampling
 
 
 def capture_counts(answer: dict[str, Any], model_name: str | None) -> bool:
@@ -215,18 +228,49 @@ def capture_counts(answer: dict[str, Any], model_name: str | None) -> bool:
     return model_name is None or str(answer.get("model", "")).startswith(f"{model_name}@")
 
 
-def _observe_answer(capture: _Capture, body: dict[str, Any], answer: dict[str, Any]) -> None:
-    if capture.open and capture_counts(answer, capture.model_name):
-        record_completion(capture.trajectory, body, answer)
+def _observe_answer(capture: _Capture, api: str, body: dict[str, Any], answer: dict[str, Any]) -> None:
+    if not capture.open:
+        return
+    exchange = _as_chat(capture, api, body, answer)
+    if exchange is not None and capture_counts(exchange[1], capture.model_name):
+        record_completion(capture.trajectory, *exchange)
 
 
-def _tee_stream(module: Any, response: Any, capture: _Capture, body: dict[str, Any]) -> None:
+def _as_chat(
+    capture: _Capture, api: str, body: dict[str, Any], answer: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A Responses or Messages exchange as the chat completion the gateway sampled for it (the same
+    translation), or None for an answer that is not one."""
+    if api == "chat":
+        return body, answer
+    try:
+        if api == "responses" and answer.get("object") == "response":
+            chat_body, thread = responses_api.chat_request(body, capture.threads.get)
+            chat_answer = {"model": answer.get("model"), "choices": [responses_api.choice_fields(answer)]}
+            capture.threads[str(answer.get("id"))] = responses_api.thread_after(thread, chat_answer)
+            return chat_body, chat_answer
+        if api == "messages" and answer.get("type") == "message":
+            chat_answer = {"model": answer.get("model"), "choices": [messages_api.choice_fields(answer)]}
+            return messages_api.chat_request(body), chat_answer
+    except RequestRefused as refused:
+        logger.warning("a %s answer was not captured: %s", api, refused.message)
+    return None
+
+
+def _tee_stream(module: Any, response: Any, capture: _Capture, api: str, body: dict[str, Any]) -> None:
     """Let the client read `response`'s stream as usual, and record the answer when it ends."""
-    streamed, inner = StreamedAnswer(), response.stream
+    inner = response.stream
+    streamed: StreamedAnswer | responses_api.CompletedResponse | messages_api.MessageStream = (
+        StreamedAnswer()
+        if api == "chat"
+        else responses_api.CompletedResponse()
+        if api == "responses"
+        else messages_api.MessageStream()
+    )
 
     def chunk_seen(data: bytes) -> None:
         if not streamed.done and streamed.feed(data):
-            _observe_answer(capture, body, streamed.answer())
+            _observe_answer(capture, api, body, streamed.answer())
 
     if isinstance(inner, module.AsyncByteStream):
 
@@ -260,7 +304,7 @@ def _wrap_sends(module: Any) -> None:
     async def send_async(self: Any, request: Any, **kwargs: Any) -> Any:
         response = await async_send(self, request, **kwargs)
         if (recording := _to_record(request)) is not None:
-            if recording[1].get("stream"):
+            if recording[2].get("stream"):
                 if response.status_code == 200:
                     _tee_stream(module, response, *recording)
             else:
@@ -271,7 +315,7 @@ def _wrap_sends(module: Any) -> None:
     def send_sync(self: Any, request: Any, **kwargs: Any) -> Any:
         response = sync_send(self, request, **kwargs)
         if (recording := _to_record(request)) is not None:
-            if recording[1].get("stream"):
+            if recording[2].get("stream"):
                 if response.status_code == 200:
                     _tee_stream(module, response, *recording)
             else:
@@ -297,22 +341,23 @@ class RolloutSession:
 
 @contextlib.asynccontextmanager
 async def rollout_session(model: TrainableModel) -> AsyncIterator[RolloutSession]:
-    """Open a session URL on `model`'s gateway for the block; at its end the session is closed (later
-    requests on it get 404) and its completions fill `session.trajectory`, turn by turn as
-    `capture_trajectory` records them. Set the reward after the block."""
+    """Open a session URL on `model`'s gateway (local or a remote service's) for the block; at its end the
+    session is closed (later requests on it get 404) and its completions fill `session.trajectory`, turn
+    by turn as `capture_trajectory` records them. Set the reward after the block."""
+    from agentrl.backend.protocol import OpensSessions
+
     backend = model._require_backend()
-    gateway = getattr(backend, "gateway", None)
-    if gateway is None:
+    if not isinstance(backend, OpensSessions):
         raise ConfigurationError(
-            f"{type(backend).__name__} has no gateway in this process, so it cannot open rollout sessions; "
-            "use a LocalBackend, or capture_trajectory() around a client in this process"
+            f"{type(backend).__name__} cannot open rollout sessions (it has no open_session/close_session); "
+            "use a LocalBackend or a RemoteBackend, or capture_trajectory() around a client in this process"
         )
     endpoint = backend.endpoint(model)
-    session_id = gateway.sessions.open()
+    session_id = await backend.open_session(model)
     session = RolloutSession(f"{endpoint.base_url}/sessions/{session_id}", endpoint.api_key, model.inference_name)
     try:
         yield session
     finally:
-        for request, answer in gateway.sessions.close(session_id):
+        for request, answer in await backend.close_session(model, session_id):
             if capture_counts(answer, None):
                 record_completion(session.trajectory, request, answer)

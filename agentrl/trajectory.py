@@ -92,6 +92,14 @@ def _to_message_or_choice(item: Any) -> dict[str, Any] | Choice:
         raise ValueError(f"expected a message dict or an openai Choice, got {type(item).__name__}")
     if "message" in item and ("finish_reason" in item or "provider_specific_fields" in item):  # a choice
         return choice_from(item)
+    if item.get("object") == "response" and "output" in item:  # an OpenAI Responses answer
+        from agentrl.gateway.responses_api import choice_fields as response_choice
+
+        return choice_from(response_choice(item))
+    if item.get("type") == "message" and item.get("role") == "assistant" and "stop_reason" in item:  # Anthropic's
+        from agentrl.gateway.messages_api import choice_fields as message_choice
+
+        return choice_from(message_choice(item))
     return _check_message(item)
 
 

@@ -4,9 +4,10 @@
 
 On one LocalBackend (the packaged model on vLLM), the same chat completions are sent straight to
 vLLM and through the gateway, alternating, at concurrency 1 and 64. Added latency = the p50/p99
-of the per-request difference at concurrency 1 (same prompt, greedy, fixed length, so both sides
-do the same work); throughput = sampled tokens/s at concurrency 64. Writes
-benchmarks/results/gateway.json and the README table.
+of the per-request difference at concurrency 1 (same prompt, greedy, so both sides do the same
+work), for each API the gateway speaks: Chat Completions, Responses and Anthropic Messages (the
+same conversation, translated to the same chat completion); throughput = sampled tokens/s at
+concurrency 64. Writes benchmarks/results/gateway.json and the README table.
 """
 
 from __future__ import annotations
@@ -72,6 +73,27 @@ async def timed_completions(
     return latencies, tokens, time.perf_counter() - started
 
 
+PROMPT = "Count from one to twenty."
+API_REQUESTS = {  # one greedy conversation in each API's words: path under /v1, body, tokens in the answer
+    "chat": ("/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS},
+             lambda answer: answer["usage"]["completion_tokens"]),
+    "responses": ("/responses", {"input": PROMPT, "max_output_tokens": MAX_TOKENS},
+                  lambda answer: answer["usage"]["output_tokens"]),
+    "messages": ("/messages", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS},
+                 lambda answer: answer["usage"]["output_tokens"]),
+}  # fmt: skip
+
+
+async def timed_api(client: httpx.AsyncClient, url: str, name: str, api: str) -> tuple[float, int]:
+    """One greedy request in `api`'s format: (seconds, sampled tokens)."""
+    path, body, tokens_of = API_REQUESTS[api]
+    started = time.perf_counter()
+    response = await client.post(f"{url}{path}", json={"model": name, "temperature": 0.0, **body})
+    seconds = time.perf_counter() - started
+    response.raise_for_status()
+    return seconds, tokens_of(response.json())
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
@@ -88,12 +110,23 @@ async def measure(requests: int) -> dict:
             name = model.inference_name
             await timed_completions(direct, server.base_url, name, 4, 4)  # warm both paths
             await timed_completions(through, gateway.base_url, name, 4, 4)
-            added = []
+            added: dict[str, list[float]] = {api: [] for api in API_REQUESTS}
+            tokens: dict[str, list[int]] = {api: [] for api in API_REQUESTS}
             for _ in range(requests):  # concurrency 1, alternating, so drift hits both sides alike
-                (d,), _, _ = await timed_completions(direct, server.base_url, name, 1, 1)
-                (g,), _, _ = await timed_completions(through, gateway.base_url, name, 1, 1)
-                added.append((g - d) * 1000)
-            results = {"added_ms_c1": {"p50": percentile(added, 50), "p99": percentile(added, 99)}}
+                for api in API_REQUESTS:
+                    direct_s, direct_tokens = await timed_api(direct, server.base_url, name, "chat")
+                    gateway_s, gateway_tokens = await timed_api(through, gateway.base_url, name, api)
+                    assert gateway_tokens == direct_tokens, f"{api}: the same greedy conversation, another length"
+                    added[api].append((gateway_s - direct_s) * 1000)
+                    tokens[api].append(gateway_tokens)
+            results: dict = {
+                f"added_ms_c1_{api}": {
+                    "p50": percentile(added[api], 50),
+                    "p99": percentile(added[api], 99),
+                    "tokens": statistics.fmean(tokens[api]),
+                }
+                for api in API_REQUESTS
+            }
             for concurrency in (64,):
                 _, d_tokens, d_wall = await timed_completions(
                     direct, server.base_url, name, 4 * concurrency, concurrency
@@ -135,12 +168,19 @@ def main() -> None:
         [
             START,
             f"Gateway overhead, packaged model on the local vLLM server, {result['machine']}, {result['date']} "
-            f"({result['requests_c1']} alternating requests at concurrency 1; {MAX_TOKENS} tokens each):",
+            f"({result['requests_c1']} alternating requests per API at concurrency 1, greedy, at most {MAX_TOKENS} "
+            f"tokens each; 64 at a time for throughput):",
             "",
             "| what | direct to vLLM | through the gateway |",
             "| --- | --- | --- |",
-            f"| added latency per completion, concurrency 1 | - | p50 {r['added_ms_c1']['p50']:.2f} ms, "
-            f"p99 {r['added_ms_c1']['p99']:.2f} ms |",
+            *[
+                f"| added latency per {label}, concurrency 1 | - | p50 {r[key]['p50']:.2f} ms, p99 {r[key]['p99']:.2f} ms |"
+                for label, key in (
+                    ("chat completion", "added_ms_c1_chat"),
+                    ("Responses request (`/v1/responses`)", "added_ms_c1_responses"),
+                    ("Anthropic message (`/v1/messages`)", "added_ms_c1_messages"),
+                )
+            ],
             f"| latency, concurrency 64 (p50 / p99) | {c64['direct_p50_s']:.2f} / {c64['direct_p99_s']:.2f} s | "
             f"{c64['gateway_p50_s']:.2f} / {c64['gateway_p99_s']:.2f} s |",
             f"| sampled tokens/s, concurrency 64 | {c64['direct_tokens_per_s']:.0f} | "

@@ -93,7 +93,9 @@ def test_the_token_is_generated_once_kept_private_and_never_printed(service, tok
 ROUTES = [("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
           ("GET", "/v1/sampled/x"), ("POST", "/backend/register"), ("POST", "/backend/get_step"),
           ("POST", "/backend/train"), ("POST", "/backend/train_sft"), ("POST", "/backend/log"),
-          ("POST", "/backend/delete_checkpoints"), ("POST", "/v1/load_lora_adapter")]  # fmt: skip
+          ("POST", "/backend/delete_checkpoints"), ("POST", "/v1/load_lora_adapter"), ("POST", "/v1/responses"),
+          ("POST", "/v1/messages"), ("POST", "/v1/sessions/x/responses"), ("POST", "/backend/open_session"),
+          ("POST", "/backend/close_session")]  # fmt: skip
 
 
 async def test_without_the_token_every_route_answers_401_and_nothing_changes(service, token):
@@ -101,7 +103,8 @@ async def test_without_the_token_every_route_answers_401_and_nothing_changes(ser
     body = {"model": {"name": "intruder", "project": "remote"}}
     async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
         for method, path in ROUTES:
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):  # no scheme: refused
+            wrong = ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"}, {"Authorization": token})
+            for headers in wrong:  # a token without its scheme is refused too
                 response = await client.request(method, path, headers=headers, json=body)
                 assert response.status_code == 401, (path, headers, response.text)
     assert snapshot(service.runs) == before
@@ -204,6 +207,37 @@ async def test_rollouts_get_the_sampling_token_which_cannot_train(service, token
             await leaked.register(agentrl.TrainableModel(name="agent", project="remote"))
     with pytest.raises(agentrl.NotAllowedError, match="base model 'gpt2' is not offered"):
         await agentrl.TrainableModel(name="other", project="remote", base_model="gpt2").register(backend)
+
+
+async def test_a_session_url_on_the_service_records_a_rollout_that_trains_there(service, token, agent):
+    """`model.session()` on a RemoteBackend: the service's gateway logs the rollout (Responses, then chat),
+    the session closes with the block, and the trajectory trains on the service's exact tokens."""
+    import openai
+
+    model = agent
+
+    async def rollout(reward: float) -> agentrl.Trajectory:
+        async with model.session() as session:
+            assert session.base_url.startswith(f"{service.url}/v1/sessions/") and session.api_key != token
+            client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key)
+            first = await client.responses.create(model=session.model, input="Name a colour.", max_output_tokens=8)
+            conversation = [
+                {"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": first.output_text},
+                {"role": "user", "content": "Another one."},
+            ]
+            await client.chat.completions.create(model=session.model, messages=conversation, max_tokens=8)
+        trajectory = session.trajectory
+        assert [m["role"] for m in trajectory.messages()] == ["user", "assistant", "user", "assistant"]
+        with pytest.raises(openai.NotFoundError, match="closed or unknown"):
+            await client.chat.completions.create(model=session.model, messages=conversation, max_tokens=2)
+        trajectory.reward = reward
+        return trajectory
+
+    step = await model.get_step()
+    trajectories = await asyncio.gather(rollout(0.0), rollout(1.0))
+    result = await model.train([agentrl.TrajectoryGroup(trajectories)], agentrl.TrainConfig(learning_rate=1e-5))
+    assert not result.skipped and result.step == step + 1 and result.metrics["trained_tokens"] > 0
 
 
 async def test_a_step_whose_answer_was_lost_is_applied_once_and_a_stale_one_is_refused(service, token, agent):

@@ -193,6 +193,15 @@ class LocalBackend:
         """The gateway's address and token, and how to tell that the server died."""
         return InferenceEndpoint(self.gateway.base_url, self._client_key, death_notice=self.server.death_notice)
 
+    async def open_session(self, model: TrainableModel) -> str:
+        self.session(model)  # registered, or an error naming the fix
+        return self.gateway.sessions.open()
+
+    async def close_session(
+        self, model: TrainableModel, session_id: str
+    ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        return self.gateway.sessions.close(session_id)
+
     @property
     def _client_key(self) -> str:
         """What clients send as their API key: the gateway's sampling token (given, or generated here)."""

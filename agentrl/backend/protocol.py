@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from agentrl.config import SFTConfig, TrainConfig
@@ -77,4 +77,21 @@ class Backend(Protocol):
 
     async def close(self) -> None:
         """Stop serving and release the run (its lock, servers, W&B run)."""
+        ...
+
+
+@runtime_checkable
+class OpensSessions(Protocol):
+    """A backend that can open rollout sessions on its gateway (`model.session()`): LocalBackend and
+    RemoteBackend; optional for other backends."""
+
+    async def open_session(self, model: TrainableModel) -> str:
+        """Open a rollout session on the gateway: its id, the prefix /v1/sessions/{id}/ of its base URL."""
+        ...
+
+    async def close_session(
+        self, model: TrainableModel, session_id: str
+    ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Close a rollout session (later requests on it get 404) and return its exchanges, as chat
+        completions (request body, answer), in the order they were answered."""
         ...

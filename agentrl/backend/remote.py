@@ -30,6 +30,7 @@ from agentrl.backend.wire import (
     ModelRef,
     RegisterReply,
     RegisterRequest,
+    SessionRequest,
     SFTRequest,
     TrainRequest,
 )
@@ -175,6 +176,16 @@ class RemoteBackend:
     def endpoint(self, model: TrainableModel) -> InferenceEndpoint:
         """The service's gateway, with the sampling token."""
         return InferenceEndpoint(f"{self.url}/v1", self.sampling_token)
+
+    async def open_session(self, model: TrainableModel) -> str:
+        return str((await self._call("/backend/open_session", SessionRequest(model=self._ref(model))))["session_id"])
+
+    async def close_session(
+        self, model: TrainableModel, session_id: str
+    ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        request = SessionRequest(model=self._ref(model), session_id=session_id)
+        exchanges = (await self._call("/backend/close_session", request))["exchanges"]
+        return [(body, answer) for body, answer in exchanges]
 
     def base_model(self) -> Model:
         """The untrained base model on the service's server ("base"), reached with the sampling token."""

@@ -18,11 +18,14 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 def presented_digest(scope: dict[str, Any]) -> bytes | None:
-    """SHA-256 of the request's bearer token (None without `Authorization: Bearer ...`), for constant-time
-    comparison: neither a key's length nor its prefix leaks through timing."""
+    """SHA-256 of the request's bearer token (`Authorization: Bearer ...`, or `x-api-key`, where the Anthropic
+    SDK sends it; None without either), for constant-time comparison: neither a key's length nor its prefix
+    leaks through timing."""
     headers = dict(scope.get("headers") or [])
     scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
     if scheme.lower() != "bearer" or not token:
+        token = headers.get(b"x-api-key", b"").decode("latin-1")
+    if not token:
         return None
     return hashlib.sha256(token.encode()).digest()
 

@@ -46,6 +46,7 @@ from agentrl.backend.wire import (
     ModelRef,
     RegisterReply,
     RegisterRequest,
+    SessionRequest,
     SFTRequest,
     StepReply,
     TrainRequest,
@@ -196,6 +197,8 @@ class BackendService:
             Route("/backend/train_sft", self._handler(SFTRequest, self._train_sft), methods=["POST"]),
             Route("/backend/log", self._handler(LogRequest, self._log), methods=["POST"]),
             Route("/backend/delete_checkpoints", self._handler(DeleteRequest, self._delete), methods=["POST"]),
+            Route("/backend/open_session", self._handler(SessionRequest, self._open_session), methods=["POST"]),
+            Route("/backend/close_session", self._handler(SessionRequest, self._close_session), methods=["POST"]),
         ]
 
     def _handler(
@@ -326,6 +329,15 @@ class BackendService:
 
     async def _log(self, request: LogRequest) -> dict[str, float]:
         return await self.backend.log(self._model(request.model), request.groups, request.split)
+
+    async def _open_session(self, request: SessionRequest) -> dict[str, Any]:
+        return {"session_id": await self.backend.open_session(self._model(request.model))}
+
+    async def _close_session(self, request: SessionRequest) -> dict[str, Any]:
+        if request.session_id is None:
+            raise RequestRefused(400, "close_session needs the session_id that open_session returned")
+        model = self._model(request.model)
+        return {"exchanges": [list(e) for e in await self.backend.close_session(model, request.session_id)]}
 
     async def _delete(self, request: DeleteRequest) -> list[int]:
         model = self._model(request.model)

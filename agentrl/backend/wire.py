@@ -90,6 +90,13 @@ class LogRequest(_Message):
         return check_safe_name(value, "split")
 
 
+class SessionRequest(_Message):
+    """Open a rollout session on a model's gateway (`session_id` None), or close one (its id)."""
+
+    model: ModelRef
+    session_id: str | None = None
+
+
 class DeleteRequest(_Message):
     model: ModelRef
     keep_last: int

@@ -1,4 +1,5 @@
 """The gateway's ASGI app: OpenAI-compatible routes in front of a backend's vLLM servers, nothing else.
+(The Responses and Anthropic Messages routes translate to chat completions: responses_api.py, messages_api.py.)
 
 Every chat or text completion is forwarded with `logprobs` and `return_token_ids` switched on,
 whatever the client sent, and what was sampled is kept by completion id (`SampledStore`). The
@@ -37,6 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from agentrl.errors import TokenizationError
+from agentrl.gateway import messages_api, responses_api
 from agentrl.gateway.auth import TokenGuard
 from agentrl.gateway.chunks import StreamedAnswer
 from agentrl.gateway.limits import GatewayLimits, RequestRefused, check_sampling_request, parse_json_object, read_body
@@ -46,6 +48,8 @@ from agentrl.gateway.store import SampledStore, StreamAccumulator, sampled_choic
 OnAnswer = Callable[[dict[str, Any], dict[str, Any]], None]
 """Told each answer (request body, answer with the gateway's stamps) of a rollout session."""
 
+UPSTREAM_HEADER = "x-agentrl-upstream"
+"""Marks the gateway's own requests to vLLM, which trajectory capture leaves alone (the client's side records)."""
 UPSTREAM_TIMEOUT = httpx.Timeout(None, connect=30.0)  # generations take as long as they take; clients set their own
 logger = logging.getLogger(__name__)
 
@@ -149,11 +153,13 @@ def create_gateway_app(
     routes: Sequence[BaseRoute] = (),
     sessions: SessionLog | None = None,
 ) -> Any:
-    """The ASGI app: routes /v1/chat/completions, /v1/completions, /v1/models, /v1/sampled/{id}, /health,
-    /v1/sessions/{id}/chat/completions and /v1/sessions/{id}/models (a rollout session's prefix, logged
-    into `sessions`), and `routes` (a remote backend's own, under /backend/). With `token` (sampling), every route needs a token:
-    the sampling token or `admin_token` for /v1 and /health, the admin token alone for /backend/."""
+    """The ASGI app: routes /v1/chat/completions, /v1/responses (OpenAI Responses), /v1/messages (Anthropic
+    Messages), /v1/completions, /v1/models, /v1/sampled/{id}, /health, the same three sampling routes and
+    /models under /v1/sessions/{id}/ (a rollout session's prefix, logged into `sessions`), and `routes` (a
+    remote backend's own, under /backend/). With `token` (sampling), every route needs a token: the
+    sampling token or `admin_token` for /v1 and /health, the admin token alone for /backend/."""
     clients: dict[str, httpx.AsyncClient] = {}
+    threads = responses_api.ResponseThreads()  # for `previous_response_id`
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -173,7 +179,7 @@ def create_gateway_app(
         return _error(503, f"no inference server is left in rotation:\n{upstream.why_none()}")
 
     def build(replica: Replica, method: str, path: str, body: Any = None) -> httpx.Request:
-        headers = {"Authorization": f"Bearer {replica.key}"}
+        headers = {"Authorization": f"Bearer {replica.key}", UPSTREAM_HEADER: "1"}
         return clients["upstream"].build_request(method, replica.url + path, json=body, headers=headers)
 
     async def send(body: dict[str, Any], path: str) -> tuple[Replica, httpx.Response] | JSONResponse:
@@ -238,27 +244,31 @@ def create_gateway_app(
     async def completions(request: Request) -> Response:
         return await complete(request, request.url.path)
 
-    async def session_completions(request: Request) -> Response:
+    async def session_route(request: Request) -> Response:
+        """/v1/sessions/{id}/chat/completions, .../responses, .../messages (and .../v1/messages, where the
+        Anthropic SDK sends it): the API's own route, every answer logged into the session."""
         session_id = request.path_params["session_id"]
+        api = request.url.path.rsplit("/", 1)[-1]
         if sessions is None or not sessions.is_open(session_id):
-            return _error(
-                404, f"rollout session {session_id[:8]}... is closed or unknown: open one with model.session()"
-            )
+            message = f"rollout session {session_id[:8]}... is closed or unknown: open one with model.session()"
+            return (_anthropic_error if api == "messages" else _error)(404, message)
 
         def log(body: dict[str, Any], answer: dict[str, Any]) -> None:
             sessions.record(session_id, body, answer)
 
-        return await complete(request, "/v1/chat/completions", on_answer=log)
+        if api == "completions":
+            return await complete(request, "/v1/chat/completions", on_answer=log)
+        return await other_api(request, api, on_answer=log)
 
     async def session_models(request: Request) -> Response:
         if sessions is None or not sessions.is_open(request.path_params["session_id"]):
             return _error(404, "this rollout session is closed or unknown: open one with model.session()")
         return await models(request)
 
-    async def complete(request: Request, path: str, on_answer: OnAnswer | None = None) -> Response:
+    async def forward(request: Request, body: dict[str, Any], path: str) -> tuple[Replica, httpx.Response] | Response:
+        """Check a sampling request, switch on what training needs, and send it (streamed or not)."""
         chat = path.endswith("/chat/completions")
         try:
-            body = parse_json_object(await read_body(request, upstream.limits.max_body_bytes))
             check_sampling_request(body, upstream.limits, chat=chat, context=upstream.context)
             if not body.get("logprobs"):  # the trainer needs them whatever the client asked
                 body["logprobs"] = True if chat else 1
@@ -273,7 +283,15 @@ def create_gateway_app(
             return _error(refused.status, refused.message)
         if sent is None:
             return Response(status_code=499)  # the client left; nobody reads this
-        if isinstance(sent, JSONResponse):
+        return sent
+
+    async def complete(request: Request, path: str, on_answer: OnAnswer | None = None) -> Response:
+        try:
+            body = parse_json_object(await read_body(request, upstream.limits.max_body_bytes))
+        except RequestRefused as refused:
+            return _error(refused.status, refused.message)
+        sent = await forward(request, body, path)
+        if isinstance(sent, Response):
             return sent
         replica, response = sent
         if not body.get("stream"):
@@ -298,6 +316,67 @@ def create_gateway_app(
         joined = None if on_answer is None else (body, on_answer)
         return StreamingResponse(_relay(response, store, replica, joined), media_type="text/event-stream")
 
+    async def other_api(request: Request, api: str, on_answer: OnAnswer | None = None) -> Response:
+        """A Responses or Messages request, sampled as a chat completion and answered in its own format; its
+        token data is kept under the answer's own id (resp_..., msg_...)."""
+        refuse = _error if api == "responses" else _anthropic_error
+        try:
+            body = parse_json_object(await read_body(request, upstream.limits.max_body_bytes))
+            if api == "responses":
+                chat_body, thread = responses_api.chat_request(body, threads.get)
+                answer_id = responses_api.new_response_id()
+            else:
+                chat_body, thread = messages_api.chat_request(body), []
+                answer_id = messages_api.new_message_id()
+        except RequestRefused as refused:
+            return refuse(refused.status, refused.message)
+        if chat_body.get("stream"):
+            chat_body["stream_options"] = {"include_usage": True}
+        sent = await forward(request, chat_body, "/v1/chat/completions")
+        if isinstance(sent, Response):
+            return sent
+        replica, response = sent
+
+        def answered(chat_answer: dict[str, Any]) -> None:
+            if api == "responses":
+                threads.put(answer_id, responses_api.thread_after(thread, chat_answer))
+            if on_answer is not None:
+                on_answer(chat_body, chat_answer)
+
+        if not chat_body.get("stream"):
+            replica.in_flight -= 1
+            if response.status_code != 200:
+                return refuse(response.status_code, _upstream_message(response.content))
+            data = response.json()
+            sampled = sampled_choices(data)
+            store.put(answer_id, sampled)
+            for choice in data.get("choices") or []:
+                choice["completion_id"] = answer_id
+                if sampled and sampled[0].policy_step is not None:
+                    choice["policy_step"] = sampled[0].policy_step
+            answered(data)
+            if api == "responses":
+                return JSONResponse(responses_api.response_object(body, answer_id, data))
+            return JSONResponse(messages_api.message_object(answer_id, data))
+        if response.status_code != 200:
+            content = await response.aread()
+            await response.aclose()
+            replica.in_flight -= 1
+            return refuse(response.status_code, _upstream_message(content))
+        events: responses_api.ResponseEvents | messages_api.MessageEvents = (
+            responses_api.ResponseEvents(body, answer_id)
+            if api == "responses"
+            else messages_api.MessageEvents(answer_id)
+        )
+        relay = _relay_as(response, store, replica, answer_id, events, answered)
+        return StreamingResponse(relay, media_type="text/event-stream")
+
+    async def responses(request: Request) -> Response:
+        return await other_api(request, "responses")
+
+    async def messages(request: Request) -> Response:
+        return await other_api(request, "messages")
+
     async def sampled(request: Request) -> Response:
         try:
             choices = store.get(request.path_params["completion_id"])
@@ -312,13 +391,35 @@ def create_gateway_app(
             Route("/v1/chat/completions", completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/sampled/{completion_id:path}", sampled),
-            Route("/v1/sessions/{session_id}/chat/completions", session_completions, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/sessions/{session_id}/chat/completions", session_route, methods=["POST"]),
+            Route("/v1/sessions/{session_id}/responses", session_route, methods=["POST"]),
+            Route("/v1/sessions/{session_id}/messages", session_route, methods=["POST"]),
+            Route("/v1/sessions/{session_id}/v1/messages", session_route, methods=["POST"]),
             Route("/v1/sessions/{session_id}/models", session_models),
             *routes,
         ],
         lifespan=lifespan,
     )
     return TokenGuard(app, sampling_token=token, admin_token=admin_token) if token else app
+
+
+def _anthropic_error(status: int, message: str) -> JSONResponse:
+    """An error as the Messages API words it, so the Anthropic SDK shows the message."""
+    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
+    error = {"type": kind.get(status, "api_error"), "message": message}
+    return JSONResponse({"type": "error", "error": error}, status_code=status)
+
+
+def _upstream_message(content: bytes) -> str:
+    """The message of an inference server's error answer (its JSON `message`, else its text)."""
+    try:
+        data = json.loads(content)
+        error = data.get("error", data) if isinstance(data, dict) else {}
+        return str(error.get("message") or data)
+    except (json.JSONDecodeError, AttributeError):
+        return content.decode("utf-8", "replace")
 
 
 @functools.cache
@@ -363,3 +464,50 @@ async def _relay(
         replica.in_flight -= 1
         if not kept and accumulated.completion_id is not None:
             store.put(accumulated.completion_id, accumulated.choices())
+
+
+async def _relay_as(
+    upstream: httpx.Response,
+    store: SampledStore,
+    replica: Replica,
+    answer_id: str,
+    events: responses_api.ResponseEvents | messages_api.MessageEvents,
+    answered: Callable[[dict[str, Any]], None],
+) -> AsyncIterator[bytes]:
+    """A streamed chat completion told as another API's events as its chunks come; its token data is kept
+    under `answer_id`, and `answered` is told the joined chat answer, before the closing events go out."""
+    accumulated, joined, usage, started, kept = StreamAccumulator(), StreamedAnswer(), None, False, False
+    try:
+        async for line in upstream.aiter_lines():
+            if line == "data: [DONE]":
+                sampled = accumulated.choices()
+                store.put(answer_id, sampled)
+                kept = True
+                chat_answer = joined.answer()
+                chat_answer["usage"] = usage
+                if sampled:
+                    chat_answer["choices"][0]["token_ids"] = sampled[0].token_ids
+                answered(chat_answer)
+                for event in events.finish(chat_answer):
+                    yield event
+            elif line.startswith("data: "):
+                chunk = json.loads(line[len("data: ") :])
+                accumulated.add(chunk)
+                usage = chunk.get("usage") or usage
+                stamps: dict[str, Any] = {"completion_id": answer_id}
+                if accumulated.policy_step is not None:
+                    stamps["policy_step"] = accumulated.policy_step
+                if not started:
+                    started = True
+                    for event in events.start(chunk.get("model"), stamps):
+                        yield event
+                for choice in chunk.get("choices") or []:
+                    choice.update(stamps)
+                joined.add(chunk)
+                for event in events.add(chunk):
+                    yield event
+    finally:
+        await upstream.aclose()
+        replica.in_flight -= 1
+        if not kept and accumulated.completion_id is not None:
+            store.put(answer_id, accumulated.choices())

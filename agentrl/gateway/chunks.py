@@ -8,19 +8,16 @@ import json
 from typing import Any
 
 
-class StreamedAnswer:
-    """A streamed chat completion put back together from its server-sent events, as they pass."""
+class ServerSentEvents:
+    """A stream of server-sent events read as it passes: each `data:` line's JSON goes to `add`, and
+    `done` turns true at the stream's end (`[DONE]`, or the event a subclass takes for the end)."""
 
     def __init__(self) -> None:
         self.pending = b""
-        self.model = ""
-        self.choice: dict[str, Any] = {"index": 0, "finish_reason": None}
-        self.content: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
         self.done = False
 
     def feed(self, data: bytes) -> bool:
-        """Take some bytes of the stream; True once its `[DONE]` has arrived."""
+        """Take some bytes of the stream (cut anywhere); True once it has ended."""
         self.pending += data
         *lines, self.pending = self.pending.split(b"\n")
         for line in lines:
@@ -30,9 +27,23 @@ class StreamedAnswer:
             elif text.startswith("data: "):
                 try:
                     self.add(json.loads(text[len("data: ") :]))
-                except (json.JSONDecodeError, AttributeError, TypeError):
-                    continue  # not a completion chunk: nothing to join
+                except (json.JSONDecodeError, AttributeError, TypeError, KeyError):
+                    continue  # not an event of this stream: nothing to join
         return self.done
+
+    def add(self, event: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class StreamedAnswer(ServerSentEvents):
+    """A streamed chat completion put back together from its server-sent events, as they pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = ""
+        self.choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+        self.content: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
 
     def add(self, chunk: dict[str, Any]) -> None:
         """Take one parsed chunk."""
