@@ -51,6 +51,7 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
 _LAZY = {
     name: "agentrl.judges"
     for name in (
+        "JudgeAudit",
         "JudgeCheckReport",
         "JudgeLimiter",
         "RubricTask",

@@ -171,14 +171,24 @@ def show(
     """A run's reward per step and split, and where its transcripts and reward plot are."""
     info = _resolve_run(run, base_path)
     typer.echo(f"run {info.label}: checkpoints {info.steps or 'none'}")
-    typer.echo(f"{'step':>5} {'split':<6} {'reward':>8} {'std':>7} {'tokens':>7} {'seconds':>8}")
+    audited = any("judge_flip_rate" in m for m in info.metrics)  # the judge audit's columns, when it ran
+    judge_header = f" {'flips':>6} {'1st':>5} {'tau':>6}" if audited else ""
+    typer.echo(f"{'step':>5} {'split':<6} {'reward':>8} {'std':>7} {'tokens':>7} {'seconds':>8}{judge_header}")
     for m in info.metrics:
         seconds = sum(v for k, v in m.items() if k.endswith("_s") and isinstance(v, float))
+        judge = (
+            f" {_fmt(m.get('judge_flip_rate')):>6} {_fmt(m.get('judge_first_position_rate')):>5} "
+            f"{_fmt(m.get('judge_independent_tau')):>6}"
+            if audited
+            else ""
+        )
         typer.echo(
             f"{m['step']:>5} {m['split']:<6} {_fmt(m.get('reward_mean')):>8} {_fmt(m.get('reward_std')):>7} "
-            f"{m.get('trained_tokens') or 0:>7.0f} {seconds:>8.1f}"
+            f"{m.get('trained_tokens') or 0:>7.0f} {seconds:>8.1f}{judge}"
         )
     typer.echo(f"reward plot: {(info.path / 'reward.png').resolve()}")
+    if audited:
+        typer.echo(f"judge audit plot: {(info.path / 'judge.png').resolve()}")
     typer.echo(f"transcripts: {(info.path / 'transcripts').resolve()}")
 
 

@@ -156,6 +156,60 @@ def reward_hacking_steps(records: list[dict[str, Any]]) -> list[int]:
     ]
 
 
+AUDIT_SERIES = {
+    "judge_flip_rate": "flip rate (order changed, lower is better)",
+    "judge_first_position_rate": "first shown wins",
+    "judge_self_consistency": "self-consistency (tau)",
+    "judge_independent_tau": "agreement with independent reward (tau)",
+}
+
+
+HACKING_EVALUATIONS = 3
+"""Held-out evaluations over which a judge's reward rising and the independent one falling is warned about."""
+
+
+def reward_hacking_trend(records: list[dict[str, Any]], split: str = "val") -> bool:
+    """Whether over the last `HACKING_EVALUATIONS` evaluations of `split` the judge's reward rose at every
+    one while the independent reward fell at every one: the policy learns to please the judge, not the task."""
+    points = [
+        (r["reward_mean"], r["independent_reward"])
+        for r in sorted(records, key=lambda r: r.get("step", 0))
+        if r.get("split") == split
+        and isinstance(r.get("reward_mean"), (int, float))
+        and isinstance(r.get("independent_reward"), (int, float))
+    ][-HACKING_EVALUATIONS:]
+    if len(points) < HACKING_EVALUATIONS:
+        return False
+    pairs = list(zip(points, points[1:]))
+    return all(b[0] - a[0] > HACKING_MIN_CHANGE and a[1] - b[1] > HACKING_MIN_CHANGE for a, b in pairs)
+
+
+def plot_judge_audit(run_dir: Path) -> Path | None:
+    """Draw judge.png from metrics.jsonl: the judge audit's statistics per train step (and the chance level
+    of the first-position rate); None, and nothing drawn, for a run with no audited step."""
+    records = [r for r in read_metrics(run_dir) if r.get("split") == "train" and "judge_flip_rate" in r]
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for key, label in AUDIT_SERIES.items():
+        points = sorted((r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float)))
+        if points:
+            axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    chance = [r["judge_first_position_chance"] for r in records if "judge_first_position_chance" in r]
+    if chance:
+        axes.axhline(sum(chance) / len(chance), color="grey", linestyle=":", label="first shown wins by chance")
+    axes.set_xlabel("step")
+    axes.set_title(f"{Path(run_dir).name}: judge audit")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    return _save_figure(figure, Path(run_dir) / "judge.png")
+
+
 def plot_rewards(run_dir: Path) -> Path:
     """Draw reward.png from metrics.jsonl: mean reward per step for each split; where a judge gave the
     reward, the independent reward beside it, and a red mark on each step flagged by `reward_hacking_steps`."""
@@ -202,8 +256,14 @@ def plot_rewards(run_dir: Path) -> Path:
     axes.grid(alpha=0.3)
     if records:
         axes.legend()
-    path = Path(run_dir) / "reward.png"
-    tmp = path.with_name(f".reward.{uuid.uuid4().hex}.png")
+    return _save_figure(figure, Path(run_dir) / "reward.png")
+
+
+def _save_figure(figure: Any, path: Path) -> Path:
+    """Write a matplotlib figure as a PNG atomically (a reader never sees half a plot), and close it."""
+    import matplotlib.pyplot as plt
+
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.png")
     figure.savefig(tmp, dpi=100)
     plt.close(figure)
     os.replace(tmp, path)
@@ -244,7 +304,21 @@ def record_step(run_dir: Path, step: int, split: str, groups: list[TrajectoryGro
             step,
             Path(run_dir) / "transcripts" / f"{split}-{step:04d}.html",
         )
+    if split != "train" and "independent_reward" in metrics and reward_hacking_trend(read_metrics(run_dir), split):
+        logger.warning(
+            "step %d: over the last %d %s evaluations the judge's reward rose and independent_reward fell at each "
+            "(reward hacking?): read the transcripts in %s",
+            step,
+            HACKING_EVALUATIONS,
+            split,
+            Path(run_dir) / "transcripts",
+        )
+    from agentrl.judges.audit import audit_warning  # judges import the model, which imports this module
+
+    if split == "train" and (judge_problem := audit_warning(metrics)) is not None:
+        logger.warning("step %d: %s", step, judge_problem)
     if groups:
         write_trajectories(run_dir, step, split, groups)
         write_transcript(run_dir, step, split, groups)
     plot_rewards(run_dir)
+    plot_judge_audit(run_dir)

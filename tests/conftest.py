@@ -36,6 +36,24 @@ async def served_model(tmp_path_factory):
     await backend.close()
 
 
+@pytest.fixture
+def fake():
+    """A judge API behind a local server speaking OpenAI's protocol (tests/fake_openai.py), faults on command."""
+    from tests.fake_openai import FakeOpenAI
+
+    server = FakeOpenAI()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def judge(fake):
+    """The fake judge as an `agentrl.Model`."""
+    import agentrl
+
+    return agentrl.Model(name="judge", base_url=fake.base_url, api_key="test")
+
+
 SERVER_FIXTURES = {"served_model"}
 
 

@@ -34,6 +34,7 @@ SCORE_MODES = {
     "random": "uniform in [0, 1]: a judge that guesses",
     "position": "1.0 for the first trajectory in the prompt, falling to 0 for the last: pure position bias",
     "oracle": "the number after 'quality=' in the trajectory's text: a judge that sees the truth",
+    "flaky": "oracle, but each judgement is reversed (1 - quality) with probability reverse_rate: known noise",
 }
 
 
@@ -49,6 +50,7 @@ class FakeOpenAI:
         self.good_score = good_score
         assert score_mode in SCORE_MODES, score_mode
         self.score_mode = score_mode
+        self.reverse_rate = 0.0  # flaky mode: how often a judgement is reversed
         self._times_seen: dict[str, int] = {}  # random mode: draws keyed by prompt and repeat, not arrival order
         self.verdict: str | None = None  # "Yes"/"No" for every rubric; None: Yes for rubrics 1 and 3
         self.delay_s = delay_s
@@ -94,12 +96,16 @@ class FakeOpenAI:
         return f"```json\n{text}\n```" if behaviour == "fenced" else text
 
     def _scores(self, request: dict[str, Any], keys: list[str]) -> list[float]:
-        if self.score_mode == "random":
+        if self.score_mode in ("random", "flaky"):
             prompt = json.dumps(request["messages"], sort_keys=True)
             with self._lock:
                 seen = self._times_seen[prompt] = self._times_seen.get(prompt, 0) + 1
             rng = random.Random(f"{prompt}|{seen}")  # the same guesses whatever order concurrent calls arrive in
-            return [rng.random() for _ in keys]
+            if self.score_mode == "random":
+                return [rng.random() for _ in keys]
+            reversed_ = rng.random() < self.reverse_rate
+            found = [re.search(r"quality=(\d+(?:\.\d+)?)", text) for text in _trajectory_texts(request)]
+            return [abs(float(reversed_) - (float(m.group(1)) if m else 0.0)) for m in found]
         if self.score_mode == "position":
             return [1 - i / max(len(keys) - 1, 1) for i in range(len(keys))]
         if self.score_mode == "oracle":

@@ -12,21 +12,8 @@ from agentrl.judges import (
     ruler,
     ruler_score_group,
 )
-from tests.fake_openai import FakeOpenAI
 
 FAST = {"timeout": 1.0}  # litellm request timeout for the timeout case
-
-
-@pytest.fixture
-def fake():
-    server = FakeOpenAI()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def judge(fake):
-    return agentrl.Model(name="judge", base_url=fake.base_url, api_key="test")
 
 
 def group_of(*answers: str, reward: float = 0.0) -> agentrl.TrajectoryGroup:
@@ -42,7 +29,7 @@ def group_of(*answers: str, reward: float = 0.0) -> agentrl.TrajectoryGroup:
 async def test_ruler_scores_a_group_in_one_call_and_keeps_the_old_reward(fake, judge):
     fake.good_score = 0.75
     group = group_of("Go to Rome.", "Stay home.", "Rome, 3 days, train.", reward=0.2)
-    judged = await ruler_score_group(group, judge)
+    judged = await ruler_score_group(group, judge, audit=None)  # no audit: one call
     assert len(fake.requests) == 1
     assert judged.rewards == [0.75, 0.75, 0.75]
     for t in judged.trajectories:
@@ -118,7 +105,8 @@ async def test_concurrent_judge_calls_are_capped_by_a_shared_limiter(fake, judge
 
     fake.delay_s = 0.2
     limiter = JudgeLimiter(max_concurrent=2)
-    await asyncio.gather(*(ruler_score_group(group_of(f"a{i}", f"b{i}"), judge, limiter=limiter) for i in range(6)))
+    groups = [group_of(f"a{i}", f"b{i}") for i in range(6)]
+    await asyncio.gather(*(ruler_score_group(g, judge, limiter=limiter, audit=None) for g in groups))
     assert fake.max_in_flight <= 2
     assert limiter.calls == 6 and len(limiter.latencies_s) == 6
 
@@ -138,12 +126,14 @@ async def test_a_failed_rubric_judgement_skips_the_rollout_and_is_counted(fake, 
     # The first request is the policy's answer; the judge then fails three times.
     fake.plan("ok", "malformed", "malformed", "malformed")
     groups = await agentrl.gather_trajectory_groups(
-        [agentrl.TrajectoryGroup([rubric_rollout(policy, task, judge)])], max_exception_rate=1.0, show_progress=False
+        [agentrl.TrajectoryGroup([rubric_rollout(policy, task, judge, audit=None)])],
+        max_exception_rate=1.0,
+        show_progress=False,
     )
     assert groups[0].trajectories == []  # no reward of 0.0 was made up
     assert [e.type for e in groups[0].exceptions] == ["JudgeError"]
     # And when the judge works, the reward is the pass rate with per-rubric metrics.
-    trajectory = await rubric_rollout(policy, task, judge)
+    trajectory = await rubric_rollout(policy, task, judge, audit=None)
     assert trajectory.reward == 0.5 and trajectory.metrics == {"rubric_1_passed": 1.0, "rubric_2_passed": 0.0}
 
 

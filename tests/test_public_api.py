@@ -53,6 +53,7 @@ EXPECTED = {
     "JudgeCheckReport",
     "JudgeLimiter",
     "RubricTask",
+    "JudgeAudit",
     "check_judge",
     "judge_rubrics",
     "load_rubric_tasks",

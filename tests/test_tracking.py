@@ -87,3 +87,17 @@ def test_a_step_where_the_judge_rises_and_the_independent_reward_falls_is_flagge
     assert reward_hacking_steps([*records, {**records[2], "step": 6, "reward_mean": 0.9, "skipped": True}]) == [3]
     assert reward_hacking_steps([{**r, "split": "val"} for r in records]) == []
     assert reward_hacking_steps([{"step": 1, "split": "train", "reward_mean": 0.1}]) == []
+
+
+def test_three_evaluations_where_the_judge_rises_and_the_check_falls_are_warned_about(tmp_path, caplog):
+    from agentrl.tracking import reward_hacking_trend
+
+    evaluations = [(0, 0.30, 0.50), (2, 0.40, 0.45), (4, 0.50, 0.40), (6, 0.60, 0.30), (8, 0.55, 0.20)]
+    with caplog.at_level("WARNING", logger="agentrl.tracking"):
+        for step, judged, independent in evaluations:
+            record_step(tmp_path, step, "val", [], {"reward_mean": judged, "independent_reward": independent})
+    warned = [r.message.split(":")[0] for r in caplog.records if r.name == "agentrl.tracking"]
+    assert warned == ["step 4", "step 6"]  # 0->2->4 and 2->4->6 both rose and fell; at 8 the judge fell too
+    records = read_metrics(tmp_path)
+    assert reward_hacking_trend(records[:2]) is False  # two evaluations are no trend
+    assert reward_hacking_trend([{**r, "split": "train"} for r in records]) is False  # val is what it reads

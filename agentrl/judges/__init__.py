@@ -1,5 +1,6 @@
 """LLM judges for tasks without a checkable answer: RULER (a group in one call) and the rubric judge."""
 
+from agentrl.judges.audit import JudgeAudit
 from agentrl.judges.call import JudgeLimiter
 from agentrl.judges.check import JudgeCheckReport, check_judge
 from agentrl.judges.rubric import RubricJudgement, RubricTask, judge_rubrics, load_rubric_tasks, rubric_rollout
@@ -7,6 +8,7 @@ from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler, ruler_score
 
 __all__ = [
     "DEFAULT_RUBRIC",
+    "JudgeAudit",
     "JudgeCheckReport",
     "JudgeLimiter",
     "RubricJudgement",

@@ -18,6 +18,8 @@ from typing import Any, Literal, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 import agentrl
+from agentrl.errors import JudgeError
+from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit
 from agentrl.judges.call import JudgeLimiter, JudgeModel, structured_judge_call
 
 RUBRIC_INSTRUCTIONS = """\
@@ -132,6 +134,35 @@ async def judge_rubrics(
     return answer
 
 
+async def audit_rubrics(
+    prompt: str,
+    response: str,
+    judgement: RubricJudgement,
+    judge_model: JudgeModel,
+    audit: JudgeAudit,
+    *,
+    limiter: JudgeLimiter | None = None,
+    extra_litellm_params: dict[str, Any] | None = None,
+) -> dict[str, float]:
+    """The rubric judge audited: when `audit` picks this response, its rubrics are judged again in another
+    order, and `judge_flip_rate` is the fraction of verdicts that changed (a judge that reads each rubric
+    on its own changes none). Empty when not picked, or when the second judgement fails."""
+    rubrics = [v.rubric for v in judgement.verdicts]
+    key = json.dumps([prompt, response, rubrics])
+    if len(rubrics) < 2 or not audit.chooses(key):
+        return {}
+    order = audit.order(key, len(rubrics))
+    try:
+        reordered = [rubrics[i] for i in order]
+        again = await judge_rubrics(
+            prompt, response, reordered, judge_model, limiter=limiter, extra_litellm_params=extra_litellm_params
+        )
+    except JudgeError:
+        return {}
+    flips = [again.verdicts[shown].passed != judgement.verdicts[i].passed for shown, i in enumerate(order)]
+    return {"judge_audited": 1.0, "judge_flip_rate": sum(flips) / len(flips)}
+
+
 async def rubric_rollout(
     model: agentrl.Model,
     task: RubricTask,
@@ -140,11 +171,14 @@ async def rubric_rollout(
     max_tokens: int = 512,
     temperature: float = 1.0,
     limiter: JudgeLimiter | None = None,
+    audit: JudgeAudit | None = DEFAULT_AUDIT,
 ) -> agentrl.Trajectory:
     """A ready rollout for rubric tasks: answer the prompt, judge it, reward = pass rate.
 
     Use with `gather_trajectory_groups(..., max_exception_rate=...)`: a failed judgement raises and
-    the rollout is skipped and counted.
+    the rollout is skipped and counted. `audit` (a quarter of responses by default; None for none)
+    judges a sampled response's rubrics again in another order (`audit_rubrics`); the reward never
+    depends on it.
     """
     trajectory = agentrl.Trajectory(
         messages_and_choices=[{"role": "user", "content": task.prompt}], metadata={"task_id": task.task_id}
@@ -161,6 +195,11 @@ async def rubric_rollout(
         task.prompt, choice.message.content or "", task.rubrics, judge_model, limiter=limiter
     )
     trajectory.reward = judgement.pass_rate
+    if audit is not None:
+        content = choice.message.content or ""
+        trajectory.metrics.update(
+            await audit_rubrics(task.prompt, content, judgement, judge_model, audit, limiter=limiter)
+        )
     for index, verdict in enumerate(judgement.verdicts, start=1):
         trajectory.metrics[f"rubric_{index}_passed"] = float(verdict.passed)
         trajectory.logs.append(f"rubric {index} ({'Yes' if verdict.passed else 'No'}): {verdict.rationale}")

@@ -13,6 +13,7 @@ returns a new group whose rewards are the judge's scores, the old ones kept as
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -22,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from agentrl.errors import JudgeError
+from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit, audit_judgements, debiased_scores
 from agentrl.judges.call import InvalidJudgeAnswer, JudgeLimiter, JudgeModel, structured_judge_call
 from agentrl.trajectory import RolloutException, TrajectoryGroup
 
@@ -183,8 +185,17 @@ async def ruler_score_group(
     debug: bool = False,
     limiter: JudgeLimiter | None = None,
     max_attempts: int = 3,
+    audit: JudgeAudit | None = DEFAULT_AUDIT,
+    permutations: int = 1,
 ) -> TrajectoryGroup:
     """A copy of `group` whose rewards are RULER's scores (old rewards kept as `independent_reward`).
+
+    `permutations` > 1 is debiased RULER: the group is judged in that many orders (its own and shuffled
+    ones) and each trajectory's reward is its mean score, so a judge's position bias falls on no one.
+    `audit` (a quarter of groups by default; None for none) judges a sampled group once more in a
+    shuffled order, or compares two of the debiased orders, and puts the judge's flip rate, position
+    bias, self-consistency and agreement with `independent_reward` in the trajectories' metrics
+    (`agentrl.judges.audit`); the rewards never depend on it.
 
     With `swallow_exceptions=True` a failed judgement returns the group emptied of trajectories,
     with the `JudgeError` in its exceptions: it trains on no invented reward, and `model.train`
@@ -193,9 +204,20 @@ async def ruler_score_group(
     """
     if not group.trajectories:
         return group
-    try:
-        result = await ruler(
-            [t.messages() for t in group.trajectories],
+    if permutations < 1:
+        raise ValueError(f"permutations must be at least 1, got {permutations}")
+    message_lists = [t.messages() for t in group.trajectories]
+    size, key = len(message_lists), json.dumps(message_lists, sort_keys=True, default=str)
+    shuffler = audit or JudgeAudit(fraction=0.0)
+    orders = [list(range(size))] + [shuffler.order(f"{key}/{k}", size) for k in range(1, permutations)]
+    distinct = len({json.dumps(m, sort_keys=True, default=str) for m in message_lists}) > 1  # else order is moot
+    audited = audit is not None and distinct and audit.chooses(key)
+    if audited and permutations == 1:
+        orders.append(shuffler.order(key, size))
+
+    async def judged_in(order: list[int]) -> RulerResult:
+        return await ruler(
+            [message_lists[i] for i in order],
             judge_model,
             rubric=rubric,
             tools=group.trajectories[0].tools,
@@ -204,14 +226,42 @@ async def ruler_score_group(
             extra_litellm_params=extra_litellm_params,
             debug=debug,
         )
+
+    try:
+        results = await asyncio.gather(*(judged_in(order) for order in orders[:permutations]))
     except JudgeError as error:
         if not swallow_exceptions:
             raise
         logger.warning("RULER failed for a group of %d; dropping the group: %s", len(group.trajectories), error)
         failure = RolloutException.from_exception(error)
         return group.with_results([], exceptions=[*group.exceptions, failure])
+    scores_G = debiased_scores([(o, r.scores) for o, r in zip(orders, results)], size)
+    explanations = results[0].explanations
+    audit_metrics: dict[str, float] = {}
+    audit_tokens = 0
+    if audited:
+        if permutations == 1:
+            try:
+                results.append(await judged_in(orders[1]))
+                audit_tokens = results[-1].prompt_tokens + results[-1].completion_tokens
+            except JudgeError as error:  # the audit is a measurement: its failure costs the group nothing
+                logger.info("the audit's second judgement failed; this group is not audited: %s", error)
+        if len(results) > 1:
+            # The reward the rollout set, or the check it kept aside for a judge to be measured against.
+            independent_G = [t.metrics.get("independent_reward", t.reward) for t in group.trajectories]
+            audit_metrics = audit_judgements(results[0].scores, orders[1], results[1].scores, independent_G).metrics()
+    tokens = sum(r.prompt_tokens + r.completion_tokens for r in results)
+    costs = [r.cost_usd for r in results if r.cost_usd is not None]
+    step_metrics = {
+        "ruler_latency_s": results[0].latency_s,
+        "ruler_attempts": float(results[0].attempts),
+        "judge_tokens": tokens / size,  # a share per trajectory: a step's mean times its trajectories is the total
+        **({"judge_audit_tokens": audit_tokens / size} if audited else {}),
+        **({"judge_cost_usd": sum(costs) / size} if costs else {}),
+        **audit_metrics,
+    }
     judged = []
-    for trajectory, score, explanation in zip(group.trajectories, result.scores, result.explanations):
+    for trajectory, score, explanation in zip(group.trajectories, scores_G, explanations):
         judged.append(
             trajectory.model_copy(
                 deep=True,
@@ -221,8 +271,7 @@ async def ruler_score_group(
                         **trajectory.metrics,
                         "independent_reward": trajectory.reward,
                         "ruler_score": score,
-                        "ruler_latency_s": result.latency_s,
-                        "ruler_attempts": float(result.attempts),
+                        **step_metrics,
                     },
                     "logs": [*trajectory.logs, f"RULER: {explanation}"],
                 },

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import agentrl
 from agentrl.judges import DEFAULT_RUBRIC
+from agentrl.judges.audit import DEFAULT_AUDIT
+from agentrl.judges.rubric import audit_rubrics
 from environments.rubric.tasks import DATA, InstructionTask, checked_pass_rate
 from environments.training import judge_for
 
@@ -94,6 +96,10 @@ async def rollout(
         return trajectory
     rubrics = task.eval_rubrics if wording == "eval" and task.eval_rubrics else task.rubrics
     judgement = await agentrl.judge_rubrics(task.prompt, response, rubrics, judge, extra_litellm_params=JUDGE_PARAMS)
+    audit = await audit_rubrics(
+        task.prompt, response, judgement, judge, DEFAULT_AUDIT, extra_litellm_params=JUDGE_PARAMS
+    )  # a quarter of the answers judged again with the rubrics reordered: measured, never rewarded
+    trajectory.metrics.update(audit)
     trajectory.reward = judgement.pass_rate
     trajectory.metrics["pass_rate"] = judgement.pass_rate
     for index, verdict in enumerate(judgement.verdicts, start=1):
