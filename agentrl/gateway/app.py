@@ -285,6 +285,16 @@ def create_gateway_app(
             return Response(status_code=499)  # the client left; nobody reads this
         return sent
 
+    def keep(data: dict[str, Any], answer_id: str) -> None:
+        """Store a whole completion's token data under `answer_id` and stamp its choices with that id (for the
+        trainer's lookup when a client drops the token data) and the step of the adapter that sampled it."""
+        sampled = sampled_choices(data)
+        store.put(answer_id, sampled)
+        for choice in data.get("choices") or []:
+            choice["completion_id"] = answer_id
+            if sampled and sampled[0].policy_step is not None:
+                choice["policy_step"] = sampled[0].policy_step
+
     async def complete(request: Request, path: str, on_answer: OnAnswer | None = None) -> Response:
         try:
             body = parse_json_object(await read_body(request, upstream.limits.max_body_bytes))
@@ -299,12 +309,7 @@ def create_gateway_app(
             if response.status_code != 200:
                 return Response(response.content, status_code=response.status_code, media_type="application/json")
             data = response.json()
-            sampled = sampled_choices(data)
-            store.put(data["id"], sampled)
-            for choice in data.get("choices") or []:
-                choice["completion_id"] = data["id"]  # for the trainer's lookup when a client drops the token data
-                if sampled and sampled[0].policy_step is not None:
-                    choice["policy_step"] = sampled[0].policy_step  # which adapter sampled this turn
+            keep(data, data["id"])
             if on_answer is not None:
                 on_answer(body, data)
             return JSONResponse(data)
@@ -348,12 +353,7 @@ def create_gateway_app(
             if response.status_code != 200:
                 return refuse(response.status_code, _upstream_message(response.content))
             data = response.json()
-            sampled = sampled_choices(data)
-            store.put(answer_id, sampled)
-            for choice in data.get("choices") or []:
-                choice["completion_id"] = answer_id
-                if sampled and sampled[0].policy_step is not None:
-                    choice["policy_step"] = sampled[0].policy_step
+            keep(data, answer_id)
             answered(data)
             if api == "responses":
                 return JSONResponse(responses_api.response_object(body, answer_id, data))

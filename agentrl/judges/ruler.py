@@ -210,7 +210,7 @@ async def ruler_score_group(
     size, key = len(message_lists), json.dumps(message_lists, sort_keys=True, default=str)
     shuffler = audit or JudgeAudit(fraction=0.0)
     orders = [list(range(size))] + [shuffler.order(f"{key}/{k}", size) for k in range(1, permutations)]
-    distinct = len({json.dumps(m, sort_keys=True, default=str) for m in message_lists}) > 1  # else order is moot
+    distinct = any(m != message_lists[0] for m in message_lists[1:])  # else the order is moot
     audited = audit is not None and distinct and audit.chooses(key)
     if audited and permutations == 1:
         orders.append(shuffler.order(key, size))
