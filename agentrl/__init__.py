@@ -53,6 +53,7 @@ _LAZY = {
     for name in (
         "JudgeAudit",
         "JudgeCheckReport",
+        "JudgeExample",
         "JudgeLimiter",
         "RubricTask",
         "check_judge",
@@ -61,6 +62,8 @@ _LAZY = {
         "rubric_rollout",
         "ruler",
         "ruler_score_group",
+        "train_judge",
+        "train_judge_rl",
     )
 }
 

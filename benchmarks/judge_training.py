@@ -1,13 +1,19 @@
 """Can a judge be trained on a CPU? The packaged model taught to judge from labelled judgements.
 
-    .venv/bin/python -m benchmarks.judge_training [--rounds 3] [--train-groups 48] [--held-out 32]
+    .venv/bin/python -m benchmarks.judge_training [--data larger-number|rubric] [--sft-epochs 2] [--rl-steps 8]
 
-Labels come from the larger-number task's check: each group is a question answered once with the
-larger number (label 1) and once with the smaller (label 0), in alternating order. The judge (a
-LoRA adapter on the packaged model, beside nothing else on a LocalBackend) is checked on held-out
-questions with `check_judge` (greedy, one shuffle per group), then trained with `train_judge`
-(SFT, 2 epochs a round, each example in 2 orders) and checked again after every round. Writes
-benchmarks/results/judge_training.json and the README table.
+Two label sources, each with held-out examples the judge never trains on:
+
+- `larger-number`: each question answered once with the larger number (label 1) and once with the
+  smaller (label 0), in alternating order; 48 train, 32 held-out questions.
+- `rubric`: the shipped judge data (environments/rubric/judge_data.py): the base model's sampled
+  answers to the rubric task, labelled by its code checks, judged with the task's rubrics.
+
+The judge (a LoRA adapter on the packaged model, alone on a LocalBackend) is checked on the held-out
+examples with `check_judge` (greedy, one shuffle per group), then taught with SFT rounds
+(`train_judge`, each example in 2 orders) and then GRPO steps rewarded by agreement with the labels
+(`train_judge_rl`), checked again after each round and every `--check-every` RL steps. Results merge
+into benchmarks/results/judge_training.json (one entry per data source and recipe) and the README table.
 """
 
 from __future__ import annotations
@@ -15,20 +21,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import os
 import tempfile
 import time
+from typing import Any
 
 import agentrl
 from agentrl.files import write_json_atomic
-from agentrl.judges.training import examples_from_groups, train_judge
+from agentrl.judges.training import JudgeExample, examples_from_groups, load_examples, train_judge, train_judge_rl
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name
 from environments.larger_number.task import scenarios
+from environments.rubric.tasks import DATA as RUBRIC_DATA
 
 JUDGE_RESULTS = RESULTS.with_name("judge_training.json")
 START, END = "<!-- benchmark:judge_training:start -->", "<!-- benchmark:judge_training:end -->"
 RUBRIC = "- Score 1 for the larger of the two numbers, 0 for anything else."
+MAX_TOKENS = 512
+"""The judge's answer: room for four explanations (each bounded to 300 characters) and their scores."""
 
 
 def labelled_groups(split: str, count: int, seed: int) -> list[agentrl.TrajectoryGroup]:
@@ -51,80 +62,151 @@ def labelled_groups(split: str, count: int, seed: int) -> list[agentrl.Trajector
     return groups
 
 
-async def measure(rounds: int, train_groups: int, held_out_groups: int) -> dict:
-    held_out = labelled_groups("test", held_out_groups, seed=2)
-    examples = examples_from_groups(labelled_groups("train", train_groups, seed=1), rubric=RUBRIC)
-    params = {"max_tokens": 200, "temperature": 0.0}
-    rows = []
+def data(name: str, train_count: int, held_out_count: int) -> tuple[list[JudgeExample], list[JudgeExample]]:
+    """Train and held-out examples of one label source."""
+    if name == "larger-number":
+        train = examples_from_groups(labelled_groups("train", train_count, seed=1), rubric=RUBRIC)
+        return train, examples_from_groups(labelled_groups("test", held_out_count, seed=2), rubric=RUBRIC)
+    train, held_out = load_examples(RUBRIC_DATA / "judge_train.jsonl"), load_examples(RUBRIC_DATA / "judge_test.jsonl")
+    return train[:train_count], held_out[:held_out_count]
+
+
+async def measure(
+    name: str,
+    sft_epochs: int,
+    rl: dict[str, Any],
+    check_every: int,
+    counts: tuple[int, int],
+    keep: str | None,
+) -> dict[str, Any]:
+    train, held_out = data(name, *counts)
+    params = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        judge = agentrl.TrainableModel(name="judge", project="bench", base_path=tmp)
+        judge = agentrl.TrainableModel(name=f"{name}-judge", project="judges", base_path=keep or tmp)
+        if judge.run_dir.exists():
+            raise SystemExit(
+                f"{judge.run_dir} exists; the benchmark trains a fresh judge (remove it or keep elsewhere)"
+            )
         backend = agentrl.LocalBackend()
+
+        async def check(stage: str, seconds: float, extra: dict[str, Any]) -> None:
+            report = await agentrl.check_judge(
+                [e.group() for e in held_out], judge, permutations=1, repeats=0, extra_litellm_params=params
+            )
+            rows.append(
+                {
+                    "stage": stage,
+                    "train_s": seconds,
+                    **extra,
+                    "pairwise_accuracy": report.pairwise_accuracy.model_dump(),
+                    "kendall_tau": report.kendall_tau.model_dump(),
+                    "order_rank_flip_rate": report.order_rank_flip_rate,
+                    "position_mean_score": report.position_mean_score,
+                    "failed_calls": report.failed_calls,
+                    "calls": report.calls,
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+
         try:
             await judge.register(backend)
-            for round_ in range(rounds + 1):
-                sft: dict[str, float] = {}
+            await check("untrained", 0.0, {})
+            if sft_epochs:
                 started = time.perf_counter()
-                if round_:
-                    config = agentrl.SFTConfig(epochs=2, batch_size=8, learning_rate=2e-3)
-                    sft = (await train_judge(judge, examples, config, orders=2, seed=round_)).metrics
-                train_s = time.perf_counter() - started
-                report = await agentrl.check_judge(
-                    held_out, judge, rubric=RUBRIC, permutations=1, repeats=0, extra_litellm_params=params
+                config = agentrl.SFTConfig(epochs=sft_epochs, batch_size=8, learning_rate=2e-3)
+                sft = await train_judge(judge, train, config, orders=2)
+                await check(
+                    f"SFT, {sft_epochs} epochs", time.perf_counter() - started, {"sft_loss": sft.metrics["sft_loss"]}
                 )
-                rows.append(
-                    {
-                        "epochs": 2 * round_,
-                        "train_s": train_s,
-                        "sft_loss": sft.get("sft_loss"),
-                        "pairwise_accuracy": report.pairwise_accuracy.model_dump(),
-                        "kendall_tau": report.kendall_tau.model_dump(),
-                        "order_rank_flip_rate": report.order_rank_flip_rate,
-                        "position_mean_score": report.position_mean_score,
-                        "failed_calls": report.failed_calls,
-                        "calls": report.calls,
-                    }
+            done = 0
+            while done < rl["steps"]:
+                started = time.perf_counter()
+                steps = min(check_every, rl["steps"] - done)
+                results = await train_judge_rl(
+                    judge,
+                    train,
+                    agentrl.TrainConfig(learning_rate=rl["learning_rate"]),
+                    steps=steps,
+                    examples_per_step=8,
+                    samples_per_example=rl["samples"],
+                    max_tokens=MAX_TOKENS,
                 )
-                print(rows[-1], flush=True)
+                done += steps
+                agreement = [r.metrics["reward_mean"] for r in results]
+                skipped = sum(r.skipped for r in results)
+                await check(
+                    f"+ RL, {done} steps",
+                    time.perf_counter() - started,
+                    {"rl_train_agreement": agreement, "rl_skipped": skipped},
+                )
         finally:
             await backend.close()
     return {
+        "data": name,
         "machine": f"{cpu_name()}, {os.cpu_count()} cores",
         "date": datetime.date.today().isoformat(),
-        "train_examples": len(examples),
-        "held_out_groups": held_out_groups,
+        "train_examples": len(train),
+        "held_out_examples": len(held_out),
+        "rl": rl,
         "rows": rows,
+        **({"judge_run": str(judge.run_dir.resolve())} if keep else {}),
     }
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| recipe | stage | held-out pairwise accuracy [95%] | tau | rank flips when shuffled | mean score by position shown | failed calls | training time | machine |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for recipe, result in results.items():
+        for row in result["rows"]:
+            accuracy, positions = row["pairwise_accuracy"], row["position_mean_score"]
+            lines.append(
+                f"| {recipe}; {result['held_out_examples']} held out | {row['stage']} | "
+                f"{accuracy['value']:.2f} [{accuracy['low']:.2f}, {accuracy['high']:.2f}] | "
+                f"{row['kendall_tau']['value']:.2f} | {row['order_rank_flip_rate']:.2f} | "
+                f"{' / '.join(f'{p:.2f}' for p in positions[:4])} | {row['failed_calls']} of {row['calls']} | "
+                f"{row['train_s']:.0f} s | {result['machine']}, {result['date']} |"
+            )
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="SFT rounds of 2 epochs each")
-    parser.add_argument("--train-groups", type=int, default=48)
-    parser.add_argument("--held-out", type=int, default=32)
+    parser.add_argument("--data", choices=("larger-number", "rubric"), default="rubric")
+    parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--rl-steps", type=int, default=8)
+    parser.add_argument("--rl-learning-rate", type=float, default=1e-4)
+    parser.add_argument("--samples", type=int, default=4, help="judge answers per example in an RL step")
+    parser.add_argument("--check-every", type=int, default=4, help="RL steps between held-out checks")
+    parser.add_argument("--train-examples", type=int, default=48, help="labelled examples (groups) trained on")
+    parser.add_argument("--held-out", type=int, default=32, help="held-out examples (groups) checked")
+    parser.add_argument(
+        "--keep", default=None, help="a base path to keep the trained judge's run in (judges/DATA-judge)"
+    )
+    parser.add_argument("--table-only", action="store_true", help="rewrite the README table from the saved results")
     args = parser.parse_args()
-    result = asyncio.run(measure(args.rounds, args.train_groups, args.held_out))
-    write_json_atomic(JUDGE_RESULTS, result)
-    lines = [
-        START,
-        f"Judge training on the larger-number check, {result['machine']}, {result['date']} "
-        f"({result['train_examples']} labelled groups of 2, each shown in 2 orders; {result['held_out_groups']} "
-        "held-out groups, greedy, one shuffle each):",
-        "",
-        "| SFT epochs | held-out pairwise accuracy [95%] | tau | rank flips when shuffled | mean score, 1st / 2nd shown | failed calls | SFT time |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in result["rows"]:
-        accuracy, positions = row["pairwise_accuracy"], row["position_mean_score"]
-        lines.append(
-            f"| {row['epochs']} | {accuracy['value']:.2f} [{accuracy['low']:.2f}, {accuracy['high']:.2f}] | "
-            f"{row['kendall_tau']['value']:.2f} | {row['order_rank_flip_rate']:.2f} | "
-            f"{' / '.join(f'{p:.2f}' for p in positions)} | {row['failed_calls']} of {row['calls']} | "
-            f"{row['train_s']:.0f} s |"
+    results: dict[str, Any] = json.loads(JUDGE_RESULTS.read_text()) if JUDGE_RESULTS.exists() else {}
+    if not args.table_only:
+        key = (
+            f"{args.data}: {args.train_examples} examples, SFT {args.sft_epochs} epochs, RL {args.rl_steps} steps "
+            f"(lr {args.rl_learning_rate:g}, {args.samples} answers each)"
         )
-    lines.append(END)
-    table = "\n".join(lines)
-    replace_section(START, END, table)
-    print(table)
+        results[key] = asyncio.run(
+            measure(
+                args.data,
+                args.sft_epochs,
+                {"steps": args.rl_steps, "learning_rate": args.rl_learning_rate, "samples": args.samples},
+                args.check_every,
+                (args.train_examples, args.held_out),
+                args.keep,
+            )
+        )
+        write_json_atomic(JUDGE_RESULTS, results)
+    text = table(results)
+    replace_section(START, END, f"{START}\n{text}\n{END}")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ class LearningRun:
     training_reward: str
     scores: dict[str, Score]
     options: dict[str, Any] = field(default_factory=dict)
+    trained_judge: bool = False
+    """Judged by a judge trained with agentrl (`--trained-judge RUN_FOLDER`), served beside the policy."""
 
 
 RUNS = {
@@ -78,6 +80,16 @@ RUNS = {
         "RULER with the rubrics (base model)",
         {"judge pass rate, reworded rubrics": reward, "code-checked pass rate": metric("independent_reward")},
         {"reward": "ruler"},
+    ),
+    "rubric-ruler-trained-judge": LearningRun(
+        "rubric",
+        "RULER with the rubrics (trained judge)",
+        {"judge pass rate, reworded rubrics": reward, "code-checked pass rate": metric("independent_reward")},
+        {"reward": "ruler"},
+        trained_judge=True,
+    ),
+    "email-ruler-trained-judge": LearningRun(
+        "email", "RULER (trained judge)", {"correct": metric("correct")}, {"reward": "ruler"}, trained_judge=True
     ),
     "rubric-ruler-generic": LearningRun(
         "rubric",
@@ -142,10 +154,17 @@ def held_out(run_dir: Path, step: int) -> list[Trajectory]:
     return [t for g in load_trajectories(run_dir / "trajectories" / f"val-{step:04d}.jsonl") for t in g.trajectories]
 
 
-async def measure(name: str, spec: LearningRun, root: Path) -> dict[str, Any]:
+async def measure(name: str, spec: LearningRun, root: Path, trained_judge: str | None) -> dict[str, Any]:
     """Train `spec` on a fresh run under `root`; its held-out scores at the first and last step."""
     commands = load_environment(spec.env)
-    summary = await commands.run("cpu", None, None, name=name, base_path=str(root), **spec.options)
+    options = dict(spec.options)
+    if spec.trained_judge:
+        if trained_judge is None:
+            raise SystemExit(
+                f"{name} is judged by a trained judge: give --trained-judge RUN_FOLDER (agentrl judge train)"
+            )
+        options["judge"] = f"run:{Path(trained_judge).resolve()}"
+    summary = await commands.run("cpu", None, None, name=name, base_path=str(root), **options)
     run_dir = Path(summary.run_dir)
     before, after = held_out(run_dir, summary.start_step), held_out(run_dir, summary.end_step)
     scores = {label: compare(before, after, score) for label, score in spec.scores.items()}
@@ -161,6 +180,7 @@ async def measure(name: str, spec: LearningRun, root: Path) -> dict[str, Any]:
         "steps": summary.end_step - summary.start_step,
         "wall_s": summary.seconds,
         "run_dir": str(run_dir),
+        **({"judge": options["judge"]} if spec.trained_judge else {}),
         "machine": machine(),
         "date": datetime.date.today().isoformat(),
     }
@@ -205,13 +225,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", choices=sorted(RUNS), help="runs to (re)do; default: all")
     parser.add_argument("--table-only", action="store_true", help="rewrite the README table from the saved results")
+    parser.add_argument(
+        "--trained-judge", default=None, help="a judge run folder (agentrl judge train) for the *-trained-judge runs"
+    )
     args = parser.parse_args()
     results: dict[str, Any] = json.loads(LEARNING_RESULTS.read_text()) if LEARNING_RESULTS.exists() else {}
     if not args.table_only:
         root = cache_dir() / "learning-runs" / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        for name in args.only or list(RUNS):
+        for name in args.only or [n for n, run in RUNS.items() if args.trained_judge or not run.trained_judge]:
             print(f"\n=== {name} (runs under {root}) ===")
-            results[name] = asyncio.run(measure(name, RUNS[name], root))
+            results[name] = asyncio.run(measure(name, RUNS[name], root, args.trained_judge))
             write_json_atomic(LEARNING_RESULTS, results)  # each finished run is kept, whatever follows
     text = table(results)
     print(text)

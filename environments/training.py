@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import agentrl
 from agentrl.gather import AfterEach
+from agentrl.judges.training import RUN_PREFIX, trained_judge
 from agentrl.tracking import summarize
 
 if TYPE_CHECKING:
@@ -40,8 +41,22 @@ def step_batch(items: list[Item], step: int, size: int) -> list[Item]:
     return items[(step * size) % len(items) :][:size]
 
 
-def judge_for(model: agentrl.TrainableModel, judge: str | None) -> JudgeModel:
-    """A litellm model id as given, or the untrained base model on `model`'s own server (once registered)."""
+def judge_option(judge: str | None, *, base_path: str, base_model: str, ruler: bool) -> JudgeModel | None:
+    """The command line's --judge: a litellm model id as given, `run:NAME` a judge trained with
+    `agentrl judge train` (a `TrainableModel` that `train_and_evaluate` registers beside the policy),
+    None the base model. A trained judge learned RULER's task, so it judges RULER rewards only (`ruler`)."""
+    if judge is None or not judge.startswith(RUN_PREFIX):
+        return judge
+    if not ruler:
+        raise ValueError(
+            f"--judge {judge}: a judge trained with `agentrl judge train` learned RULER's task (ranking a group); "
+            "use it with a RULER reward (--reward ruler)"
+        )
+    return trained_judge(judge, base_path=base_path, base_model=base_model)
+
+
+def judge_for(model: agentrl.TrainableModel, judge: JudgeModel | None) -> JudgeModel:
+    """The judge as given (`judge_option`), or the untrained base model on `model`'s own server (once registered)."""
     return judge or model.backend.base_model()
 
 
@@ -90,8 +105,12 @@ async def train_and_evaluate(
     after_each: AfterEach | None = None,
     warm_start: WarmStart | None = None,
     max_steps_off_policy: int | None = None,
+    judge: JudgeModel | None = None,
 ) -> RunSummary:
     """Register `model`, evaluate it, train `steps` steps (resuming where it stopped), evaluate again.
+
+    A `judge` that is a `TrainableModel` (a trained judge, `judge_option`) is registered on the
+    policy's backend and served at its checkpoint; nothing here trains it.
 
     With `max_steps_off_policy` set, the steps run pipelined (`agentrl.train_pipelined`): the next
     steps' rollouts sample while a step trains; None is the synchronous loop.
@@ -107,6 +126,9 @@ async def train_and_evaluate(
         if backend is not None:
             print(f"Starting the vLLM server and the trainer for {model.base_model} ...")
             await model.register(backend)
+        if isinstance(judge, agentrl.TrainableModel) and not judge.registered:
+            await judge.register(model.backend)
+            print(f"judging with {judge.project}/{judge.name} at step {await judge.get_step()}, beside the policy")
         start_step = await model.get_step()
         before = await model.log(await evaluate(model), split="val")
         print(f"held-out at step {start_step}: {fmt_metrics(before)}")

@@ -7,17 +7,25 @@ import json
 import pytest
 
 import agentrl
+from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.cli import app
 from agentrl.judges.ruler import scores_schema
 from agentrl.judges.training import (
     JudgeExample,
+    agreement_reward,
     examples_from_groups,
     judge_histories,
     load_examples,
     train_judge,
+    train_judge_rl,
+    trained_judge,
     write_examples,
 )
+from agentrl.tracking import read_metrics
 from benchmarks.judge_training import RUBRIC, labelled_groups
 from environments.larger_number.task import rollout, scenarios
+from environments.training import judge_option
+from tests.test_cli import flat, make_run, runner
 
 
 def answered(prompt: str, answers: list[tuple[str, float]]) -> agentrl.TrajectoryGroup:
@@ -59,6 +67,80 @@ def test_each_example_is_shown_in_several_orders_answered_with_its_labels():
     assert len({h.messages()[1]["content"] for h in histories}) > 1, "shuffled orders, not one order four times"
 
 
+def test_agreement_reward_counts_the_label_pairs_a_judgement_orders_the_same_way():
+    assert agreement_reward([1.0, 0.0, 0.5], [0.9, 0.1, 0.5]) == 1.0
+    assert agreement_reward([1.0, 0.0, 0.5], [0.1, 0.9, 0.5]) == 0.0
+    assert agreement_reward([1.0, 0.0], [0.7, 0.7]) == 0.5  # a tie is what a guessing judge earns
+    assert (
+        agreement_reward([1.0, 0.0, 0.0], [1.0, 0.0, 1.0]) == 0.75
+    )  # one pair right, one tied; the labels' tie unasked
+
+
+async def test_held_out_examples_are_judged_with_their_own_rubric(fake, judge):
+    examples = [
+        JudgeExample(
+            message_lists=[[{"role": "user", "content": "q"}, {"role": "assistant", "content": a}] for a in ("x", "y")],
+            labels=[1.0, 0.0],
+            rubric=f"- rubric number {k}",
+        )
+        for k in range(2)
+    ]
+    groups = [e.group() for e in examples]
+    assert [t.reward for t in groups[0].trajectories] == [1.0, 0.0] and groups[1].metadata[
+        "rubric"
+    ] == "- rubric number 1"
+    await agentrl.check_judge(groups, judge, permutations=1, repeats=0)
+    prompts = [r["messages"][1]["content"] for r in fake.requests]
+    assert sum("- rubric number 0" in p for p in prompts) == 2 and sum("- rubric number 1" in p for p in prompts) == 2
+
+
+def test_a_trained_judge_is_named_by_its_run_and_refused_where_it_cannot_judge(tmp_path):
+    with pytest.raises(agentrl.ConfigurationError, match="no run 'judges/missing'"):
+        trained_judge("run:missing", base_path=tmp_path, base_model="smollm2-135m-instruct")
+    store = CheckpointStore(tmp_path / "judges" / "fair")
+    adapter = {
+        "r": 4,
+        "lora_alpha": 8,
+        "target_modules": ["v_proj", "q_proj"],
+        "base_model_name_or_path": "/c/smollm2-135m-instruct",
+    }
+    write = lambda folder: (folder / "adapter_config.json").write_text(json.dumps(adapter))  # noqa: E731
+    store.save(0, write, {})
+    with pytest.raises(agentrl.ConfigurationError, match="no trained checkpoint.*agentrl judge train fair"):
+        trained_judge("run:fair", base_path=tmp_path, base_model="smollm2-135m-instruct")
+    store.save(1, write, {})
+    judge = trained_judge("run:fair", base_path=tmp_path, base_model="smollm2-135m-instruct")
+    assert (judge.project, judge.name, judge.lora.rank, judge.lora.alpha) == ("judges", "fair", 4, 8)
+    assert judge.run_dir.resolve() == store.root.parent.resolve()
+    assert trained_judge("run:judges/fair", base_path=tmp_path, base_model="smollm2-135m-instruct").name == "fair"
+    with pytest.raises(agentrl.ConfigurationError, match="trained on base model 'smollm2-135m-instruct'.*Qwen"):
+        trained_judge("run:fair", base_path=tmp_path, base_model="Qwen/Qwen2.5-3B-Instruct")
+    assert judge_option("openai/o4-mini", base_path=str(tmp_path), base_model="m", ruler=False) == "openai/o4-mini"
+    with pytest.raises(ValueError, match="use it with a RULER reward"):
+        judge_option("run:fair", base_path=str(tmp_path), base_model="smollm2-135m-instruct", ruler=False)
+
+
+def test_judge_examples_and_judge_train_commands_take_a_run_and_refuse_bad_files(tmp_path):
+    make_run(tmp_path)
+    out = tmp_path / "examples.jsonl"
+    result = runner.invoke(app, ["judge", "examples", "demo/agent-1", "--out", str(out), "--base-path", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    examples = load_examples(out)
+    assert len(examples) == 2 and all(e.labels == [1.0, 0.0] for e in examples)  # one group per recorded step
+    assert examples[0].source == "demo/agent-1 (train)"
+    result = runner.invoke(app, ["judge", "train", "j", "--examples", str(tmp_path / "none.jsonl")])
+    assert result.exit_code != 0 and "no examples file at" in flat(result.output)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"labels": [1]}\n')
+    result = runner.invoke(app, ["judge", "train", "j", "--examples", str(bad)])
+    assert result.exit_code != 0 and "bad.jsonl:1: not a judge example" in flat(result.output)
+    result = runner.invoke(app, ["judge", "train", "j", "--examples", str(out), "--epochs", "0"])
+    assert result.exit_code != 0 and "nothing to train" in flat(result.output)
+    check = ["judge", "check", "demo/agent-1", "--judge", "run:nobody", "--base-path", str(tmp_path)]
+    result = runner.invoke(app, check)  # named before any server starts
+    assert result.exit_code != 0 and "no run 'judges/nobody'" in flat(result.output)
+
+
 @pytest.mark.slow
 async def test_a_judge_trained_beside_the_policy_changes_its_held_out_agreement_and_judges_a_step(served_model):
     judge = agentrl.TrainableModel(name="judge", project="tests", base_path=str(served_model.base_path))
@@ -69,27 +151,42 @@ async def test_a_judge_trained_beside_the_policy_changes_its_held_out_agreement_
     held_out = labelled_groups("test", 8, seed=2)
     before = await agentrl.check_judge(held_out, judge, **settings)
     examples = examples_from_groups(labelled_groups("train", 24, seed=1), rubric=RUBRIC)
-    result = await train_judge(judge, examples, agentrl.SFTConfig(epochs=4, batch_size=8, learning_rate=2e-3))
+    result = await train_judge(judge, examples, agentrl.SFTConfig(epochs=2, batch_size=8, learning_rate=2e-3))
     assert result.step == 1 and await judge.get_step() == 1
+    # Then RL on agreement: the judge's own sampled answers, rewarded by how they order the labels.
+    (rl,) = await train_judge_rl(judge, examples, steps=1, examples_per_step=4, samples_per_example=4, max_tokens=200)
+    assert rl.metrics["num_trajectories"] == 16 and 0.0 <= rl.metrics["reward_mean"] <= 1.0
+    recorded = [m for m in read_metrics(judge.run_dir) if m.get("split") == "train"][-1]
+    assert recorded["judge_answer_parsed"] > 0.5, "the judge answers in RULER's schema after its SFT"
     after = await agentrl.check_judge(held_out, judge, **settings)
     print(
         f"\ntrained judge, held-out pairwise accuracy {before.pairwise_accuracy.value:.2f} -> "
         f"{after.pairwise_accuracy.value:.2f}, mean score by position {before.position_mean_score} -> "
-        f"{after.position_mean_score}, failed calls {before.failed_calls} -> {after.failed_calls} of {after.calls}"
+        f"{after.position_mean_score}, failed calls {before.failed_calls} -> {after.failed_calls} of {after.calls}, "
+        f"RL agreement {rl.metrics['reward_mean']:.2f}{' (skipped: no variance)' if rl.skipped else ''}"
     )
-    # Greedy judging is deterministic, so whatever moved, the adapter moved it. (Measured here: the
-    # untrained judge ties every pair, 0.50; benchmarks/judge_training.py follows it to 1.00.)
+    # Greedy judging is deterministic, so whatever moved, the adapter moved it (the untrained judge
+    # ties or fails; benchmarks/judge_training.py follows accuracy further).
     judged_before = (before.pairwise_accuracy.value, before.position_mean_score, before.failed_calls)
     assert (after.pairwise_accuracy.value, after.position_mean_score, after.failed_calls) != judged_before
     assert after.failed_calls == 0, "the trained judge answers in RULER's format"
+
+    # `--judge run:tests/judge` names this judge: the same run, served at its trained step.
+    named = judge_option(
+        "run:tests/judge", base_path=str(served_model.base_path), base_model=served_model.base_model, ruler=True
+    )
+    assert isinstance(named, agentrl.TrainableModel) and named.run_dir.resolve() == judge.run_dir.resolve()
+    await named.register(served_model.backend)  # already served here: registering returns its step
+    trained_step = await judge.get_step()
+    assert await named.get_step() == trained_step >= 1
 
     policy = agentrl.TrainableModel(name="judged-policy", project="tests", base_path=str(served_model.base_path))
     await policy.register(served_model.backend)  # a fresh policy: its attempts still disagree
     groups = await agentrl.gather_trajectory_groups(
         [agentrl.TrajectoryGroup(rollout(policy, s) for _ in range(4)) for s in scenarios("train", 4, seed=31)],
-        after_each=lambda g: agentrl.ruler_score_group(g, judge, audit=None, swallow_exceptions=True, **judging),
+        after_each=lambda g: agentrl.ruler_score_group(g, named, audit=None, swallow_exceptions=True, **judging),
         show_progress=False,
     )
-    assert await judge.get_step() == 1, "the judge's adapter stays where it was trained while it judges"
+    assert await judge.get_step() == trained_step, "the judge's adapter stays where it was trained while it judges"
     step = await policy.train(groups, agentrl.TrainConfig(learning_rate=1e-5))
     assert not step.skipped and step.step == 1

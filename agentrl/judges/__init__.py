@@ -1,15 +1,18 @@
-"""LLM judges for tasks without a checkable answer: RULER (a group in one call) and the rubric judge."""
+"""LLM judges for tasks without a checkable answer: RULER (a group in one call) and the rubric judge;
+checking a judge, auditing it while it trains, and training one."""
 
 from agentrl.judges.audit import JudgeAudit
 from agentrl.judges.call import JudgeLimiter
 from agentrl.judges.check import JudgeCheckReport, check_judge
 from agentrl.judges.rubric import RubricJudgement, RubricTask, judge_rubrics, load_rubric_tasks, rubric_rollout
 from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler, ruler_score_group
+from agentrl.judges.training import JudgeExample, train_judge, train_judge_rl
 
 __all__ = [
     "DEFAULT_RUBRIC",
     "JudgeAudit",
     "JudgeCheckReport",
+    "JudgeExample",
     "JudgeLimiter",
     "RubricJudgement",
     "RubricTask",
@@ -20,4 +23,6 @@ __all__ = [
     "rubric_rollout",
     "ruler",
     "ruler_score_group",
+    "train_judge",
+    "train_judge_rl",
 ]

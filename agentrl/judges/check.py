@@ -136,6 +136,9 @@ async def _judge_group(
             rng.shuffle(order)
         orders.append(order)
     orders += [list(range(size))] * repeats
+    rubric = group.metadata.get("rubric")  # a judge example's own rubric (JudgeExample.group)
+    if isinstance(rubric, str):
+        settings = {**settings, "rubric": rubric}
     outcomes = await asyncio.gather(
         *(
             ruler([messages[i] for i in order], judge, tools=group.trajectories[0].tools, **settings)
@@ -186,6 +189,8 @@ async def check_judge(
     extra_litellm_params: dict[str, Any] | None = None,
 ) -> JudgeCheckReport:
     """Judge `groups` with RULER as recorded, shuffled and repeated, and report agreement, bias and cost.
+
+    A group whose `metadata["rubric"]` is set (held-out judge examples) is judged with that rubric.
 
     `groups_per_step` (default: all the groups given) turns cost per group into cost per training step.
     """

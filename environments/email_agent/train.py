@@ -24,6 +24,7 @@ from environments.training import (
     RunSummary,
     evaluate_base_and_checkpoint,
     judge_for,
+    judge_option,
     step_batch,
     train_and_evaluate,
     with_overrides,
@@ -31,6 +32,7 @@ from environments.training import (
 
 if TYPE_CHECKING:
     from agentrl.gather import AfterEach
+    from agentrl.judges.call import JudgeModel
 
 
 async def warm_start(model: agentrl.TrainableModel, env: EmailEnvironment, examples: int) -> None:
@@ -45,7 +47,7 @@ async def warm_start(model: agentrl.TrainableModel, env: EmailEnvironment, examp
 REWARDS = ("match", "judge", "ruler")
 
 
-def ruler_rewards(model: agentrl.TrainableModel, judge: str | None) -> AfterEach:
+def ruler_rewards(model: agentrl.TrainableModel, judge: JudgeModel | None) -> AfterEach:
     """Re-score each finished group with RULER; a group the judge cannot score is dropped, not guessed."""
 
     async def score(group: agentrl.TrajectoryGroup) -> agentrl.TrajectoryGroup | None:
@@ -73,6 +75,7 @@ async def run(
     env = EmailEnvironment.load()
     train, test = env.data.split("train"), env.data.split("test")[:test_questions]
     model = agentrl.TrainableModel(name=name, project="email-agent", base_model=preset.base_model, base_path=base_path)
+    judge_model = judge_option(judge, base_path=base_path, base_model=preset.base_model, ruler=reward == "ruler")
 
     async def held_out(m: agentrl.Model) -> list[agentrl.Trajectory]:
         return await evaluate(m, test, env, preset)
@@ -87,7 +90,7 @@ async def run(
                     env,
                     max_turns=preset.max_turns,
                     max_tokens=preset.max_tokens,
-                    judge=judge_for(model, judge) if reward == "judge" else None,
+                    judge=judge_for(model, judge_model) if reward == "judge" else None,
                 )
                 for _ in range(preset.group_size)
             )
@@ -100,9 +103,10 @@ async def run(
         evaluate=held_out,
         steps=preset.steps,
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
-        after_each=ruler_rewards(model, judge) if reward == "ruler" else None,
+        after_each=ruler_rewards(model, judge_model) if reward == "ruler" else None,
         warm_start=(lambda m: warm_start(m, env, preset.sft_examples)) if preset.sft_examples else None,
         max_steps_off_policy=max_steps_off_policy,
+        judge=judge_model,
     )
 
 
@@ -126,7 +130,9 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--base-path", default=".agentrl")
     parser.add_argument("--reward", choices=REWARDS, default="match")
-    parser.add_argument("--judge", default=None, help="litellm model id (default: the base model, served locally)")
+    parser.add_argument(
+        "--judge", default=None, help="litellm model id, or run:NAME (agentrl judge train; default: the base model)"
+    )
     args = parser.parse_args()
     handle_stop_signals()
     asyncio.run(

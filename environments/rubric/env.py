@@ -108,15 +108,20 @@ async def rollout(
     return trajectory
 
 
+def task_rubric(task: InstructionTask) -> str:
+    """The task's rubrics as one RULER rubric, a bullet each."""
+    return "\n".join(f"- {r}" for r in task.rubrics)
+
+
 def ruler_rewards(
-    model: agentrl.TrainableModel, judge: str | None, tasks: dict[str, InstructionTask], *, with_rubrics: bool
+    model: agentrl.TrainableModel, judge: JudgeModel | None, tasks: dict[str, InstructionTask], *, with_rubrics: bool
 ) -> AfterEach:
     """RULER ranks each finished group, given the task's rubrics as its rubric (`with_rubrics`) or its
     default rubric. A group it cannot score is dropped and counted, never guessed."""
 
     async def score(group: agentrl.TrajectoryGroup) -> agentrl.TrajectoryGroup:
         task = tasks[group.trajectories[0].metadata["task_id"]] if group.trajectories else None
-        rubric = "\n".join(f"- {r}" for r in task.rubrics) if task and with_rubrics else DEFAULT_RUBRIC
+        rubric = task_rubric(task) if task and with_rubrics else DEFAULT_RUBRIC
         checked = [t.metrics.get("independent_reward") for t in group.trajectories]
         judged = await agentrl.ruler_score_group(
             group,

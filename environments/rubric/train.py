@@ -26,6 +26,7 @@ from environments.training import (
     RunSummary,
     evaluate_base_and_checkpoint,
     judge_for,
+    judge_option,
     step_batch,
     train_and_evaluate,
     with_overrides,
@@ -65,13 +66,16 @@ async def run(
     test = test[: test_tasks or preset.test_tasks]
     by_id = {t.task_id: t for t in train}
     model = agentrl.TrainableModel(name=name, project="rubric", base_model=preset.base_model, base_path=base_path)
+    judge_model = judge_option(judge, base_path=base_path, base_model=preset.base_model, ruler=reward != "rubric")
+    # A trained judge ranks groups only; held-out answers are then graded as in every other run (the base model).
+    grader = None if isinstance(judge_model, agentrl.TrainableModel) else judge_model
 
     async def held_out(m: agentrl.Model) -> list[agentrl.Trajectory]:
-        return await evaluate(m, test, judge_for(model, judge), preset)
+        return await evaluate(m, test, judge_for(model, grader), preset)
 
     def make_groups(model: agentrl.TrainableModel, step: int):
         batch = step_batch(train, step, preset.groups_per_step)
-        rubric_judge = judge_for(model, judge) if reward == "rubric" else None
+        rubric_judge = judge_for(model, judge_model) if reward == "rubric" else None
         return (
             agentrl.TrajectoryGroup(
                 rollout(model, t, judge=rubric_judge, max_tokens=preset.max_tokens) for _ in range(preset.group_size)
@@ -89,8 +93,11 @@ async def run(
         steps=preset.steps,
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
         max_exception_rate=0.25,  # a small judge fails some calls: those samples are skipped and counted
-        after_each=None if reward == "rubric" else ruler_rewards(model, judge, by_id, with_rubrics=reward == "ruler"),
+        after_each=None
+        if reward == "rubric"
+        else ruler_rewards(model, judge_model, by_id, with_rubrics=reward == "ruler"),
         max_steps_off_policy=max_steps_off_policy,
+        judge=judge_model,
     )
 
 
@@ -115,7 +122,9 @@ def main() -> None:
     parser.add_argument("--name", default="rubric")
     parser.add_argument("--base-path", default=".agentrl")
     parser.add_argument("--reward", choices=REWARDS, default="rubric")
-    parser.add_argument("--judge", default=None, help="litellm model id (default: the base model, served locally)")
+    parser.add_argument(
+        "--judge", default=None, help="litellm model id, or run:NAME (agentrl judge train; default: the base model)"
+    )
     parser.add_argument("--tasks", default=None, help="your JSONL of {task_id, prompt, rubrics} (default: shipped)")
     args = parser.parse_args()
     handle_stop_signals()
