@@ -117,6 +117,10 @@ class TrainConfig(BaseModel):
     micro_batch_tokens: int | None = Field(default=None, gt=0)
     """Tokens per forward/backward pass (padded); bounds memory whatever the group sizes. None: 2,048
     on a CPU (the fastest measured on 2 cores: activations stay in cache), 16,384 on a GPU."""
+    shared_prefix: bool | None = None
+    """Compute a group's shared prefix (its prompt, and any turns its rollouts share) once: each
+    group's sequences packed as a token tree under a tree-shaped mask (`agentrl.rl.packing`), the
+    same loss and gradients for fewer tokens. None: on where it computes at least 10% fewer tokens."""
     max_judge_failure_rate: float = Field(default=0.5, ge=0, le=1)
     """Raise `JudgeError` when judge failures dropped more than this share of the step's groups
     (always when they dropped all of them); below it the step trains and reports the failures."""

@@ -5,7 +5,10 @@
 
 Same base model (the packaged SmolLM2-135M-Instruct), task (larger_number), LoRA rank 8 / alpha 16
 on all projections, 8 prompts x 8 generations a step, at most 16 new tokens, temperature 1,
-learning rate 5e-4, PPO clip (0.2, 0.28), no KL, bf16. A step is everything between two updates:
+learning rate 5e-4, PPO clip (0.2, 0.28), no KL, and the same number format for both: bf16 on a CPU
+with native bf16, float32 on one without (where agentrl computes in float32, `precision`; TRL
+asked for bf16 there gets emulated bf16, 15-20x slower, a ratio that compares number formats and
+not frameworks). A step is everything between two updates:
 sampling the 64 answers, rewards, training, and (agentrl) saving the adapter and swapping it in.
 
 Each repetition times `--steps` steps of each, after one warm-up step, and the order alternates
@@ -14,12 +17,11 @@ both. TRL runs in a fresh process per repetition (its `train()` runs a fixed num
 agentrl keeps one backend (its server start, ~30 s, is reported apart, not in the step) and trains
 one model on. While TRL runs, agentrl's idle server holds memory but no CPU.
 
-TRL's settings for a CPU: bf16 weights (from the model's config, with peft's fp32 adapters as TRL
-makes them), all 64 generations in one `generate` batch and one training batch (no gradient
+TRL's settings for a CPU: weights in that format (with peft's fp32 adapters as TRL makes them), all 64 generations in one `generate` batch and one training batch (no gradient
 accumulation), no gradient checkpointing, the same 2 threads, SDPA attention (transformers'
 default). Its vLLM modes need a GPU, so `generate` is what a TRL user gets on a CPU. Not tried:
-other attention kernels or `torch.compile` for TRL. Writes benchmarks/results/compare_trl.json and
-the README table.
+other attention kernels or `torch.compile` for TRL. Writes benchmarks/results/compare_trl.json (one
+result per number format) and the README tables.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.backend.precision import cpu_has_native_bf16
 from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
 from benchmarks.readme import replace_section
@@ -51,6 +54,7 @@ PROMPTS, GROUP_SIZE, MAX_TOKENS, LEARNING_RATE = 8, 8, 16, 5e-4
 
 def run_trl(steps: int, seed: int) -> list[float]:
     """Seconds of each of `steps` TRL GRPO steps (in this process)."""
+    import torch
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -86,7 +90,8 @@ def run_trl(steps: int, seed: int) -> list[float]:
             epsilon=0.2,
             epsilon_high=0.28,
             beta=0.0,
-            bf16=True,
+            bf16=cpu_has_native_bf16(),  # the format agentrl trains in on this machine (see the docstring)
+            model_init_kwargs={"dtype": torch.bfloat16 if cpu_has_native_bf16() else torch.float32},
             use_cpu=True,
             gradient_checkpointing=False,
             logging_steps=1,
@@ -170,6 +175,7 @@ async def side_by_side(reps: int, steps: int) -> dict[str, Any]:
     speedups = [r["speedup"] for r in rows]
     return {
         "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "precision": precision(),
         "date": datetime.date.today().isoformat(),
         "config": {"prompts": PROMPTS, "group_size": GROUP_SIZE, "max_tokens": MAX_TOKENS, "steps_per_rep": steps},
         "trl_version": __import__("trl").__version__,
@@ -182,28 +188,42 @@ async def side_by_side(reps: int, steps: int) -> dict[str, Any]:
     }
 
 
-def readme_table(result: dict[str, Any]) -> str:
-    low, high = result["speedup_range"]
-    lines = [
-        START,
-        f"TRL {result['trl_version']} `GRPOTrainer` and agentrl timed alternately in one run "
-        f"({len(result['reps'])} repetitions x {result['config']['steps_per_rep']} steps each, after warm-up), "
-        f"same model, task and sizes, {result['machine']}, {result['date']}:",
-        "",
-        "| repetition | order | TRL s/step | agentrl s/step | agentrl speed-up |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for row in result["reps"]:
-        lines.append(
-            f"| {row['rep']} | {' then '.join(row['order'])} | {row['trl_step_s']:.1f} | {row['agentrl_step_s']:.1f} "
-            f"| {row['speedup']:.2f}x |"
-        )
-    lines += [
-        f"| **median** | | **{result['trl_step_s']:.1f}** | **{result['agentrl_step_s']:.1f}** "
-        f"| **{result['speedup_median']:.2f}x** (range {low:.2f}-{high:.2f}x) |",
-        END,
-    ]
-    return "\n".join(lines)
+def precision() -> str:
+    return "bf16" if cpu_has_native_bf16() else "float32"
+
+
+def readme_table(results: dict[str, Any]) -> str:
+    """One table per number format (each measured on a machine of its kind)."""
+    lines = [START]
+    for format_name, result in results.items():
+        low, high = result["speedup_range"]
+        lines += [
+            f"**{format_name}** (both frameworks): TRL {result['trl_version']} `GRPOTrainer` and agentrl timed "
+            f"alternately in one run ({len(result['reps'])} repetitions x {result['config']['steps_per_rep']} steps "
+            f"each, after warm-up), same model, task and sizes, {result['machine']}, {result['date']}:",
+            "",
+            "| repetition | order | TRL s/step | agentrl s/step | agentrl speed-up |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for row in result["reps"]:
+            lines.append(
+                f"| {row['rep']} | {' then '.join(row['order'])} | {row['trl_step_s']:.1f} | "
+                f"{row['agentrl_step_s']:.1f} | {row['speedup']:.2f}x |"
+            )
+        lines += [
+            f"| **median** | | **{result['trl_step_s']:.1f}** | **{result['agentrl_step_s']:.1f}** "
+            f"| **{result['speedup_median']:.2f}x** (range {low:.2f}-{high:.2f}x) |",
+            "",
+        ]
+    return "\n".join([*lines[:-1], END])
+
+
+def load_results() -> dict[str, Any]:
+    """Results by number format; a file from before formats were kept apart held one bf16 result."""
+    if not RESULTS.exists():
+        return {}
+    saved = json.loads(RESULTS.read_text())
+    return {"bf16": saved} if "reps" in saved else saved
 
 
 def main() -> None:
@@ -216,9 +236,11 @@ def main() -> None:
     if args.trl_only:
         print(json.dumps(run_trl(args.steps, args.seed)))
         return
+    results = load_results()
     result = asyncio.run(side_by_side(args.reps, args.steps))
-    write_json_atomic(RESULTS, result)
-    replace_section(START, END, readme_table(result))
+    results[result["precision"]] = result
+    write_json_atomic(RESULTS, results)
+    replace_section(START, END, readme_table(results))
     print(json.dumps(result, indent=2))
 
 

@@ -1,5 +1,7 @@
 """The trainer's attention on a CPU: plain matmul-softmax-matmul for short sequences, SDPA for long.
 
+Causal by default; packed token trees (`agentrl.rl.packing`) bring their own boolean mask.
+
 torch's CPU flash-attention kernel has a high fixed cost per (batch, head) block: on this 2-core
 machine a causal forward+backward over 4,096 tokens took 61 ms as 64 sequences of 64 tokens but
 24 ms done as explicit matmuls, while at 256 tokens and beyond the kernel wins (46 vs 87 ms, and
@@ -32,8 +34,10 @@ def _attention(
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
     length = query_BHTD.shape[2]
-    causal_training = attention_mask is None and key_BKTD.shape[2] == length and getattr(module, "is_causal", True)
-    if length > SHORT_SEQUENCE or not causal_training or (dropout and module.training):
+    square = key_BKTD.shape[2] == length
+    causal_training = attention_mask is None and square and getattr(module, "is_causal", True)
+    tree = attention_mask is not None and attention_mask.dtype == torch.bool and square  # packed rows' own mask
+    if length > SHORT_SEQUENCE or not (causal_training or tree) or (dropout and module.training):
         return sdpa_attention_forward(
             module, query_BHTD, key_BKTD, value_BKTD, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
@@ -41,8 +45,11 @@ def _attention(
     key_BHTD, value_BHTD = repeat_kv(key_BKTD, groups), repeat_kv(value_BKTD, groups)
     scale = scaling if scaling is not None else query_BHTD.shape[-1] ** -0.5
     scores_BHTT = (query_BHTD @ key_BHTD.transpose(-1, -2)) * scale
-    future_TT = torch.ones(length, length, dtype=torch.bool, device=query_BHTD.device).triu(1)
-    weights_BHTT = torch.softmax(scores_BHTT.masked_fill(future_TT, float("-inf")), dim=-1, dtype=torch.float32)
+    if attention_mask is not None:  # True where a query may attend: blocked is the rest
+        blocked = ~attention_mask
+    else:
+        blocked = torch.ones(length, length, dtype=torch.bool, device=query_BHTD.device).triu(1)
+    weights_BHTT = torch.softmax(scores_BHTT.masked_fill(blocked, float("-inf")), dim=-1, dtype=torch.float32)
     output_BHTD = weights_BHTT.to(value_BHTD.dtype) @ value_BHTD
     return output_BHTD.transpose(1, 2).contiguous(), None
 

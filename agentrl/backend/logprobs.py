@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from agentrl.rl.packing import PackedBatch
 from agentrl.rl.tokenize import TokenBatch
 
 
@@ -63,7 +64,9 @@ class SelectedLogprobs(torch.autograd.Function):
         return grad_hidden_NH, None, None  # the head is frozen (token_logprobs checks)
 
 
-def token_logprobs(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    model: torch.nn.Module, batch: TokenBatch, packed: PackedBatch | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities of the loss tokens under `model`, and their entropies.
 
     Returns `logprobs_BT` of shape (B, T-1), where column t is token t+1 given tokens <= t (the
@@ -73,12 +76,24 @@ def token_logprobs(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Ten
     The batch is right-padded, so no real token sits after a pad and the causal mask alone keeps
     pads out of every real token's attention: the decoder gets no attention mask, which lets it
     use its causal kernels instead of building a (B, 1, T, T) mask.
+
+    With `packed` (the batch's sequences as token trees, `agentrl.rl.packing`), the decoder runs on
+    the trees' rows under their tree-shaped mask, and each loss position reads its node's hidden state.
     """
     get_base_model = getattr(model, "get_base_model", None)  # peft wraps the transformers CausalLM
     causal_lm: Any = get_base_model() if get_base_model is not None else model
-    hidden_BTH = causal_lm.model(input_ids=batch.input_ids_BT, use_cache=False).last_hidden_state
     targets_mask_BT = batch.loss_mask_BT[:, 1:].bool()
-    hidden_NH = hidden_BTH[:, :-1][targets_mask_BT]
+    if packed is None:
+        hidden_BTH = causal_lm.model(input_ids=batch.input_ids_BT, use_cache=False).last_hidden_state
+        hidden_NH = hidden_BTH[:, :-1][targets_mask_BT]
+    else:
+        hidden_RNH = causal_lm.model(
+            input_ids=packed.input_ids_RN,
+            position_ids=packed.position_ids_RN,
+            attention_mask=packed.attention_R1NN,
+            use_cache=False,
+        ).last_hidden_state
+        hidden_NH = hidden_RNH.flatten(0, 1)[packed.node_of_BT[:, :-1][targets_mask_BT]]
     targets_N = batch.input_ids_BT[:, 1:][targets_mask_BT]
     head = causal_lm.lm_head
     if type(head) is torch.nn.Linear and head.bias is None and not head.weight.requires_grad:

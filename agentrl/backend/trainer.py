@@ -37,6 +37,7 @@ from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import CheckpointError, ConfigurationError, TrainingError
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.losses import loss_denominator, policy_loss
+from agentrl.rl.packing import pack, pack_rows
 from agentrl.rl.tokenize import (
     TokenizedSequence,
     collate,
@@ -48,6 +49,8 @@ from agentrl.rl.tokenize import (
 from agentrl.trajectory import History, TrajectoryGroup, reward_stats
 
 OPTIMIZER_FILE = "optimizer.pt"
+PACKING_MIN_SAVING = 0.1
+"""`TrainConfig.shared_prefix=None` packs a step when that computes at least this share fewer tokens."""
 
 
 def release_freed_memory() -> None:
@@ -93,6 +96,16 @@ def _abort_if_not_finite(what: str, value: float, detail: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class MicroBatches:
+    """A step's plan: this rank's micro-batches (rows of sequence indices; None: an idle pass), whether
+    rows are packed token trees, and the tokens all ranks' forward passes compute."""
+
+    batches: list[list[list[int]] | None]
+    packed: bool
+    forward_tokens: int
+
+
 @dataclass
 class Adapter:
     """One model's LoRA adapter on the shared base: its trainable tensors and their AdamW state."""
@@ -114,6 +127,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model_path = model_path
         self.seed = seed
         distributed = dist.is_available() and dist.is_initialized()
         self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -154,6 +168,7 @@ class Trainer:
             lora_dropout=lora.dropout,
             target_modules=list(lora.target_modules),
             task_type="CAUSAL_LM",
+            base_model_name_or_path=self.model_path,  # recorded in each checkpoint: what it was trained on
         )
         # peft keeps the adapter in fp32 over a bf16 base (autocast_adapter_dtype defaults to True).
         if self.model is None:
@@ -332,7 +347,7 @@ class Trainer:
             group["weight_decay"] = config.weight_decay
 
         train_started = time.perf_counter()
-        sums_on_device = self._accumulate_gradients(sequences, config, denominator)
+        sums_on_device, plan = self._accumulate_gradients(sequences, config, denominator)
         metrics.update(self._sum_across_ranks(adapter, sums_on_device))
         sums = _read_sums(sums_on_device)
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
@@ -343,6 +358,8 @@ class Trainer:
             loss=sums["loss"],
             trained_tokens=float(num_loss_tokens),
             total_tokens=float(sum(len(s) for s in sequences)),
+            forward_tokens=float(plan.forward_tokens),
+            shared_prefix=float(plan.packed),
             num_sequences=float(len(sequences)),
             clip_fraction=sums["clipped"] / n,
             entropy=sums["entropy"] / n,
@@ -377,22 +394,33 @@ class Trainer:
             sums[name] = total
         return {"trainer_ranks": float(self.world_size), "allreduce_s": time.perf_counter() - started}
 
-    def _micro_batches(self, sequences: list[TokenizedSequence], max_tokens: int | None) -> list[list[int] | None]:
-        """This rank's micro-batches, as indices into `sequences`: all of them alone, its share by token
-        count among ranks. Sharded, padded with `None` (an idle pass) up to the most any rank has,
-        since sharded ranks gather each layer together in every pass. `max_tokens` None: the
-        device's default (see `TrainConfig.micro_batch_tokens`)."""
+    def _micro_batches(
+        self, sequences: list[TokenizedSequence], max_tokens: int | None, *, shared_prefix: bool | None = False
+    ) -> MicroBatches:
+        """This rank's micro-batches, each a list of rows of indices into `sequences`. A row is one
+        sequence, or a group's sequences packed as a token tree (`shared_prefix`: True, False, or None
+        for where that saves tokens).
+        Alone a rank takes every row; among ranks, its share by token count. Sharded, padded with
+        `None` (an idle pass) up to the most any rank has, since sharded ranks gather each layer
+        together in every pass. `max_tokens` None: the device's default (see `TrainConfig.micro_batch_tokens`)."""
         if max_tokens is None:
             max_tokens = default_micro_batch_tokens(self.device)
-        lengths = [len(s) for s in sequences]
-        share = split_by_tokens(lengths, self.world_size)[self.rank] if self.world_size > 1 else range(len(lengths))
-        planned = plan_micro_batches([lengths[i] for i in share], max_tokens)
-        batches: list[list[int] | None] = [[share[i] for i in batch] for batch in planned]
+        rows, sizes = [[i] for i in range(len(sequences))], [len(s) for s in sequences]
+        packed = False
+        if shared_prefix is not False:
+            tree_rows, tree_sizes = pack_rows(
+                [s.input_ids_T for s in sequences], [s.group_index for s in sequences], max_tokens
+            )
+            if shared_prefix or sum(tree_sizes) <= (1 - PACKING_MIN_SAVING) * sum(sizes):
+                rows, sizes, packed = tree_rows, tree_sizes, True
+        share = split_by_tokens(sizes, self.world_size)[self.rank] if self.world_size > 1 else range(len(sizes))
+        planned = plan_micro_batches([sizes[i] for i in share], max_tokens)
+        batches: list[list[list[int]] | None] = [[rows[share[i]] for i in batch] for batch in planned]
         if self.sharded:
             most = torch.tensor(len(batches), device=self.device)
             dist.all_reduce(most, op=dist.ReduceOp.MAX)
             batches += [None] * (int(most) - len(batches))
-        return batches
+        return MicroBatches(batches, packed, sum(sizes))
 
     def _idle_pass(self, *, with_reference: bool) -> None:
         """A forward and backward that adds nothing to any gradient: a sharded rank with fewer
@@ -427,28 +455,37 @@ class Trainer:
             adapter.optimizer.zero_grad(set_to_none=True)
             release_freed_memory()
 
-    def _accumulate_gradients(self, sequences, config: TrainConfig, denominator: float) -> dict[str, torch.Tensor]:
-        """Forward and backward over micro-batches; returns the step's running sums, as tensors on the device."""
+    def _accumulate_gradients(
+        self, sequences: list[TokenizedSequence], config: TrainConfig, denominator: float
+    ) -> tuple[dict[str, torch.Tensor], MicroBatches]:
+        """Forward and backward over micro-batches. Returns the step's running sums (tensors on the
+        device), and the plan it followed."""
         sums = {name: torch.zeros((), device=self.device) for name in SUM_NAMES}
         self.model.train()
         autocast = self._autocast()
-        micro_batches = self._micro_batches(sequences, config.micro_batch_tokens)
+        plan = self._micro_batches(sequences, config.micro_batch_tokens, shared_prefix=config.shared_prefix)
         # Rank 0's bar: micro-batches done and the running loss (one small device read per micro-batch).
-        bar = tqdm(total=len(micro_batches), desc="train step", unit="micro-batch", leave=False, disable=self.rank != 0)
-        for indices in micro_batches:
-            if indices is None:
+        bar = tqdm(total=len(plan.batches), desc="train step", unit="micro-batch", leave=False, disable=self.rank != 0)
+        for rows in plan.batches:
+            if rows is None:
                 self._idle_pass(with_reference=config.kl_coef > 0)
                 bar.update(1)
                 continue
-            batch = collate([sequences[i] for i in indices], self.pad_token_id).to(self.device)
+            members = [sequences[i] for row in rows for i in row]
+            batch = collate(members, self.pad_token_id).to(self.device)
+            packed = (
+                pack([[sequences[i].input_ids_T for i in row] for row in rows], self.pad_token_id).to(self.device)
+                if plan.packed
+                else None
+            )
             mask_BT = batch.loss_mask_BT[:, 1:]
             sampler_logprobs_BT = batch.sampler_logprobs_BT[:, 1:]
             ref_logprobs_BT = None
             with autocast:
                 if config.kl_coef > 0:
                     with torch.no_grad(), self.model.disable_adapter():
-                        ref_logprobs_BT, _ = token_logprobs(self.model, batch)
-                logprobs_BT, entropy_N = token_logprobs(self.model, batch)
+                        ref_logprobs_BT, _ = token_logprobs(self.model, batch, packed)
+                logprobs_BT, entropy_N = token_logprobs(self.model, batch, packed)
             out = policy_loss(
                 config.loss,
                 logprobs_BT,
@@ -473,7 +510,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{sums['loss'].item():.4f}", refresh=False)
             bar.update(1)
         bar.close()
-        return sums
+        return sums, plan
 
     def sft_step(
         self, name: str, histories: Sequence[History], *, learning_rate: float, micro_batch_tokens: int | None
@@ -491,11 +528,11 @@ class Trainer:
         tokenize_s = time.perf_counter() - started
         self.model.train()
         nll_sum = torch.zeros((), device=self.device)
-        for indices in self._micro_batches(sequences, micro_batch_tokens):
-            if indices is None:
+        for rows in self._micro_batches(sequences, micro_batch_tokens).batches:
+            if rows is None:
                 self._idle_pass(with_reference=False)
                 continue
-            batch = collate([sequences[i] for i in indices], self.pad_token_id).to(self.device)
+            batch = collate([sequences[i] for row in rows for i in row], self.pad_token_id).to(self.device)
             with self._autocast():
                 logprobs_BT, _ = token_logprobs(self.model, batch)
             nll = -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens

@@ -257,9 +257,11 @@ def trained_judge_run(spec: str, base_path: str | Path) -> tuple[RunInfo, dict[s
 
 
 def check_same_base_model(info: RunInfo, adapter: dict[str, Any], base_model: str) -> None:
-    """A judge adapter is served beside the policy, so both must sit on one base model."""
-    trained_on = Path(str(adapter["base_model_name_or_path"])).name
-    if trained_on != Path(base_model).name:
+    """A judge adapter is served beside the policy, so both must sit on one base model (an adapter
+    that does not record its base model, from before agentrl recorded it, is taken on trust)."""
+    recorded = adapter.get("base_model_name_or_path")
+    trained_on = Path(str(recorded)).name
+    if recorded and trained_on != Path(base_model).name:
         raise ConfigurationError(
             f"judge run {info.label} was trained on base model {trained_on!r}; the policy's is {base_model!r}. "
             "A judge is served beside the policy on one base model: train the judge on the policy's"
