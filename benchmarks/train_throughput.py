@@ -34,9 +34,10 @@ RESULTS = ROOT / "benchmarks" / "results" / "train_throughput.json"
 START, END = "<!-- benchmark:train_throughput:start -->", "<!-- benchmark:train_throughput:end -->"
 
 
-def bf16_matmul_peak() -> float:
-    """FLOP/s of a bf16 (4,096 x 576) @ (576 x 1,536) matmul, the decoder MLP's shape, best of 20."""
-    a, b = torch.randn(4096, 576, dtype=torch.bfloat16), torch.randn(576, 1536, dtype=torch.bfloat16)
+def matmul_peak(dtype: torch.dtype) -> float:
+    """FLOP/s of a (4,096 x 576) @ (576 x 1,536) matmul in `dtype` (the trainer's: bf16, or float32 on
+    a CPU without bf16), the decoder MLP's shape, best of 20."""
+    a, b = torch.randn(4096, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
     for _ in range(3):
         a @ b
     best = min(_timed(lambda: a @ b) for _ in range(20))
@@ -81,17 +82,23 @@ def measure(steps: int) -> dict[str, Any]:
     total = sum(e.self_cpu_time_total for e in profiler.key_averages())
     top = sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)[:10]
     tokens_per_s = [m["total_tokens"] / m["train_s"] for m in rows]
-    flops = [4 * decoder_weights * m["total_tokens"] + 4 * head_weights * m["trained_tokens"] for m in rows]
-    peak = bf16_matmul_peak()
+    # the work done: tokens computed (fewer than the sequences' tokens where shared prefixes are packed)
+    computed = [m.get("forward_tokens", m["total_tokens"]) for m in rows]
+    flops = [
+        4 * decoder_weights * c + 4 * head_weights * m["trained_tokens"] for c, m in zip(computed, rows, strict=True)
+    ]
+    peak = matmul_peak(torch.bfloat16 if trainer.bf16 else torch.float32)
     achieved = statistics.median(f / m["train_s"] for f, m in zip(flops, rows, strict=True))
     return {
         "steps": len(rows),
         "tokens_per_step": statistics.mean(m["total_tokens"] for m in rows),
+        "computed_tokens_per_step": statistics.mean(computed),
         "train_s": statistics.median(m["train_s"] for m in rows),
         "tokens_per_s": statistics.median(tokens_per_s),
         "tokens_per_s_range": [min(tokens_per_s), max(tokens_per_s)],
         "achieved_flops": achieved,
-        "bf16_matmul_peak_flops": peak,
+        "matmul_peak_flops": peak,
+        "precision": "bf16" if trainer.bf16 else "float32",
         "mfu": achieved / peak,
         "micro_batch_tokens": config.micro_batch_tokens or default_micro_batch_tokens(trainer.device),
         "attention": trainer.model.get_base_model().config._attn_implementation,
@@ -125,14 +132,17 @@ def main() -> None:
         f"GRPO training throughput, one trainer, packaged model, 8 x 8 synthetic answers "
         f"(~{result['tokens_per_step']:.0f} tokens a step), median of {result['steps']} steps after a warm-up:",
         "",
-        "| code | step | tokens/s (range) | model FLOP utilisation (bf16 matmul peak) | micro-batch | attention | measured |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| code | step | tokens/s (range) | tokens computed | model FLOP utilisation (matmul peak) | micro-batch | "
+        "attention | measured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for label, row in results.items():
         low, high = row["tokens_per_s_range"]
         lines.append(
             f"| {label} | {row['train_s']:.2f} s | {row['tokens_per_s']:.0f} ({low:.0f}-{high:.0f}) | "
-            f"{row['mfu']:.1%} ({row['bf16_matmul_peak_flops'] / 1e12:.2f} TFLOP/s) | "
+            f"{row.get('computed_tokens_per_step', row['tokens_per_step']):.0f} | "
+            f"{row['mfu']:.1%} ({row.get('matmul_peak_flops', row.get('bf16_matmul_peak_flops', 0)) / 1e12:.2f} "
+            f"TFLOP/s {row.get('precision', 'bf16')}) | "
             f"{row['micro_batch_tokens']} | {row['attention']} | {row['cpu']}, {row['cores']} cores, {row['date']} |"
         )
     top = ", ".join(f"{e['op']} {e['share']:.0%}" for e in result["profile_top"][:6])

@@ -800,7 +800,8 @@ def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path, 
             agentrl.TrainConfig(kl_coef=0.1, loss="cispo", truncated_importance_sampling=2.0),
         ]
         for config in configs:
-            sums = trainer._accumulate_gradients(sequences, config, denominator=5.0)
+            sums, plan = trainer._accumulate_gradients(sequences, config, denominator=5.0)
+            assert plan.packed  # the two share a prefix: the packed path's tensors are checked too
             assert {t.device.type for t in sums.values()} == {"meta"}
             assert all(
                 p.grad is not None and p.grad.device.type == "meta" for p in trainer.adapters["default"].parameters

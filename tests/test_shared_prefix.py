@@ -173,6 +173,26 @@ def test_packed_step_gives_the_unshared_loss_and_gradients_tiny_model(tiny_train
     assert any(torch.linalg.norm(g) > 0 for g in plain_grads)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_rows_match_under_transformers_attention_too(tiny_trainer, attention):
+    """The GPU's default (sdpa, a boolean mask) and eager attention (an additive mask)."""
+    sequences = branching_sequences(seed=5)
+    config = agentrl.TrainConfig(loss="ppo", kl_coef=0.1)
+    base = tiny_trainer.model.get_base_model()
+    base.set_attn_implementation(attention)
+    try:
+        plain_sums, plain_grads, _ = gradients_and_metrics(
+            tiny_trainer, sequences, config.model_copy(update={"shared_prefix": False})
+        )
+        packed_sums, packed_grads, plan = gradients_and_metrics(tiny_trainer, sequences, config)
+    finally:
+        base.set_attn_implementation("agentrl_cpu")
+    assert plan.packed
+    assert packed_sums["loss"] == pytest.approx(plain_sums["loss"], rel=1e-4)
+    for packed, plain in zip(packed_grads, plain_grads, strict=True):
+        assert relative_gap(packed, plain) < 1e-4
+
+
 def test_a_small_budget_splits_a_group_into_rows_and_still_matches(tiny_trainer):
     sequences = branching_sequences(seed=4)
     config = agentrl.TrainConfig(loss="ppo", kl_coef=0.1, micro_batch_tokens=64)

