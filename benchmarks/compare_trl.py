@@ -43,7 +43,7 @@ from agentrl.backend.precision import cpu_has_native_bf16
 from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import cpu_name
+from benchmarks.step_breakdown import cpu_name, precision_label
 from environments.larger_number.task import Scenario, reward, rollout, scenarios
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,7 +175,7 @@ async def side_by_side(reps: int, steps: int) -> dict[str, Any]:
     speedups = [r["speedup"] for r in rows]
     return {
         "machine": f"{cpu_name()}, {os.cpu_count()} cores",
-        "precision": precision(),
+        "precision": precision_label(),
         "date": datetime.date.today().isoformat(),
         "config": {"prompts": PROMPTS, "group_size": GROUP_SIZE, "max_tokens": MAX_TOKENS, "steps_per_rep": steps},
         "trl_version": __import__("trl").__version__,
@@ -186,10 +186,6 @@ async def side_by_side(reps: int, steps: int) -> dict[str, Any]:
         "speedup_median": statistics.median(speedups),
         "speedup_range": [min(speedups), max(speedups)],
     }
-
-
-def precision() -> str:
-    return "bf16" if cpu_has_native_bf16() else "float32"
 
 
 def readme_table(results: dict[str, Any]) -> str:

@@ -26,14 +26,13 @@ from typing import Any
 import torch
 
 import agentrl
-from agentrl.backend.precision import cpu_has_native_bf16
 from agentrl.backend.trainer import Trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.tokenize import demonstrated_tokens, tokenize_groups
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import RESULTS, cpu_name
+from benchmarks.step_breakdown import RESULTS, cpu_name, precision_label
 from environments.larger_number.task import scenarios
 from tests.helpers import make_choice
 
@@ -192,7 +191,7 @@ def main() -> None:
         torch.manual_seed(0)
         trainer = Trainer(resolve_base_model("smollm2-135m-instruct"), seed=0)
         trainer.add_adapter("bench", agentrl.LoRAConfig())
-        precision = "bf16" if cpu_has_native_bf16() else "float32"
+        precision = precision_label()
         machine = f"{cpu_name()}, {torch.get_num_threads()} cores ({precision})"
         for shape, make_groups, steps, warm_up in (
             ("main job (larger_number, 8 x 8)", main_job_groups, args.steps, True),

@@ -42,6 +42,13 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def precision_label() -> str:
+    """The number format agentrl trains and samples in on this machine: bf16 where it is native, else float32."""
+    from agentrl.backend.precision import cpu_has_native_bf16
+
+    return "bf16" if cpu_has_native_bf16() else "float32"
+
+
 def peak_rss_gib(pid: int) -> float:
     """Peak resident memory (VmHWM) of a process and its children, in GiB."""
     total_kib = 0
@@ -86,6 +93,7 @@ async def run(steps: int, groups_per_step: int, group_size: int) -> dict:
                         "save_s": m.get("save_s", 0.0),
                         "swap_s": m.get("swap_s", 0.0),
                         "total_tokens": m.get("total_tokens", 0.0),
+                        "forward_tokens": m.get("forward_tokens", m.get("total_tokens", 0.0)),
                         "trained_tokens": m.get("trained_tokens", 0.0),
                         "step_s": time.perf_counter() - started,
                     }
@@ -102,6 +110,7 @@ async def run(steps: int, groups_per_step: int, group_size: int) -> dict:
 
     return {
         "machine": f"{cpu_name()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "precision": precision_label(),
         "date": datetime.date.today().isoformat(),
         "config": {"steps": steps, "groups_per_step": groups_per_step, "group_size": group_size, "max_tokens": 16},
         "register_s": register_s,
@@ -115,23 +124,38 @@ async def run(steps: int, groups_per_step: int, group_size: int) -> dict:
     }
 
 
-def readme_table(result: dict) -> str:
-    means = result["mean_over_steps"]
+def readme_table(results: dict[str, dict]) -> str:
+    """One row per number format, each from a machine of that kind."""
     lines = [
         START,
-        f"Measured by `benchmarks/step_breakdown.py` on {result['machine']}, {result['date']} "
-        f"({result['config']['groups_per_step']} groups x {result['config']['group_size']} rollouts per step, "
-        f"max 16 new tokens; means over steps 2-{result['config']['steps']}):",
+        "Measured by `benchmarks/step_breakdown.py` (8 groups x 8 rollouts per step, max 16 new tokens; means over "
+        "steps 2-5; trained tok/s counts every token of the sequences, as if unshared):",
         "",
-        "| step | rollouts | tokenize | train | save | adapter swap | sampled tok/s | trained tok/s (all / loss) | peak RSS trainer / vLLM |",
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| {means['step_s']:.1f} s | {means['rollout_s']:.1f} s | {means['tokenize_s']:.2f} s | {means['train_s']:.1f} s "
-        f"| {means['save_s']:.2f} s | {means['swap_s']:.2f} s | {result['sampled_tok_per_s']:.0f} "
-        f"| {result['trained_tok_per_s']:.0f} / {result['loss_tok_per_s']:.0f} "
-        f"| {result['peak_rss_gib']['trainer_process']:.1f} / {result['peak_rss_gib']['vllm_server']:.1f} GiB |",
-        END,
+        "| machine | step | rollouts | tokenize | train | save | adapter swap | sampled tok/s | "
+        "trained tok/s (all / loss) | tokens computed | peak RSS trainer / vLLM |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    return "\n".join(lines)
+    for precision, result in results.items():
+        means = result["mean_over_steps"]
+        measured = [r for r in result["steps"][1:] if not r["skipped"]] or result["steps"]
+        recorded = all("forward_tokens" in r for r in measured)  # not before shared-prefix packing existed
+        computed = sum(r.get("forward_tokens", 0) for r in measured) / max(sum(r["total_tokens"] for r in measured), 1)
+        lines.append(
+            f"| {precision}: {result['machine']}, {result['date']} | {means['step_s']:.1f} s | {means['rollout_s']:.1f} s "
+            f"| {means['tokenize_s']:.2f} s | {means['train_s']:.1f} s | {means['save_s']:.2f} s | {means['swap_s']:.2f} s "
+            f"| {result['sampled_tok_per_s']:.0f} | {result['trained_tok_per_s']:.0f} / {result['loss_tok_per_s']:.0f} "
+            f"| {f'{computed:.0%}' if recorded else 'not recorded'} | {result['peak_rss_gib']['trainer_process']:.1f} / "
+            f"{result['peak_rss_gib']['vllm_server']:.1f} GiB |"
+        )
+    return "\n".join([*lines, END])
+
+
+def load_results() -> dict[str, dict]:
+    """Results by number format; a file from before formats were kept apart held one bf16 result."""
+    if not RESULTS.exists():
+        return {}
+    saved = json.loads(RESULTS.read_text())
+    return {"bf16": saved} if "steps" in saved else saved
 
 
 def main() -> None:
@@ -140,10 +164,12 @@ def main() -> None:
     parser.add_argument("--groups-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     args = parser.parse_args()
+    results = load_results()
     result = asyncio.run(run(args.steps, args.groups_per_step, args.group_size))
+    results[result["precision"]] = result
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(RESULTS, result)
-    replace_section(START, END, readme_table(result))
+    write_json_atomic(RESULTS, results)
+    replace_section(START, END, readme_table(results))
     print(f"wrote {RESULTS} and the README table")
 
 
