@@ -44,6 +44,14 @@ def children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
 
 
+async def assert_no_new_children(before: set[int], message: str = "a server outlived its toolbox") -> None:
+    """Children started since `before` are gone within 10 s (a loaded 2-core machine reaps slowly)."""
+    deadline = time.monotonic() + 10
+    while children() - before and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert children() <= before, message
+
+
 def wait_for_port(port: int, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -74,7 +82,8 @@ def http_server() -> Iterator[str]:
 
 async def test_stdio_tools_are_openai_schemas_and_every_failure_is_a_documented_result():
     before = children()
-    async with MCPToolbox([stdio()], tool_timeout_s=1.0) as toolbox:
+    # 3 s, not 1: this test failed once at 1 s in a fresh-clone run on a busy 2-core float32 CPU
+    async with MCPToolbox([stdio()], tool_timeout_s=3.0) as toolbox:
         assert {"add", "crash", "hang", "die", "read_resource"} == set(toolbox.tool_names)
         assert children() - before, "the stdio server runs as a child process"
         add = next(t for t in toolbox.tools if t["function"]["name"] == "add")
@@ -93,16 +102,15 @@ async def test_stdio_tools_are_openai_schemas_and_every_failure_is_a_documented_
         # A hung tool times out, and the server still answers the next call.
         started = time.monotonic()
         hung = await toolbox.call("hang", "{}")
-        assert hung.timed_out and hung.is_error and "did not answer within 1 s" in hung.content
-        assert time.monotonic() - started < 10
+        assert hung.timed_out and hung.is_error and "did not answer within 3 s" in hung.content
+        assert time.monotonic() - started < 20
         assert (await toolbox.call("add", '{"a": 1, "b": 1}')).content == "2"
         # A dead server raises, naming it, and stays dead.
         with pytest.raises(ToolServerError, match="is gone"):
             await toolbox.call("die", "{}")
         with pytest.raises(ToolServerError, match="is gone"):
             await toolbox.call("add", '{"a": 1, "b": 1}')
-    await asyncio.sleep(0.5)
-    assert children() <= before, "a stdio server outlived its toolbox"
+    await assert_no_new_children(before, "a stdio server outlived its toolbox")
     with pytest.raises(ToolServerError, match="closed"):
         await toolbox.call("add", '{"a": 1, "b": 1}')
 
@@ -115,8 +123,7 @@ async def test_tools_of_two_servers_route_to_their_owner_and_clashing_names_need
     async with MCPToolbox([stdio("one"), stdio("two")]) as toolbox:
         assert "add" in toolbox.tool_names and "two_add" in toolbox.tool_names
         assert (await toolbox.call("two_add", {"a": 4, "b": 5})).content == "9"
-    await asyncio.sleep(0.5)
-    assert children() <= before
+    await assert_no_new_children(before)
 
 
 async def test_a_server_that_cannot_start_or_be_reached_is_a_clear_error_with_nothing_left_running():
@@ -132,12 +139,11 @@ async def test_a_server_that_cannot_start_or_be_reached_is_a_clear_error_with_no
             pass
     with pytest.raises(agentrl.ConfigurationError, match="StdioServer"):
         MCPToolbox(["python server.py"])  # type: ignore[list-item]
-    await asyncio.sleep(0.5)
-    assert children() <= before
+    await assert_no_new_children(before)
 
 
 async def test_streamable_http_tools(http_server):
-    async with MCPToolbox([HTTPServer(url=http_server)], tool_timeout_s=1.0) as toolbox:
+    async with MCPToolbox([HTTPServer(url=http_server)], tool_timeout_s=3.0) as toolbox:
         assert (await toolbox.call("add", '{"a": 20, "b": 22}')).content == "42"
         assert (await toolbox.call("crash", "{}")).is_error
         assert (await toolbox.call("hang", "{}")).timed_out
@@ -168,8 +174,7 @@ async def test_an_agent_with_mcp_tools_trains_a_step_on_exact_tokens(served_mode
             if message["role"] == "tool":  # a tool result answers a call the model made
                 assert message["content"] == "5" or message["content"].startswith("Error")
     await assert_trains_on_exact_tokens(served_model, list(trajectories))
-    await asyncio.sleep(0.5)
-    assert children() <= before
+    await assert_no_new_children(before)
 
 
 @pytest.mark.slow
@@ -205,5 +210,4 @@ async def test_mcp_rl_writes_tasks_and_trains_two_steps_on_the_email_inbox_over_
     written = [json.loads(line) for line in (served_model.run_dir / "mcp_train_tasks.jsonl").read_text().splitlines()]
     assert [w["task"] for w in written] == [t.task for t in report.train_tasks]
     print(report.summary())
-    await asyncio.sleep(0.5)
-    assert children() <= before, "a per-rollout stdio server outlived its rollout"
+    await assert_no_new_children(before, "a per-rollout stdio server outlived its rollout")
