@@ -406,14 +406,14 @@ class Trainer:
         if max_tokens is None:
             max_tokens = default_micro_batch_tokens(self.device)
         rows, sizes = [[i] for i in range(len(sequences))], [len(s) for s in sequences]
-        packed = False
-        if shared_prefix and not takes_tree_mask(self.model):
+        packed, can_pack = False, takes_tree_mask(self.model)
+        if shared_prefix and not can_pack:
             raise ConfigurationError(
                 "TrainConfig(shared_prefix=True) needs an attention implementation that takes a mask (sdpa or "
                 f"eager); this model uses {self.model.get_base_model().config._attn_implementation!r}. "
                 "Leave shared_prefix=None (packs where it can) or set it False"
             )
-        if shared_prefix is not False and takes_tree_mask(self.model):
+        if shared_prefix is not False and can_pack:
             tree_rows, tree_sizes = pack_rows(
                 [s.input_ids_T for s in sequences], [s.group_index for s in sequences], max_tokens
             )
