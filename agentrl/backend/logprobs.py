@@ -72,11 +72,15 @@ TREE_MASK_ATTENTION = ("agentrl_cpu", "sdpa", "eager")
 """Attention implementations that take a packed row's tree-shaped mask (flash-attention kernels take none)."""
 
 
+def _causal_lm(model: torch.nn.Module) -> Any:
+    """The transformers CausalLM under `model` (peft wraps it)."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if get_base_model is not None else model
+
+
 def takes_tree_mask(model: torch.nn.Module) -> bool:
     """Whether `model` (peft-wrapped or not) can run packed token trees (`agentrl.rl.packing`)."""
-    get_base_model = getattr(model, "get_base_model", None)
-    causal_lm: Any = get_base_model() if get_base_model is not None else model
-    return causal_lm.config._attn_implementation in TREE_MASK_ATTENTION
+    return _causal_lm(model).config._attn_implementation in TREE_MASK_ATTENTION
 
 
 def token_logprobs(
@@ -95,8 +99,7 @@ def token_logprobs(
     With `packed` (the batch's sequences as token trees, `agentrl.rl.packing`), the decoder runs on
     the trees' rows under their tree-shaped mask, and each loss position reads its node's hidden state.
     """
-    get_base_model = getattr(model, "get_base_model", None)  # peft wraps the transformers CausalLM
-    causal_lm: Any = get_base_model() if get_base_model is not None else model
+    causal_lm = _causal_lm(model)
     targets_mask_BT = batch.loss_mask_BT[:, 1:].bool()
     if packed is None:
         hidden_BTH = causal_lm.model(input_ids=batch.input_ids_BT, use_cache=False).last_hidden_state
