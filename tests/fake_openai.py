@@ -77,7 +77,13 @@ class FakeOpenAI:
         fmt = request.get("response_format")
         if not fmt:
             return "A plain answer from the policy."
-        keys = fmt["json_schema"]["schema"]["required"]
+        schema = fmt["json_schema"]["schema"]
+        keys = schema["required"]
+        if keys == ["tasks"]:  # a task writer: as many tasks as the schema lets it write (6 unbounded)
+            count = schema["properties"]["tasks"].get("maxItems", 6)
+            return json.dumps(
+                {"tasks": [{"task": f"Find email {len(self.requests)}-{i}.", "difficulty": 2} for i in range(count)]}
+            )
         if behaviour == "malformed":
             return '{"trajectory_1": {"score": 0.5, "explanation": '
         if behaviour == "missing_one":

@@ -148,9 +148,9 @@ async def test_a_judge_trained_beside_the_policy_changes_its_held_out_agreement_
     # A short rubric keeps each demonstration short (SFT time); the judge is asked with the same one.
     judging = {"rubric": RUBRIC, "extra_litellm_params": {"max_tokens": 200, "temperature": 0.0}}
     settings = {"permutations": 1, "repeats": 0, **judging}
-    held_out = labelled_groups("test", 8, seed=2)
+    held_out = labelled_groups("test", 6, seed=2)
     before = await agentrl.check_judge(held_out, judge, **settings)
-    examples = examples_from_groups(labelled_groups("train", 24, seed=1), rubric=RUBRIC)
+    examples = examples_from_groups(labelled_groups("train", 16, seed=1), rubric=RUBRIC)
     result = await train_judge(judge, examples, agentrl.SFTConfig(epochs=2, batch_size=8, learning_rate=2e-3))
     assert result.step == 1 and await judge.get_step() == 1
     # Then RL on agreement: the judge's own sampled answers, rewarded by how they order the labels.

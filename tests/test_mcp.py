@@ -28,6 +28,7 @@ from agentrl.mcp import (
     MCPToolbox,
     StdioServer,
     ToolServerError,
+    generate_tasks,
     run_agent,
 )
 from tests.fake_openai import FakeOpenAI
@@ -175,6 +176,23 @@ async def test_an_agent_with_mcp_tools_trains_a_step_on_exact_tokens(served_mode
                 assert message["content"] == "5" or message["content"].startswith("Error")
     await assert_trains_on_exact_tokens(served_model, list(trajectories))
     await assert_no_new_children(before)
+
+
+async def test_a_local_task_writer_is_held_to_the_count_it_was_asked_for_and_a_hosted_one_is_not():
+    """A small local writer sampling a list can keep adding tasks until max_tokens; its schema bounds the list."""
+    fake = FakeOpenAI()
+    tools = [{"type": "function", "function": {"name": "search", "description": "search mail", "parameters": {}}}]
+    try:
+        local = agentrl.Model(name="base", base_url=fake.base_url, api_key="test", litellm_provider="hosted_vllm")
+        tasks = await generate_tasks(tools, 8, local)
+        asked = [r["response_format"]["json_schema"]["schema"] for r in fake.requests]
+        assert sorted(s["properties"]["tasks"]["maxItems"] for s in asked) == [2, 6] and len(tasks) == 8
+        fake.requests.clear()
+        await generate_tasks(tools, 2, agentrl.Model(name="gpt-4.1-mini", base_url=fake.base_url, api_key="test"))
+        (hosted,) = [r["response_format"]["json_schema"]["schema"] for r in fake.requests]
+        assert "maxItems" not in hosted["properties"]["tasks"] and "maxLength" not in json.dumps(hosted)
+    finally:
+        fake.close()
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)  # the kernel inherits the environment: the parameter cell reads it
     notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     NotebookClient(
-        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        notebook, timeout=840, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     ).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]

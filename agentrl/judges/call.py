@@ -92,28 +92,35 @@ def litellm_params(judge_model: JudgeModel) -> dict[str, Any]:
 
 
 # Judges served locally (vLLM, Ollama) are often small; decoding greedily they can loop inside an
-# explanation until max_tokens and never close the JSON (seen here with the 135M model). Their
-# constrained decoders honour maxLength, so strings are bounded for them. Hosted strict modes may
-# reject maxLength, so it is not sent to other providers.
+# explanation until max_tokens and never close the JSON (seen here with the 135M model), and sampling
+# a list they can keep adding items until max_tokens (a task writer on a float32 CPU then spends its
+# whole timeout on one answer). Their constrained decoders honour maxLength and maxItems, so strings
+# and lists are bounded for them. Hosted strict modes may reject both, so neither goes to other providers.
 LOCAL_ROUTES = ("hosted_vllm/", "ollama/", "ollama_chat/")
 MAX_TEXT_CHARS = 300
 
 
-def _bound_strings(node: Any) -> None:
+def _bound_lengths(node: Any, max_items: int | None) -> None:
     if isinstance(node, dict):
         if node.get("type") == "string" and "enum" not in node:
             node["maxLength"] = MAX_TEXT_CHARS
+        if node.get("type") == "array" and max_items is not None:
+            node["maxItems"] = min(node.get("maxItems", max_items), max_items)
         for value in node.values():
-            _bound_strings(value)
+            _bound_lengths(value, max_items)
     elif isinstance(node, list):
         for value in node:
-            _bound_strings(value)
+            _bound_lengths(value, max_items)
 
 
-def response_format(schema_model: type[BaseModel], *, bound_strings: bool = False) -> dict[str, Any]:
+def response_format(
+    schema_model: type[BaseModel], *, bound_lengths: bool = False, max_items: int | None = None
+) -> dict[str, Any]:
+    """The JSON-schema `response_format` for `schema_model`; with `bound_lengths` (local judges only),
+    strings get `maxLength` and, given `max_items`, lists get `maxItems`."""
     schema = schema_model.model_json_schema()
-    if bound_strings:
-        _bound_strings(schema)
+    if bound_lengths:
+        _bound_lengths(schema, max_items)
     return {"type": "json_schema", "json_schema": {"name": schema_model.__name__, "schema": schema, "strict": True}}
 
 
@@ -146,14 +153,16 @@ async def structured_judge_call(
     max_attempts: int = 3,
     timeout_s: float = 120.0,
     extra_litellm_params: dict[str, Any] | None = None,
+    max_items: int | None = None,
 ) -> JudgeCall:
-    """Ask, parse into `schema_model`, `validate` (which may repair or raise InvalidJudgeAnswer); retry."""
+    """Ask, parse into `schema_model`, `validate` (which may repair or raise InvalidJudgeAnswer); retry.
+    `max_items` bounds every list in a local judge's answer (see `LOCAL_ROUTES`)."""
     route = litellm_params(judge_model)
     local = route["model"].startswith(LOCAL_ROUTES)  # unpriced: asking litellm's price map only prints its errors
     params = {
         **route,
         "messages": messages,
-        "response_format": response_format(schema_model, bound_strings=local),
+        "response_format": response_format(schema_model, bound_lengths=local, max_items=max_items),
         "timeout": timeout_s,
         "temperature": 0.0,
         "max_retries": 0,  # retries are ours alone: bounded, and counted in the limiter

@@ -128,7 +128,9 @@ def judgement_history(example: JudgeExample, order: list[int]) -> History:
         for k, i in enumerate(order)
     }
     messages = ruler_prompt(shown, example.rubric, example.tools)
-    return History(messages_and_choices=[*messages, {"role": "assistant", "content": json.dumps(answer)}])
+    # Compact, as our server's constrained decoder lets the judge write it (`server.STRUCTURED_OUTPUTS`).
+    content = json.dumps(answer, separators=(",", ":"))
+    return History(messages_and_choices=[*messages, {"role": "assistant", "content": content}])
 
 
 def judge_histories(examples: list[JudgeExample], *, orders: int = 2, seed: int = 0) -> list[History]:
@@ -186,7 +188,7 @@ async def judge_rollout(
         messages=cast(Any, messages),
         max_tokens=max_tokens,
         temperature=1.0,
-        response_format=cast(Any, response_format(scores_schema(len(order)), bound_strings=True)),
+        response_format=cast(Any, response_format(scores_schema(len(order)), bound_lengths=True)),
     )
     choice = completion.choices[0]
     trajectory.messages_and_choices.append(choice)

@@ -95,15 +95,17 @@ async def generate_tasks(
         missing = num_tasks - len(found)
         if missing <= 0:
             break
+        counts = [min(TASKS_PER_CALL, missing - start) for start in range(0, missing, TASKS_PER_CALL)]
         calls = [
             structured_judge_call(
                 writer,
-                _prompt(tools_text, min(TASKS_PER_CALL, missing), custom_instructions),
+                _prompt(tools_text, count, custom_instructions),
                 _TaskBatch,
                 keep_some,
                 extra_litellm_params={"temperature": temperature, "max_tokens": max_tokens},
+                max_items=count,
             )
-            for _ in range(-(-missing // TASKS_PER_CALL))
+            for count in counts
         ]
         for call in await asyncio.gather(*calls):
             for task in call.answer.tasks:
