@@ -53,6 +53,12 @@ async def test_a_bad_answer_is_retried_then_accepted(fake, judge, bad):
     assert result.attempts == 2 and result.scores == [0.5, 0.5]
 
 
+async def test_a_greedy_judges_retry_after_an_unusable_answer_samples_and_after_a_500_stays_greedy(fake, judge):
+    fake.plan("500", "malformed")
+    result = await ruler([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], judge)
+    assert result.attempts == 3 and [r["temperature"] for r in fake.requests] == [0.0, 0.0, 0.7]
+
+
 @pytest.mark.parametrize("bad", ["500", "malformed", "missing_one", "out_of_range"])
 async def test_retries_are_bounded_and_end_in_a_judge_error(fake, judge, bad):
     fake.plan(*[bad] * 10)

@@ -97,7 +97,11 @@ def litellm_params(judge_model: JudgeModel) -> dict[str, Any]:
 # whole timeout on one answer). Their constrained decoders honour maxLength and maxItems, so strings
 # and lists are bounded for them. Hosted strict modes may reject both, so neither goes to other providers.
 LOCAL_ROUTES = ("hosted_vllm/", "ollama/", "ollama_chat/")
-MAX_TEXT_CHARS = 300
+MAX_TEXT_CHARS = 160
+"""A sentence of explanation. A small model can spend a token per character, so this bounds a
+rubric judge's answer on 5 rubrics to about 1,000 tokens (at 300 it ran past its max_tokens, float32 EPYC)."""
+RETRY_TEMPERATURE = 0.7
+"""A greedy judge that gave an unusable answer would give the same one again: its retries sample."""
 
 
 def _bound_lengths(node: Any, max_items: int | None) -> None:
@@ -172,6 +176,7 @@ async def structured_judge_call(
     limiter.calls += 1
     started = time.perf_counter()
     attempts = prompt_tokens = completion_tokens = 0
+    last_invalid = False
     cost_usd: float | None = None
     try:
         async with limiter.semaphore():
@@ -194,6 +199,9 @@ async def structured_judge_call(
                 with attempt:
                     attempts += 1
                     limiter.attempts += 1
+                    if attempts > 1 and last_invalid and params["temperature"] == 0.0:
+                        params["temperature"] = RETRY_TEMPERATURE
+                    last_invalid = False
                     response = await litellm.acompletion(**params)
                     tokens_in, tokens_out = _usage(response)
                     prompt_tokens, completion_tokens = prompt_tokens + tokens_in, completion_tokens + tokens_out
@@ -201,9 +209,13 @@ async def structured_judge_call(
                         cost_usd = (cost_usd or 0.0) + price
                     try:
                         parsed = schema_model.model_validate(parse_json_object(_content_of(response)))
+                        answer = validate(parsed)
                     except ValidationError as error:
+                        last_invalid = True
                         raise InvalidJudgeAnswer(f"the judge's answer does not match the schema: {error}") from error
-                    answer = validate(parsed)
+                    except InvalidJudgeAnswer:
+                        last_invalid = True
+                        raise
     except Exception as error:
         limiter.failures += 1
         raise JudgeError(
