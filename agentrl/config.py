@@ -150,6 +150,9 @@ class SFTConfig(BaseModel):
     """Demonstrations per optimizer step."""
     micro_batch_tokens: int | None = Field(default=None, gt=0)
     """Tokens per forward/backward pass (padded); None: the trainer's default for its device (see TrainConfig)."""
+    shared_prefix: bool | None = None
+    """Compute the tokens that a batch's demonstrations start with alike (a system prompt, tool schemas)
+    once, as `TrainConfig.shared_prefix` does for a group. None: on where that computes at least 10% fewer tokens."""
 
 
 class LoRAConfig(_Frozen):

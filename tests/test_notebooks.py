@@ -16,6 +16,7 @@ TINY = {
     "AGENTRL_NB_SFT": "4",
     "AGENTRL_NB_RULER_STEPS": "1",
     "AGENTRL_NB_MAX_TURNS": "2",
+    "AGENTRL_NB_CHECK_GROUPS": "2",
 }
 
 

@@ -90,7 +90,7 @@ def test_padded_batch_without_mask_keeps_pads_out_and_matches_sdpa(trainer, leng
     sequences = [sequence(length, 1), sequence(length // 2, 2), sequence(length - 7, 3)]
     batch = collate(sequences, trainer.pad_token_id)
     other_pads = collate(sequences, trainer.pad_token_id + 7)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), trainer._autocast():
         together_BT, entropy_N = token_logprobs(trainer.model, batch)
         other_pads_BT, _ = token_logprobs(trainer.model, other_pads)
         alone = [token_logprobs(trainer.model, collate([s], trainer.pad_token_id))[0] for s in sequences]

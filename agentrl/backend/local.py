@@ -435,6 +435,7 @@ class LocalBackend:
                                 histories[start : start + config.batch_size],
                                 learning_rate=config.learning_rate,
                                 micro_batch_tokens=config.micro_batch_tokens,
+                                shared_prefix=config.shared_prefix,
                             )
                             metrics = {**outcome.metrics, "epoch": float(epoch)}
                             progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)

@@ -210,7 +210,13 @@ class TrainerRanks:
         return outcome
 
     def sft_step(
-        self, name: str, histories: Sequence[History], *, learning_rate: float, micro_batch_tokens: int | None
+        self,
+        name: str,
+        histories: Sequence[History],
+        *,
+        learning_rate: float,
+        micro_batch_tokens: int | None,
+        shared_prefix: bool | None = None,
     ) -> StepOutcome:
         outcome: StepOutcome = self._call(
             self._all,
@@ -219,6 +225,7 @@ class TrainerRanks:
             list(histories),
             learning_rate=learning_rate,
             micro_batch_tokens=micro_batch_tokens,
+            shared_prefix=shared_prefix,
         )[0]
         return outcome
 

@@ -37,8 +37,9 @@ from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import CheckpointError, ConfigurationError, TrainingError
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.losses import loss_denominator, policy_loss
-from agentrl.rl.packing import pack, pack_rows
+from agentrl.rl.packing import PackedBatch, pack, pack_rows
 from agentrl.rl.tokenize import (
+    TokenBatch,
     TokenizedSequence,
     collate,
     plan_micro_batches,
@@ -428,6 +429,16 @@ class Trainer:
             batches += [None] * (int(most) - len(batches))
         return MicroBatches(batches, packed, sum(sizes))
 
+    def _collate(
+        self, sequences: list[TokenizedSequence], rows: list[list[int]], packed: bool
+    ) -> tuple[TokenBatch, PackedBatch | None]:
+        """One micro-batch on the device: its sequences padded (targets, masks, advantages), and where
+        the plan packed them, the token trees the forward pass computes instead."""
+        batch = collate([sequences[i] for row in rows for i in row], self.pad_token_id).to(self.device)
+        if not packed:
+            return batch, None
+        return batch, pack([[sequences[i].input_ids_T for i in row] for row in rows], self.pad_token_id).to(self.device)
+
     def _idle_pass(self, *, with_reference: bool) -> None:
         """A forward and backward that adds nothing to any gradient: a sharded rank with fewer
         micro-batches than another joins the layer gathers of the other's passes."""
@@ -477,13 +488,7 @@ class Trainer:
                 self._idle_pass(with_reference=config.kl_coef > 0)
                 bar.update(1)
                 continue
-            members = [sequences[i] for row in rows for i in row]
-            batch = collate(members, self.pad_token_id).to(self.device)
-            packed = (
-                pack([[sequences[i].input_ids_T for i in row] for row in rows], self.pad_token_id).to(self.device)
-                if plan.packed
-                else None
-            )
+            batch, packed = self._collate(sequences, rows, plan.packed)
             mask_BT = batch.loss_mask_BT[:, 1:]
             sampler_logprobs_BT = batch.sampler_logprobs_BT[:, 1:]
             ref_logprobs_BT = None
@@ -519,9 +524,17 @@ class Trainer:
         return sums, plan
 
     def sft_step(
-        self, name: str, histories: Sequence[History], *, learning_rate: float, micro_batch_tokens: int | None
+        self,
+        name: str,
+        histories: Sequence[History],
+        *,
+        learning_rate: float,
+        micro_batch_tokens: int | None,
+        shared_prefix: bool | None = None,
     ) -> StepOutcome:
-        """One supervised step of adapter `name`: mean negative log-likelihood of the demonstrated assistant turns."""
+        """One supervised step of adapter `name`: mean negative log-likelihood of the demonstrated assistant turns.
+        Demonstrations that start alike (a system prompt, tool schemas) share those tokens' computation
+        (`shared_prefix`, as in `TrainConfig`)."""
         started = time.perf_counter()
         adapter = self._activate(name)
         sequences = [tokenize_history(h, self.tokenizer, train_on_written_assistant=True) for h in histories]
@@ -534,13 +547,14 @@ class Trainer:
         tokenize_s = time.perf_counter() - started
         self.model.train()
         nll_sum = torch.zeros((), device=self.device)
-        for rows in self._micro_batches(sequences, micro_batch_tokens).batches:
+        plan = self._micro_batches(sequences, micro_batch_tokens, shared_prefix=shared_prefix)
+        for rows in plan.batches:
             if rows is None:
                 self._idle_pass(with_reference=False)
                 continue
-            batch = collate([sequences[i] for row in rows for i in row], self.pad_token_id).to(self.device)
+            batch, packed = self._collate(sequences, rows, plan.packed)
             with self._autocast():
-                logprobs_BT, _ = token_logprobs(self.model, batch)
+                logprobs_BT, _ = token_logprobs(self.model, batch, packed)
             nll = -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens
             nll.backward()
             nll_sum += nll.detach()
@@ -553,6 +567,7 @@ class Trainer:
             metrics={
                 "sft_loss": total_nll,
                 "trained_tokens": float(num_loss_tokens),
+                "forward_tokens": float(plan.forward_tokens),
                 "num_sequences": float(len(sequences)),
                 "grad_norm": grad_norm,
                 "tokenize_s": tokenize_s,
