@@ -88,8 +88,12 @@ RUNS = {
         {"reward": "ruler"},
         trained_judge=True,
     ),
-    "email-ruler-trained-judge": LearningRun(
-        "email", "RULER (trained judge)", {"correct": metric("correct")}, {"reward": "ruler"}, trained_judge=True
+    "email-ruler-trained-judge": LearningRun(  # half the held-out questions: a float32 CPU's hour has three evaluations
+        "email",
+        "RULER (trained judge)",
+        {"correct": metric("correct")},
+        {"reward": "ruler", "test_questions": 54},
+        trained_judge=True,
     ),
     "rubric-ruler-generic": LearningRun(
         "rubric",

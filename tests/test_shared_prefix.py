@@ -253,6 +253,7 @@ def test_demonstrations_that_start_alike_train_as_they_would_unshared(tiny_train
         for shared in (False, None)
     ]
     plain, packed = (o.metrics for o in outcomes)
+    assert plain["forward_tokens"] == plain["total_tokens"] == packed["total_tokens"]
     assert packed["forward_tokens"] < 0.7 * plain["forward_tokens"]  # None packs: it saves well over 10%
     assert packed["sft_loss"] == pytest.approx(plain["sft_loss"], rel=1e-4)
     for packed_grad, plain_grad in zip(captured[1], captured[0], strict=True):

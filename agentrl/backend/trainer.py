@@ -567,6 +567,7 @@ class Trainer:
             metrics={
                 "sft_loss": total_nll,
                 "trained_tokens": float(num_loss_tokens),
+                "total_tokens": float(sum(len(s) for s in sequences)),
                 "forward_tokens": float(plan.forward_tokens),
                 "num_sequences": float(len(sequences)),
                 "grad_norm": grad_norm,
