@@ -7,6 +7,7 @@ the queue is empty it answers well. A good answer fills whatever JSON schema the
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -57,6 +58,7 @@ class FakeOpenAI:
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
+        self._task_numbers = itertools.count()  # unique across concurrent writer calls (threads answer them)
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -82,7 +84,7 @@ class FakeOpenAI:
         if keys == ["tasks"]:  # a task writer: as many tasks as the schema lets it write (6 unbounded)
             count = schema["properties"]["tasks"].get("maxItems", 6)
             return json.dumps(
-                {"tasks": [{"task": f"Find email {len(self.requests)}-{i}.", "difficulty": 2} for i in range(count)]}
+                {"tasks": [{"task": f"Find email {next(self._task_numbers)}.", "difficulty": 2} for _ in range(count)]}
             )
         if behaviour == "malformed":
             return '{"trajectory_1": {"score": 0.5, "explanation": '
