@@ -1,8 +1,8 @@
 """agentrl: train LLM agents with reinforcement learning (GRPO + LoRA), on a laptop CPU or a GPU."""
 
 from importlib import metadata as _metadata
+from typing import TYPE_CHECKING
 
-from agentrl.backend.local import LocalBackend
 from agentrl.backend.protocol import Backend
 from agentrl.backend.remote import RemoteBackend
 from agentrl.call_helpers import limit_concurrency, retry
@@ -39,32 +39,56 @@ from agentrl.gateway.limits import GatewayLimits
 from agentrl.gather import ExceptionBudget, gather_trajectories, gather_trajectory_groups
 from agentrl.model import Model, TrainableModel, TrainResult
 from agentrl.pipeline import train_pipelined
+from agentrl.plugins import EnvironmentCommands
+from agentrl.run_folder import DEFAULT_BASE_PATH, RunFolder
 from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
 from agentrl.weave_tracing import disable_weave, enable_weave, traced
+
+if TYPE_CHECKING:  # the names loaded lazily below, for type checkers
+    from agentrl.backend.local import LocalBackend
+    from agentrl.judges import (
+        JudgeAudit,
+        JudgeCheckReport,
+        JudgeExample,
+        JudgeLimiter,
+        RubricTask,
+        check_judge,
+        judge_rubrics,
+        load_rubric_tasks,
+        rubric_rollout,
+        ruler_score_group,
+        train_judge,
+        train_judge_rl,
+    )
+    from agentrl.judges.ruler import ruler  # the function, not its module
 
 try:
     __version__ = _metadata.version("agentrl")
 except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
-# Judges load litellm (2.5 s to import): they are loaded on first use, not with `import agentrl`.
+# Loaded on first use, not with `import agentrl`: the judges load litellm (2.5 s to import), and the local
+# backend loads torch, transformers and peft, which a client of a remote backend does not install.
 _LAZY = {
-    name: "agentrl.judges"
-    for name in (
-        "JudgeAudit",
-        "JudgeCheckReport",
-        "JudgeExample",
-        "JudgeLimiter",
-        "RubricTask",
-        "check_judge",
-        "judge_rubrics",
-        "load_rubric_tasks",
-        "rubric_rollout",
-        "ruler",
-        "ruler_score_group",
-        "train_judge",
-        "train_judge_rl",
-    )
+    "LocalBackend": "agentrl.backend.local",
+    **{
+        name: "agentrl.judges"
+        for name in (
+            "JudgeAudit",
+            "JudgeCheckReport",
+            "JudgeExample",
+            "JudgeLimiter",
+            "RubricTask",
+            "check_judge",
+            "judge_rubrics",
+            "load_rubric_tasks",
+            "rubric_rollout",
+            "ruler",
+            "ruler_score_group",
+            "train_judge",
+            "train_judge_rl",
+        )
+    },
 }
 
 
@@ -72,11 +96,17 @@ def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        from agentrl.backend.extras import missing_backend_extra
+
+        with missing_backend_extra(name):
+            return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
 
 
 __all__ = [
+    "EnvironmentCommands",
+    "DEFAULT_BASE_PATH",
+    "RunFolder",
     "AgentRLError",
     "Backend",
     "BackendBrokenError",
@@ -124,5 +154,17 @@ __all__ = [
     "gather_trajectories",
     "gather_trajectory_groups",
     "traced",
-    *_LAZY,
+    "JudgeAudit",
+    "JudgeCheckReport",
+    "JudgeExample",
+    "JudgeLimiter",
+    "RubricTask",
+    "check_judge",
+    "judge_rubrics",
+    "load_rubric_tasks",
+    "rubric_rollout",
+    "ruler",
+    "ruler_score_group",
+    "train_judge",
+    "train_judge_rl",
 ]

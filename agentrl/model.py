@@ -22,12 +22,18 @@ from agentrl.backend.protocol import Backend, InferenceEndpoint
 from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError
 from agentrl.files import check_safe_name
+from agentrl.run_folder import DEFAULT_BASE_PATH, RunFolder
 from agentrl.tracking import DEFAULT_BEST_BY
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from agentrl.capture import RolloutSession
     from agentrl.trajectory import History
+
+
+def served_name(name: str, step: int) -> str:
+    """The name a server serves a model's adapter of `step` under: "{name}@{step}"."""
+    return f"{name}@{step}"
 
 
 class Model(BaseModel):
@@ -175,7 +181,7 @@ class TrainableModel(Model):
 
     base_model: str = "smollm2-135m-instruct"
     """The packaged default, a Hugging Face id, or a local folder."""
-    base_path: str = ".agentrl"
+    base_path: str = DEFAULT_BASE_PATH
     """Root folder for runs: checkpoints, logs, metrics."""
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
     """The adapter's shape."""
@@ -206,12 +212,12 @@ class TrainableModel(Model):
     @property
     def run_dir(self) -> Path:
         """{base_path}/{project}/{name}: everything this model writes."""
-        return Path(self.base_path) / self.project / self.name
+        return RunFolder.of(self.project, self.name, self.base_path).path
 
     @property
     def inference_name(self) -> str:
         """ "{name}@{step}": the adapter the server serves for the current step."""
-        return f"{self.name}@{self._step}"
+        return served_name(self.name, self._step)
 
     def _endpoint(self) -> str | None:
         return self._require_backend().endpoint(self).base_url

@@ -1,6 +1,6 @@
 """Run tracking on local files: what a user looks at while training and after.
 
-A run folder ({base_path}/{project}/{name}) holds:
+In the run folder (`RunFolder`):
 - `metrics.jsonl`: one line per step and split (reward mean/std, trainer metrics, timings);
 - `trajectories/{split}-{step:04d}.jsonl`: every trajectory of that step, reloadable with
   `load_trajectories`;
@@ -25,6 +25,7 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.files import append_line, read_lines, write_text_atomic
+from agentrl.run_folder import RunFolder
 from agentrl.trajectory import Trajectory, TrajectoryGroup, reward_stats
 
 logger = logging.getLogger(__name__)
@@ -32,11 +33,11 @@ logger = logging.getLogger(__name__)
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
     """Append one line to metrics.jsonl (whole lines only; NaN written as null)."""
-    append_line(Path(run_dir) / "metrics.jsonl", {"time": time.time(), **record})
+    append_line(RunFolder(Path(run_dir)).metrics, {"time": time.time(), **record})
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunFolder(Path(run_dir)).metrics
     return read_lines(path) if path.exists() else []
 
 
@@ -64,7 +65,7 @@ def write_trajectories(run_dir: Path, step: int, split: str, groups: list[Trajec
         for g_index, group in enumerate(groups)
         for t in group.trajectories
     ]
-    path = Path(run_dir) / "trajectories" / f"{split}-{step:04d}.jsonl"
+    path = RunFolder(Path(run_dir)).trajectories(split, step)
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
@@ -129,7 +130,7 @@ def transcript_html(groups: list[TrajectoryGroup], title: str) -> str:
 
 
 def write_transcript(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup]) -> Path:
-    path = Path(run_dir) / "transcripts" / f"{split}-{step:04d}.html"
+    path = RunFolder(Path(run_dir)).transcript(split, step)
     write_text_atomic(path, transcript_html(groups, f"{Path(run_dir).name}: {split}, step {step}"))
     return path
 
@@ -207,7 +208,7 @@ def plot_judge_audit(run_dir: Path) -> Path | None:
     axes.set_title(f"{Path(run_dir).name}: judge audit")
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small")
-    return _save_figure(figure, Path(run_dir) / "judge.png")
+    return _save_figure(figure, RunFolder(Path(run_dir)).judge_plot)
 
 
 def plot_rewards(run_dir: Path) -> Path:
@@ -256,7 +257,7 @@ def plot_rewards(run_dir: Path) -> Path:
     axes.grid(alpha=0.3)
     if records:
         axes.legend()
-    return _save_figure(figure, Path(run_dir) / "reward.png")
+    return _save_figure(figure, RunFolder(Path(run_dir)).reward_plot)
 
 
 def _save_figure(figure: Any, path: Path) -> Path:
@@ -302,7 +303,7 @@ def record_step(run_dir: Path, step: int, split: str, groups: list[TrajectoryGro
         logger.warning(
             "step %d: the judge's reward rose while independent_reward fell (reward hacking?): read %s",
             step,
-            Path(run_dir) / "transcripts" / f"{split}-{step:04d}.html",
+            RunFolder(Path(run_dir)).transcript(split, step),
         )
     if split != "train" and "independent_reward" in metrics and reward_hacking_trend(read_metrics(run_dir), split):
         logger.warning(
@@ -311,7 +312,7 @@ def record_step(run_dir: Path, step: int, split: str, groups: list[TrajectoryGro
             step,
             HACKING_EVALUATIONS,
             split,
-            Path(run_dir) / "transcripts",
+            RunFolder(Path(run_dir)).transcripts_dir,
         )
     from agentrl.judges.audit import audit_warning  # judges import the model, which imports this module
 

@@ -42,9 +42,9 @@ from typing import Any
 from agentrl.backend.precision import cpu_has_native_bf16
 from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
+from agentrl_environments.larger_number.task import Scenario, reward, rollout, scenarios
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import cpu_name, precision_label
-from environments.larger_number.task import Scenario, reward, rollout, scenarios
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "compare_trl.json"

@@ -32,9 +32,9 @@ from agentrl.files import write_json_atomic
 from agentrl.judges.agreement import pair_counts, pairwise_accuracy, rank_flip_rate
 from agentrl.judges.audit import JudgeAudit
 from agentrl.judges.training import load_examples
+from agentrl_environments.rubric.tasks import DATA as RUBRIC_DATA
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name
-from environments.rubric.tasks import DATA as RUBRIC_DATA
 
 DEBIASED_RESULTS = RESULTS.with_name("debiased_ruler.json")
 START, END = "<!-- benchmark:debiased_ruler:start -->", "<!-- benchmark:debiased_ruler:end -->"

@@ -18,9 +18,9 @@ import tempfile
 import agentrl
 from agentrl.files import write_json_atomic
 from agentrl.judges import JudgeLimiter, ruler_score_group
+from agentrl_environments.larger_number.task import rollout, scenarios
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name
-from environments.larger_number.task import rollout, scenarios
 
 LATENCY_RESULTS = RESULTS.with_name("judge_latency.json")
 START, END = "<!-- benchmark:judge_latency:start -->", "<!-- benchmark:judge_latency:end -->"

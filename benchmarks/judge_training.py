@@ -30,10 +30,10 @@ from typing import Any
 import agentrl
 from agentrl.files import write_json_atomic
 from agentrl.judges.training import JudgeExample, examples_from_groups, load_examples, train_judge, train_judge_rl
+from agentrl_environments.larger_number.task import scenarios
+from agentrl_environments.rubric.tasks import DATA as RUBRIC_DATA
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name
-from environments.larger_number.task import scenarios
-from environments.rubric.tasks import DATA as RUBRIC_DATA
 
 JUDGE_RESULTS = RESULTS.with_name("judge_training.json")
 START, END = "<!-- benchmark:judge_training:start -->", "<!-- benchmark:judge_training:end -->"

@@ -30,10 +30,10 @@ from typing import Any
 
 import agentrl
 from agentrl.files import write_json_atomic
+from agentrl_environments.larger_number.task import evaluate, rollout, scenarios
+from agentrl_environments.larger_number.train import GROUP_SIZE, GROUPS_PER_STEP, LEARNING_RATE
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name
-from environments.larger_number.task import evaluate, rollout, scenarios
-from environments.larger_number.train import GROUP_SIZE, GROUPS_PER_STEP, LEARNING_RATE
 
 PIPELINE_RESULTS = RESULTS.with_name("pipeline.json")
 SPREAD_RESULTS = RESULTS.with_name("pipeline_spread.json")

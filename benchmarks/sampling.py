@@ -31,10 +31,10 @@ import httpx
 
 import agentrl
 from agentrl.files import write_json_atomic
+from agentrl_environments.larger_number.task import scenarios
 from benchmarks.gateway import timed_completions
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name
-from environments.larger_number.task import scenarios
 
 SAMPLING_RESULTS = RESULTS.with_name("sampling.json")
 START, END = "<!-- benchmark:sampling:start -->", "<!-- benchmark:sampling:end -->"

@@ -102,10 +102,9 @@ def measure_ranks(setup: str, steps: int) -> dict[str, Any]:
             started = time.perf_counter()
             outcome = trainer.train_step("default", groups, agentrl.TrainConfig())
             outcomes.append((time.perf_counter() - started, outcome.metrics))
-        held = trainer.parameter_bytes() if isinstance(trainer, TrainerRanks) else [trainer.parameter_bytes()]
+        held = trainer.parameter_bytes()
     finally:
-        if isinstance(trainer, TrainerRanks):
-            trainer.close()
+        trainer.close()
     timed = outcomes[1:]
     step_s = statistics.median(s for s, _ in timed)
     tokens = statistics.median(m["total_tokens"] for _, m in timed)

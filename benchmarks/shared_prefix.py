@@ -31,9 +31,9 @@ from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.tokenize import demonstrated_tokens, tokenize_groups
+from agentrl_environments.larger_number.task import scenarios
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name, precision_label
-from environments.larger_number.task import scenarios
 from tests.helpers import make_choice
 
 SHARED_RESULTS = RESULTS.with_name("shared_prefix.json")
@@ -66,7 +66,7 @@ def main_job_groups(tokenizer: Any, seed: int) -> list[agentrl.TrajectoryGroup]:
 
 def email_groups(tokenizer: Any, seed: int) -> list[agentrl.TrajectoryGroup]:
     """4 email questions x 8 rollouts made from the demonstrations: written tool calls become sampled turns."""
-    from environments.email_agent.env import EmailEnvironment, demonstration
+    from agentrl_environments.email_agent.env import EmailEnvironment, demonstration
 
     rng = random.Random(seed)
     env = EmailEnvironment.load()

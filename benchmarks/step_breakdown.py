@@ -27,8 +27,8 @@ import psutil
 
 import agentrl
 from agentrl.files import write_json_atomic
+from agentrl_environments.larger_number.task import rollout, scenarios
 from benchmarks.readme import replace_section
-from environments.larger_number.task import rollout, scenarios
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "step_breakdown.json"

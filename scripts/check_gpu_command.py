@@ -65,7 +65,6 @@ def main() -> int:
         sys.modules[package].__path__ = [str(ROOT / package.replace(".", "/"))]  # type: ignore[attr-defined]
     load_agentrl_module("agentrl.errors", ROOT / "agentrl" / "errors.py")
     config_module = load_agentrl_module("agentrl.config", ROOT / "agentrl" / "config.py")
-    load_agentrl_module("agentrl.backend.server_guard", ROOT / "agentrl" / "backend" / "server_guard.py")
     server = load_agentrl_module("agentrl.backend.server", ROOT / "agentrl" / "backend" / "server.py")
 
     config = config_module.ServerConfig(replicas=2, tensor_parallel_size=2, data_parallel_size=2)

@@ -8,7 +8,7 @@ import hashlib
 import sys
 
 import agentrl
-from environments.larger_number.task import rollout, scenarios
+from agentrl_environments.larger_number.task import rollout, scenarios
 
 
 async def main(base_path: str) -> None:

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from environments.twenty_forty_eight.game import Game, can_move, move, slide_row_left, spawn
+from agentrl_environments.twenty_forty_eight.game import Game, can_move, move, slide_row_left, spawn
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_bad_settings_are_clear_errors():
 
 
 def test_moves_are_read_from_tags_first_then_the_first_direction_word():
-    from environments.twenty_forty_eight.env import parse_move
+    from agentrl_environments.twenty_forty_eight.env import parse_move
 
     assert parse_move("I think <move> Up </move> is best") == ("up", True)
     assert parse_move("Let's go left, then down.") == ("left", False)
@@ -77,7 +77,7 @@ def test_moves_are_read_from_tags_first_then_the_first_direction_word():
 
 
 def test_reward_prefers_wins_then_bigger_tiles_and_halves_on_invalid_moves():
-    from environments.twenty_forty_eight.env import reward
+    from agentrl_environments.twenty_forty_eight.env import reward
 
     small = Game(size=3, target=64, board=((2, 2, 0), (0, 0, 0), (0, 0, 0)))
     bigger = Game(size=3, target=64, board=((16, 2, 0), (0, 0, 0), (0, 0, 0)))

@@ -80,8 +80,35 @@ def test_the_cycle_check_finds_a_cycle():
 def test_the_library_never_imports_the_recipes():
     for path in PACKAGE.rglob("*.py"):
         imported = runtime_imports(path)
-        assert not any(m == "environments" or m.startswith("environments.") for m in imported), path
-        assert "environments." not in path.read_text().replace("agentrl.environments", ""), path  # nor by string
+        assert not any(m.split(".")[0] in ("agentrl_environments", "environments") for m in imported), path
+        assert "agentrl_environments." not in path.read_text(), path  # nor by string
+
+
+def test_the_code_that_runs_inside_vllm_imports_nothing_of_agentrl_and_the_guard_only_the_standard_library():
+    import sys
+
+    vllm_side = PACKAGE.parent / "agentrl_vllm"
+    for path in vllm_side.rglob("*.py"):
+        assert not any(m.split(".")[0] == "agentrl" for m in runtime_imports(path)), path
+    guard = runtime_imports(vllm_side / "server_guard.py")
+    assert {m.split(".")[0] for m in guard} <= sys.stdlib_module_names | {"__future__"}, guard
+
+
+def test_the_wheel_lists_every_package_and_installs_the_environments_under_their_own_name():
+    import tomllib
+
+    setuptools = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"agentrl": "agentrl", "agentrl_vllm": "agentrl_vllm", "agentrl_environments": "environments"}
+    assert setuptools["package-dir"] == {"agentrl_environments": "environments"}
+    found = set()
+    for name, folder in folders.items():
+        for init in (PACKAGE.parent / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(PACKAGE.parent / folder).parts
+            found.add(".".join((name, *parts)))
+    assert found == set(setuptools["packages"]), "pyproject.toml's [tool.setuptools] packages: add or drop these"
+    import agentrl_environments.email_agent
+
+    assert Path(agentrl_environments.email_agent.__file__).parent == PACKAGE.parent / "environments" / "email_agent"
 
 
 def test_the_shipped_environments_are_found_through_entry_points():

@@ -41,7 +41,7 @@ from agentrl.config import ServerConfig
 from agentrl.model import endpoint_client
 from agentrl.rl.tokenize import tokenize_groups
 from agentrl.tracking import append_metrics, read_metrics
-from environments.email_agent.tools import execute
+from agentrl_environments.email_agent.tools import execute
 from tests.helpers import make_choice
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,7 +132,7 @@ def model_repr_hides_the_key(ctx: Ctx) -> None:
 def tool(name: str, arguments: str) -> Callable[[Ctx], Any]:
     def call(ctx: Ctx) -> None:
         world = ctx.request.getfixturevalue("email_world")
-        from environments.email_agent.mailbox import Mailbox
+        from agentrl_environments.email_agent.mailbox import Mailbox
 
         box = Mailbox(world.database, world.data.inboxes[0])
         try:
@@ -536,7 +536,7 @@ SERVER_CASES = [  # calls on the session's real model (vLLM + trainer)
 
 @pytest.fixture(scope="module")
 def email_world():
-    from environments.email_agent.env import EmailEnvironment
+    from agentrl_environments.email_agent.env import EmailEnvironment
 
     return EmailEnvironment.load()
 
@@ -603,7 +603,7 @@ def assert_same_state(before: dict, after: dict) -> None:
 @pytest.fixture
 async def real_groups(served_model) -> list[agentrl.TrajectoryGroup]:
     """Real rollouts on the session's server, with rewards alternating 0/1 so every group carries a signal."""
-    from environments.larger_number.task import rollout, scenarios
+    from agentrl_environments.larger_number.task import rollout, scenarios
 
     groups = await agentrl.gather_trajectory_groups(
         [agentrl.TrajectoryGroup(rollout(served_model, s) for _ in range(4)) for s in scenarios("train", 4, seed=11)],
@@ -726,9 +726,10 @@ async def test_server_routes_need_the_backends_key(served_model):
 
 
 def test_corrupt_checkpoints_are_moved_aside_and_resume_takes_the_newest_valid(base_model_path, tmp_path, caplog):
+    from agentrl.backend.adapter_files import OPTIMIZER_FILE
     from agentrl.backend.local import LocalBackend, ModelSession, _Engine
     from agentrl.backend.run_lock import RunLock
-    from agentrl.backend.trainer import OPTIMIZER_FILE, Trainer
+    from agentrl.backend.trainer import Trainer
 
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
     backend, trainer = LocalBackend(), Trainer(base_model_path)
@@ -844,7 +845,7 @@ ARGUMENTS = st.one_of(
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from(["search_emails", "read_email", "return_final_answer"]), arguments=ARGUMENTS)
 def test_email_tools_never_raise_on_1000_random_calls(email_world, name, arguments):
-    from environments.email_agent.mailbox import Mailbox
+    from agentrl_environments.email_agent.mailbox import Mailbox
 
     box = Mailbox(email_world.database, email_world.data.inboxes[0])
     try:

@@ -12,7 +12,7 @@ import pytest
 import agentrl
 from agentrl.rl.tokenize import tokenize_history
 from agentrl.tracking import load_trajectories, summarize
-from environments.larger_number.task import evaluate, rollout, scenarios
+from agentrl_environments.larger_number.task import evaluate, rollout, scenarios
 
 # Measured here (2026-11-21, 8 prompts): mean |sampler - trainer| logprob 0.049 nats on single turns
 # (median 0.034, p95 0.14), 0.055 on second turns (rare outliers up to 1.16: the server conditions a
@@ -183,7 +183,7 @@ async def test_kl_to_the_base_model_and_other_losses_run_for_real(served_model):
 
 async def test_the_training_entry_loop_logs_evaluations_and_prints_where_to_look(served_model, capsys):
     """environments/training.py, as the main job and `agentrl train` run it, on the served model."""
-    from environments.training import train_and_evaluate
+    from agentrl_environments.training import train_and_evaluate
 
     train, test = scenarios("train", 4, seed=21), scenarios("test", 8)
     summary = await train_and_evaluate(

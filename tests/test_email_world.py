@@ -5,15 +5,15 @@ import json
 import pytest
 
 from agentrl.rl.tokenize import tokenize_history
-from environments.email_agent.data import generate
-from environments.email_agent.env import RolloutStats, demonstration, grade_answer, is_dont_know, reward
-from environments.email_agent.mailbox import Mailbox, build_database, fts_query
-from environments.email_agent.tools import execute
+from agentrl_environments.email_agent.data import generate
+from agentrl_environments.email_agent.env import RolloutStats, demonstration, grade_answer, is_dont_know, reward
+from agentrl_environments.email_agent.mailbox import Mailbox, build_database, fts_query
+from agentrl_environments.email_agent.tools import execute
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from environments.email_agent.env import EmailEnvironment
+    from agentrl_environments.email_agent.env import EmailEnvironment
 
     data = generate(seed=0)
     database = build_database(data, tmp_path_factory.mktemp("mail") / "inboxes.sqlite")

@@ -4,14 +4,14 @@ import math
 from dataclasses import replace
 
 import agentrl
-from environments.email_agent.env import PRESETS as EMAIL_PRESETS
-from environments.email_agent.env import EmailEnvironment, demonstration, evaluate, grade_answer
-from environments.email_agent.env import rollout as email_rollout
-from environments.email_agent.train import ruler_rewards
-from environments.training import judge_for
-from environments.twenty_forty_eight.env import PRESETS as GAME_PRESETS
-from environments.twenty_forty_eight.env import rollout as game_rollout
-from environments.twenty_forty_eight.env import scenarios as game_scenarios
+from agentrl_environments.email_agent.env import PRESETS as EMAIL_PRESETS
+from agentrl_environments.email_agent.env import EmailEnvironment, demonstration, evaluate, grade_answer
+from agentrl_environments.email_agent.env import rollout as email_rollout
+from agentrl_environments.email_agent.train import ruler_rewards
+from agentrl_environments.training import judge_for
+from agentrl_environments.twenty_forty_eight.env import PRESETS as GAME_PRESETS
+from agentrl_environments.twenty_forty_eight.env import rollout as game_rollout
+from agentrl_environments.twenty_forty_eight.env import scenarios as game_scenarios
 
 
 async def test_2048_rollouts_play_real_games(served_model):

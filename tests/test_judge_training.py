@@ -22,9 +22,9 @@ from agentrl.judges.training import (
     write_examples,
 )
 from agentrl.tracking import read_metrics
+from agentrl_environments.larger_number.task import rollout, scenarios
+from agentrl_environments.training import judge_option
 from benchmarks.judge_training import RUBRIC, labelled_groups
-from environments.larger_number.task import rollout, scenarios
-from environments.training import judge_option
 from tests.test_cli import flat, make_run, runner
 
 

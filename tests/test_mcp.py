@@ -197,7 +197,7 @@ async def test_a_local_task_writer_is_held_to_the_count_it_was_asked_for_and_a_h
 
 @pytest.mark.slow
 async def test_mcp_rl_writes_tasks_and_trains_two_steps_on_the_email_inbox_over_mcp(served_model):
-    from environments.email_agent import mcp_rl
+    from agentrl_environments.email_agent import mcp_rl
 
     config = MCPRLConfig(
         steps=2,

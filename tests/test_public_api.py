@@ -63,6 +63,9 @@ EXPECTED = {
     "rubric_rollout",
     "ruler",
     "ruler_score_group",
+    "DEFAULT_BASE_PATH",
+    "RunFolder",
+    "EnvironmentCommands",
 }
 
 
@@ -101,3 +104,49 @@ def test_import_agentrl_does_not_load_litellm_until_a_judge_is_used():
 
     code = "import sys, agentrl; assert 'litellm' not in sys.modules; agentrl.ruler_score_group; assert 'litellm' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# Run before `import agentrl` in a child: the training backend's packages cannot be imported, as in `pip install agentrl`.
+WITHOUT_THE_BACKEND = """
+import importlib.abc, sys
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"torch", "transformers", "peft", "gguf", "vllm"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Missing())
+"""
+
+
+def test_the_client_imports_without_the_training_backend_and_a_backend_piece_names_its_extra():
+    import subprocess
+    import sys
+
+    code = WITHOUT_THE_BACKEND + (
+        "import agentrl, agentrl.art, agentrl.judges, agentrl.backend.remote, agentrl.capture, agentrl.cli\n"
+        "assert not {'torch', 'transformers', 'peft', 'vllm'} & set(sys.modules), sorted(sys.modules)\n"
+        "agentrl.RemoteBackend('http://127.0.0.1:9', token='t'); agentrl.TrainableModel(name='m', project='p')\n"
+        "from agentrl.backend.extras import BackendNotInstalledError\n"
+        "for use in (lambda: agentrl.LocalBackend, lambda: agentrl.art.LocalBackend):\n"
+        "    try:\n"
+        "        use()\n"
+        "    except BackendNotInstalledError as error:\n"
+        "        assert \"pip install 'agentrl[cpu]'\" in str(error) and \"'torch' is not installed\" in str(error), error\n"
+        "    else:\n"
+        "        raise AssertionError('LocalBackend loaded without torch')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_command_line_without_the_training_backend_names_the_extra_and_doctor_passes_as_a_client():
+    import subprocess
+    import sys
+
+    run = (
+        WITHOUT_THE_BACKEND + "import sys; from agentrl.cli import main; sys.argv = ['agentrl', *sys.argv[1:]]; main()"
+    )
+    served = subprocess.run([sys.executable, "-c", run, "backend", "serve"], capture_output=True, text=True)
+    assert served.returncode == 1
+    assert "pip install 'agentrl[cpu]'" in served.stderr and "Traceback" not in served.stderr
+    doctor = subprocess.run([sys.executable, "-c", run, "doctor"], capture_output=True, text=True)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "client install" in doctor.stdout

@@ -132,7 +132,7 @@ def _compare_one_and_two_ranks(base_model_path, tokenizer, two_ranks, tmp_path):
     for rank in (0, 1):
         for key, value in two_ranks.adapter_weights("default", rank).items():
             torch.testing.assert_close(value, rank0[key], rtol=0, atol=0)
-    whole_bytes, per_rank = one.parameter_bytes(), two_ranks.parameter_bytes()
+    (whole_bytes,), per_rank = one.parameter_bytes(), two_ranks.parameter_bytes()
     if two_ranks.sharded:  # each rank holds half the layers, plus the whole head (its own copy when tied)
         assert all(size < 0.8 * whole_bytes for size in per_rank), (per_rank, whole_bytes)
     else:

@@ -505,10 +505,11 @@ async def test_a_failure_after_the_update_rolls_back_and_a_committed_step_is_rep
 
     import torch
 
+    from agentrl.backend.adapter_files import OPTIMIZER_FILE
     from agentrl.backend.checkpoints import CheckpointStore
     from agentrl.backend.local import LocalBackend, ModelSession, _Engine
     from agentrl.backend.run_lock import RunLock
-    from agentrl.backend.trainer import OPTIMIZER_FILE, Trainer
+    from agentrl.backend.trainer import Trainer
     from tests.helpers import synthetic_groups
 
     class GPUServer:

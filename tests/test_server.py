@@ -80,7 +80,7 @@ def test_gpu_command_and_env_enable_sleep_mode_and_runtime_lora():
     # The key guards every route, on CPU and GPU, and never appears on the command line (`ps` shows it).
     assert env["VLLM_API_KEY"] == "k" and "k" not in gpu + cpu
     for command in (gpu, cpu):
-        assert command[command.index("--middleware") + 1] == "agentrl.backend.server_guard.RequireServerKey"
+        assert command[command.index("--middleware") + 1] == "agentrl_vllm.server_guard.RequireServerKey"
 
 
 class _Recorder(BaseHTTPRequestHandler):

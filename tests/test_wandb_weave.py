@@ -71,7 +71,7 @@ def test_with_neither_configured_wandb_and_weave_are_never_imported(tmp_path):
 import asyncio, sys
 import agentrl
 from agentrl.tracking import record_step
-from environments.email_agent.env import rollout
+from agentrl_environments.email_agent.env import rollout
 from tests.test_tracking import sample_groups
 
 @agentrl.traced
@@ -119,7 +119,7 @@ def test_rollouts_are_traced_as_weave_ops_with_their_completions(served_model, t
     code = """
 import asyncio, os, sys
 import agentrl
-from environments.larger_number.task import rollout, scenarios
+from agentrl_environments.larger_number.task import rollout, scenarios
 
 policy = agentrl.Model(name=sys.argv[2], base_url=sys.argv[1], api_key=os.environ["AGENTRL_TEST_SERVER_KEY"])
 agentrl.enable_weave("me/agentrl-test")

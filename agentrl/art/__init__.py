@@ -15,6 +15,8 @@ interface, not from its code.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agentrl.backend.protocol import Backend
 from agentrl.model import TrainResult
 from agentrl.trajectory import History, Trajectory, TrajectoryGroup
@@ -29,12 +31,14 @@ from .gather import (
     trajectory_group_batches,
     yield_trajectory,
 )
-from .local import LocalBackend, LocalTrainResult
 from .models import Model, TrainableModel, agentrl_metric
 from .training import TrainConfig
 from .types import LoRAConfig, Messages, MessagesAndChoices, Tools, TrainSFTConfig
 from .unsupported import MegatronTopologyConfig, ServerlessBackend
 from .utils.retry import retry
+
+if TYPE_CHECKING:
+    from .local import LocalBackend, LocalTrainResult
 
 ServerlessTrainResult = TrainResult
 """ART's serverless result type: agentrl's `TrainResult` (ServerlessBackend itself raises)."""
@@ -69,3 +73,12 @@ __all__ = [
     "History",
     "agentrl_metric",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`LocalBackend` on first use: it needs the training backend (`agentrl[cpu]`), which ART's client API does not."""
+    if name in ("LocalBackend", "LocalTrainResult"):
+        from . import local
+
+        return getattr(local, name)
+    raise AttributeError(f"module 'agentrl.art' has no attribute {name!r}")

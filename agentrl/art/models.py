@@ -18,6 +18,7 @@ import agentrl
 from agentrl.backend.protocol import Backend
 from agentrl.errors import ConfigurationError
 from agentrl.files import check_safe_name, write_json_atomic
+from agentrl.model import served_name
 from agentrl.tracking import append_metrics, read_metrics, summarize
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
@@ -211,7 +212,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         return self._require_backend().endpoint(self).api_key
 
     def _served_name(self, step: int | None) -> str:
-        return f"{self.name}@{self._step if step is None else step}"
+        return served_name(self.name, self._step if step is None else step)
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """`litellm.acompletion` keywords for this model's adapter at `step` (default: current), temperature 1."""

@@ -47,6 +47,14 @@ class CheckpointStore:
         steps = self.steps()
         return steps[-1] if steps else None
 
+    def adapter_config(self, step: int) -> dict[str, Any]:
+        """peft's adapter_config.json of a checkpoint: its base model (`base_model_name_or_path`), rank (`r`), ..."""
+        path = self.path(step) / "adapter_config.json"
+        try:
+            return dict(json.loads(path.read_text()))
+        except FileNotFoundError as error:
+            raise CheckpointError(f"no adapter in the checkpoint for step {step}: {path} is missing") from error
+
     def info(self, step: int) -> dict[str, Any]:
         """What was recorded with a checkpoint (step, metrics); `CheckpointError` if it is missing or unreadable."""
         path = self.path(step) / INFO_FILE

@@ -36,7 +36,7 @@ from agentrl.backend.protocol import InferenceEndpoint
 from agentrl.backend.ranks import TrainerRanks
 from agentrl.backend.replicas import ServerReplicas
 from agentrl.backend.run_lock import RunLock
-from agentrl.backend.trainer import StepOutcome, Trainer
+from agentrl.backend.trainer import AdapterTrainer, StepOutcome, Trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError, BackendBrokenError, CheckpointError, ConfigurationError, ServerError
@@ -44,9 +44,10 @@ from agentrl.files import check_safe_name
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
 from agentrl.gateway.store import fill_sampled_tokens
-from agentrl.model import TrainResult
+from agentrl.model import TrainResult, served_name
 from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
 from agentrl.rl.tokenize import check_token_ids, labelled_histories
+from agentrl.run_folder import RunFolder
 from agentrl.tracking import DEFAULT_BEST_BY, best_step, record_step, summarize, with_art_names
 from agentrl.wandb_metrics import WandbMetrics, wandb_requested
 
@@ -71,7 +72,7 @@ class _Engine:
     base_model: str
     model_path: str
     server: ServerReplicas
-    trainer: Trainer | TrainerRanks
+    trainer: AdapterTrainer
     vocab_size: int
     """Token ids a client may send for training lie in [0, vocab_size)."""
 
@@ -93,7 +94,7 @@ class ModelSession:
     """Held by a call that changes the step (train, train_sft), so one runs at a time per model."""
 
     def served_name(self, step: int | None = None) -> str:
-        return f"{self.model.name}@{self.step if step is None else step}"
+        return served_name(self.model.name, self.step if step is None else step)
 
 
 class LocalBackend:
@@ -173,7 +174,7 @@ class LocalBackend:
         return self.engine.server
 
     @property
-    def trainer(self) -> Trainer | TrainerRanks:
+    def trainer(self) -> AdapterTrainer:
         """The trainer (or its ranks), one adapter per registered model (an error before the first `register`)."""
         return self.engine.trainer
 
@@ -264,12 +265,12 @@ class LocalBackend:
             return engine
         model_path = await self._on_trainer_thread(resolve_base_model, model.base_model)
         vocab_size = await self._on_trainer_thread(_vocab_size, model_path)
-        server = ServerReplicas(model_path, model.run_dir / "logs", model.server, max_lora_rank=model.lora.rank)
+        server = ServerReplicas(model_path, RunFolder(model.run_dir).logs, model.server, max_lora_rank=model.lora.rank)
         # On a CPU the server spends its start importing, one core at a time: the trainer loads meanwhile
         # (~6 s of a 2-core float32 machine's ~40 s start). On a GPU vLLM sizes its memory from what is
         # free as it starts, so there the trainer loads first.
         starting = None if server.gpu else asyncio.ensure_future(server.start())
-        trainer: Trainer | TrainerRanks
+        trainer: AdapterTrainer
         try:
             if self.trainer_ranks > 1:
                 trainer = await self._on_trainer_thread(
@@ -605,8 +606,7 @@ class LocalBackend:
         engine, self._engine = self._engine, None
         if engine is not None:
             await asyncio.to_thread(engine.server.stop)
-            if isinstance(engine.trainer, TrainerRanks):
-                await asyncio.to_thread(engine.trainer.close)
+            await asyncio.to_thread(engine.trainer.close)
 
     async def _release_sessions(self) -> None:
         for session in self.sessions.values():

@@ -233,16 +233,17 @@ class TrainerRanks:
         result: list[list[float]] = self._call(self._through_layers, "logprobs_of", name, list(sequences))[0]
         return result
 
-    def adapter_weights(self, name: str, rank: int) -> dict[str, torch.Tensor]:
+    def adapter_weights(self, name: str, rank: int | None = 0) -> dict[str, torch.Tensor]:
         """Rank `rank`'s whole weights of adapter `name` (peft's keys), to check that the ranks agree."""
+        rank = 0 if rank is None else rank
         asked = self._all if self.sharded else [rank]
         weights: dict[str, torch.Tensor] = self._call(asked, "adapter_weights", name)[asked.index(rank)]
         return weights
 
     def parameter_bytes(self) -> list[int]:
         """Bytes of weights each rank holds (its shards, when sharded)."""
-        sizes: list[int] = self._call(self._all, "parameter_bytes")
-        return sizes
+        sizes: list[list[int]] = self._call(self._all, "parameter_bytes")
+        return [size for one_rank in sizes for size in one_rank]
 
     # --- driving the ranks ---
 

@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 
 from agentrl.backend.precision import bf16_is_native
-from agentrl.backend.server_guard import SERVER_KEY_ENV
 from agentrl.config import ServerConfig
 from agentrl.errors import ServerError
+from agentrl_vllm.server_guard import SERVER_KEY_ENV
 
 
 def cuda_available() -> bool:
@@ -108,7 +108,7 @@ def server_command(
         "--generation-config",
         "vllm",
         "--middleware",
-        "agentrl.backend.server_guard.RequireServerKey",
+        "agentrl_vllm.server_guard.RequireServerKey",
     ]
     if gpu:
         # Sleep mode frees the GPU for the trainer between rollouts; its endpoints need dev mode.

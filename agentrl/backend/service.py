@@ -64,7 +64,7 @@ from agentrl.errors import (
 )
 from agentrl.files import make_private_dir, write_text_atomic
 from agentrl.gateway.limits import GatewayLimits, RequestRefused, read_body
-from agentrl.model import TrainableModel
+from agentrl.model import TrainableModel, served_name
 
 logger = logging.getLogger(__name__)
 TOKEN_FILE = "backend.token"
@@ -310,7 +310,7 @@ class BackendService:
                 raise StepConflictError(
                     f"model {ref.project}/{ref.name} is at step {step}, but this request was made at step {from_step}: "
                     "another client trained it since, or an earlier attempt of this request was applied. Nothing was "
-                    f"trained; call `await model.get_step()` and train on groups sampled from {ref.name}@{step}"
+                    f"trained; call `await model.get_step()` and train on groups sampled from {served_name(ref.name, step)}"
                 )
             return await run(model)
 

@@ -22,19 +22,20 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from agentrl.backend.adapter_files import read_adapter_weights, read_optimizer_state, write_adapter_files
 from agentrl.backend.attention import use_cpu_attention
 from agentrl.backend.logprobs import takes_tree_mask, token_logprobs
 from agentrl.backend.lora_forward import fuse_lora_layers
 from agentrl.backend.precision import bf16_is_native
 from agentrl.backend.sharding import clip_sharded_gradients, is_sharded, like, shard_decoder_layers, whole
 from agentrl.config import LoRAConfig, TrainConfig
-from agentrl.errors import CheckpointError, ConfigurationError, TrainingError
+from agentrl.errors import ConfigurationError, TrainingError
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.losses import loss_denominator, policy_loss
 from agentrl.rl.packing import PackedBatch, pack, pack_rows
@@ -49,7 +50,6 @@ from agentrl.rl.tokenize import (
 )
 from agentrl.trajectory import History, TrajectoryGroup, reward_stats
 
-OPTIMIZER_FILE = "optimizer.pt"
 PACKING_MIN_SAVING = 0.1
 """`TrainConfig.shared_prefix=None` packs a step when that computes at least this share fewer tokens."""
 
@@ -113,6 +113,28 @@ class Adapter:
 
     parameters: list[torch.nn.Parameter]
     optimizer: torch.optim.AdamW
+
+
+class AdapterTrainer(Protocol):
+    """What a backend asks of its trainer: `Trainer` in this process, or `TrainerRanks` over several."""
+
+    def add_adapter(self, name: str, lora: LoRAConfig) -> None: ...
+    def load(self, name: str, folder: Path) -> None: ...
+    def save(self, name: str, folder: Path) -> None: ...
+    def train_step(self, name: str, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepOutcome: ...
+    def sft_step(
+        self,
+        name: str,
+        histories: Sequence[History],
+        *,
+        learning_rate: float,
+        micro_batch_tokens: int | None,
+        shared_prefix: bool | None = None,
+    ) -> StepOutcome: ...
+    def logprobs_of(self, name: str, sequences: Any) -> list[list[float]]: ...
+    def adapter_weights(self, name: str, rank: int | None = ...) -> dict[str, torch.Tensor]: ...
+    def parameter_bytes(self) -> list[int]: ...
+    def close(self) -> None: ...
 
 
 class Trainer:
@@ -205,8 +227,6 @@ class Trainer:
 
         Sharded, every rank must call it (the whole tensors are gathered) and rank 0 writes.
         """
-        from safetensors.torch import save_file
-
         adapter = self._activate(name)
         weights = self.adapter_weights(name)
         optimizer_state = adapter.optimizer.state_dict()
@@ -215,31 +235,30 @@ class Trainer:
                 index: {key: value if key == "step" else whole(value).cpu() for key, value in moments.items()}
                 for index, moments in optimizer_state["state"].items()
             }
-        if self.rank != 0:
-            return
-        save_file({k: v.contiguous() for k, v in weights.items()}, folder / "adapter_model.safetensors")
-        config = self.model.peft_config[name]
-        inference_mode, config.inference_mode = config.inference_mode, True
-        try:
-            config.save_pretrained(str(folder))
-        finally:
-            config.inference_mode = inference_mode
-        torch.save(optimizer_state, folder / OPTIMIZER_FILE)
+        if self.rank == 0:
+            write_adapter_files(folder, weights, self.model.peft_config[name], optimizer_state)
 
-    def adapter_weights(self, name: str) -> dict[str, torch.Tensor]:
-        """A copy of adapter `name`'s whole weights, keyed as in its checkpoint (peft's names).
+    def adapter_weights(self, name: str, rank: int | None = None) -> dict[str, torch.Tensor]:
+        """A copy of adapter `name`'s whole weights, keyed as in its checkpoint (peft's names), as this
+        trainer holds them (`rank`: None or this trainer's own).
 
         Sharded, the shards are gathered: every rank must call it.
         """
         from peft import get_peft_model_state_dict
 
+        if rank not in (None, self.rank):
+            raise ValueError(f"this trainer is rank {self.rank} of {self.world_size}; it holds no rank {rank}")
         weights = get_peft_model_state_dict(self.model, adapter_name=name)
         return {k: whole(v.detach()).cpu().clone() for k, v in weights.items()}
 
-    def parameter_bytes(self) -> int:
-        """Bytes of weights this rank holds (its shards only, when sharded): what sharding saves."""
+    def parameter_bytes(self) -> list[int]:
+        """Bytes of weights this rank holds (its shards only, when sharded): what sharding saves. A list of
+        one, as `TrainerRanks` gives one per rank."""
         tensors = {id(p): p for p in (self.model or self._base).parameters()}.values()
-        return sum((p.to_local() if is_sharded(p) else p).nbytes for p in tensors)
+        return [sum((p.to_local() if is_sharded(p) else p).nbytes for p in tensors)]
+
+    def close(self) -> None:
+        """Nothing to stop: the trainer lives in this process (`TrainerRanks.close` stops its processes)."""
 
     def _adapter_parameters_by_key(self, name: str) -> dict[str, torch.nn.Parameter]:
         """Adapter `name`'s parameters under their checkpoint keys (peft drops the adapter's name)."""
@@ -252,11 +271,12 @@ class Trainer:
         Raises `CheckpointError` (and changes nothing) when a file is missing, unreadable, shaped
         unlike this model's adapter, or holds non-finite weights.
         """
-        from peft import set_peft_model_state_dict
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
         adapter = self._activate(name)
-        weights = self._read_adapter(name, folder)
-        optimizer_state = self._read_optimizer_state(adapter, folder)
+        expected = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
+        weights = read_adapter_weights(folder, expected)
+        optimizer_state = read_optimizer_state(folder, adapter.parameters)
         if self.sharded:  # each rank keeps its shard of the whole tensors it read
             parameters = self._adapter_parameters_by_key(name)
             with torch.no_grad():
@@ -269,43 +289,6 @@ class Trainer:
         else:
             set_peft_model_state_dict(self.model, weights, adapter_name=name)
         adapter.optimizer.load_state_dict(optimizer_state)
-
-    def _read_adapter(self, name: str, folder: Path) -> dict[str, torch.Tensor]:
-        from peft import get_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        path = folder / "adapter_model.safetensors"
-        try:
-            adapter = load_file(path)
-        except Exception as error:  # noqa: BLE001 - safetensors raises its own and OS errors alike
-            raise CheckpointError(f"cannot read the adapter {path}: {type(error).__name__}: {error}") from error
-        expected = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
-        found = {k: tuple(v.shape) for k, v in adapter.items()}
-        if found != expected:
-            differing = sorted(set(found) ^ set(expected)) or [k for k in expected if found[k] != expected[k]]
-            raise CheckpointError(
-                f"the adapter {path} does not fit this model's LoRA (rank and target modules): {differing[:3]} differ"
-            )
-        if not all(torch.isfinite(v).all() for v in adapter.values()):
-            raise CheckpointError(f"the adapter {path} holds non-finite weights")
-        return adapter
-
-    def _read_optimizer_state(self, adapter: Adapter, folder: Path) -> dict:
-        path = folder / OPTIMIZER_FILE
-        try:
-            state = torch.load(path, weights_only=True)
-        except Exception as error:  # noqa: BLE001 - a missing file, a torn pickle, or a foreign object
-            raise CheckpointError(f"cannot read the optimizer state {path}: {type(error).__name__}: {error}") from error
-        groups = state.get("param_groups") if isinstance(state, dict) else None
-        if not groups or sum(len(g["params"]) for g in groups) != len(adapter.parameters):
-            raise CheckpointError(
-                f"the optimizer state {path} is not for this model's {len(adapter.parameters)} tensors"
-            )
-        for index, parameter in enumerate(adapter.parameters):
-            moments = state["state"].get(index, {})
-            if any(k in moments and moments[k].shape != parameter.shape for k in ("exp_avg", "exp_avg_sq")):
-                raise CheckpointError(f"the optimizer state {path} is shaped unlike this model's adapter")
-        return state
 
     # --- the step ---
 

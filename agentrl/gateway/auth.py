@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from agentrl.backend.server_guard import digest_matches, presented_digest, refuse
+from agentrl_vllm.server_guard import digest_matches, presented_digest, refuse
 
 ADMIN_PREFIX = "/backend/"
 

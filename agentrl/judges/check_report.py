@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agentrl.files import write_text_atomic
 from agentrl.judges.check import JudgeCheckReport, reference_reward
+from agentrl.run_folder import RunFolder
 from agentrl.tracking import load_trajectories
 from agentrl.trajectory import TrajectoryGroup
 
@@ -17,7 +18,7 @@ from agentrl.trajectory import TrajectoryGroup
 def recorded_groups(run_dir: Path, *, split: str = "train", max_groups: int = 8) -> tuple[list[TrajectoryGroup], int]:
     """Up to `max_groups` recorded groups of `split` (those whose reference reward varies first), and
     the median number of groups per recorded step."""
-    files = sorted((Path(run_dir) / "trajectories").glob(f"{split}-*.jsonl"))
+    files = RunFolder(Path(run_dir)).trajectory_files(split)
     if not files:
         raise ValueError(
             f"{run_dir} has no recorded {split} trajectories (trajectories/{split}-*.jsonl); train a step first"
@@ -104,7 +105,7 @@ def page(reports: list[JudgeCheckReport], title: str) -> str:
 
 def write_check(run_dir: Path, reports: list[JudgeCheckReport]) -> tuple[Path, Path]:
     """judge_checks/{time}.json and .html in the run folder (written atomically)."""
-    stem = Path(run_dir) / "judge_checks" / time.strftime("%Y%m%d-%H%M%S")
+    stem = RunFolder(Path(run_dir)).judge_checks / time.strftime("%Y%m%d-%H%M%S")
     json_path, html_path = stem.with_suffix(".json"), stem.with_suffix(".html")
     listed = ",\n".join(r.model_dump_json(indent=2) for r in reports)  # NaN (nothing to measure) as null
     write_text_atomic(json_path, f"[\n{listed}\n]\n")

@@ -245,6 +245,7 @@ async def train_judge_rl(
 def trained_judge_run(spec: str, base_path: str | Path) -> tuple[RunInfo, dict[str, Any]]:
     """The run `run:NAME` (run:PROJECT/NAME, or run:FOLDER) names and its latest checkpoint's adapter
     config; `ConfigurationError` when there is no such run or it was never trained."""
+    from agentrl.backend.checkpoints import CheckpointStore
     from agentrl.runs import resolve_run
 
     project, _, name = spec.removeprefix(RUN_PREFIX).rpartition("/")
@@ -254,7 +255,7 @@ def trained_judge_run(spec: str, base_path: str | Path) -> tuple[RunInfo, dict[s
             f"judge run {info.label} has no trained checkpoint (steps {info.steps or 'none'}); "
             f"train it first: agentrl judge train {name} --examples FILE"
         )
-    adapter = json.loads((info.path / "checkpoints" / f"{info.steps[-1]:04d}" / "adapter_config.json").read_text())
+    adapter = CheckpointStore(info.path).adapter_config(info.steps[-1])
     return info, adapter
 
 

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import agentrl
 from agentrl.base_models import cache_dir
-from environments.email_agent.data import Dataset, Question, generate
-from environments.email_agent.mailbox import Mailbox, build_database
-from environments.email_agent.tools import TOOLS, execute
+from agentrl_environments.email_agent.data import Dataset, Question, generate
+from agentrl_environments.email_agent.mailbox import Mailbox, build_database
+from agentrl_environments.email_agent.tools import TOOLS, execute
 
 if TYPE_CHECKING:
     from agentrl.judges.call import JudgeModel  # a litellm id or an agentrl.Model

@@ -1,7 +1,7 @@
 """MCP-RL on the email inbox served over MCP: tasks written from the server's tools, RULER rewards,
 and the held-out questions' known answers as a check no judge sets.
 
-python -m environments.email_agent.mcp_rl [--steps N] [--eval-tasks N] [--warm-start N] [--writer MODEL] [--judge MODEL]
+python -m agentrl_environments.email_agent.mcp_rl [--steps N] [--eval-tasks N] [--warm-start N] [--writer MODEL] [--judge MODEL]
 
 Each rollout starts its own stdio server bound to one inbox (a session per rollout). Written tasks
 are spread over the training inboxes; held-out tasks are the test split's questions, on inboxes
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 import agentrl
 from agentrl.mcp import COMPLETE_TASK_TOOL, MCPRLConfig, MCPRLReport, MCPTask, MCPToolbox, StdioServer, train_mcp_rl
-from environments.email_agent.data import Question
-from environments.email_agent.env import EmailEnvironment, answer_is_correct, demonstration
+from agentrl_environments.email_agent.data import Question
+from agentrl_environments.email_agent.env import EmailEnvironment, answer_is_correct, demonstration
 
 if TYPE_CHECKING:
     from agentrl.judges.call import JudgeModel
@@ -43,7 +43,7 @@ def servers_for(env: EmailEnvironment) -> Callable[[MCPTask], list[StdioServer]]
 
     def servers(task: MCPTask) -> list[StdioServer]:
         inbox = task.metadata.get("inbox") or train_inboxes[zlib.crc32(task.task.encode()) % len(train_inboxes)]
-        args = ["-m", "environments.email_agent.mcp_server", "--database", str(env.database), "--inbox", inbox]
+        args = ["-m", "agentrl_environments.email_agent.mcp_server", "--database", str(env.database), "--inbox", inbox]
         return [StdioServer(command=sys.executable, args=args, name="inbox")]
 
     return servers

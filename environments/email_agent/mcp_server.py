@@ -1,14 +1,14 @@
 """The email inbox as an MCP server: `search_emails` and `read_email` over one inbox, on stdio or HTTP.
 
-python -m environments.email_agent.mcp_server --database DB --inbox ADDRESS            (stdio)
-python -m environments.email_agent.mcp_server --database DB --inbox ADDRESS --port N   (HTTP, 127.0.0.1:N/mcp)
+python -m agentrl_environments.email_agent.mcp_server --database DB --inbox ADDRESS            (stdio)
+python -m agentrl_environments.email_agent.mcp_server --database DB --inbox ADDRESS --port N   (HTTP, 127.0.0.1:N/mcp)
 
 DB is the email environment's SQLite file (`EmailEnvironment.load().database`). The server imports
 only the mailbox and the MCP SDK, so a client that starts one per rollout waits about a second.
 
 Written with the official MCP SDK, so any MCP client (agentrl.mcp, an IDE, another framework) can
 use the same tools the native email environment gives its agent; the questions' known answers make
-a verifiable check beside RULER when agentrl trains on it (`environments.email_agent.mcp_rl`).
+a verifiable check beside RULER when agentrl trains on it (`agentrl_environments.email_agent.mcp_rl`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from environments.email_agent.mailbox import Mailbox
+from agentrl_environments.email_agent.mailbox import Mailbox
 
 
 def build_server(database: Path, inbox: str) -> MCPServer:

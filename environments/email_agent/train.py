@@ -1,6 +1,6 @@
 """Train the email agent: measure tool use, warm-start with demonstrations if needed, then RL.
 
-python -m environments.email_agent.train [--preset cpu|gpu] [--steps N] [--model ...] [--reward match|judge|ruler]
+python -m agentrl_environments.email_agent.train [--preset cpu|gpu] [--steps N] [--model ...] [--reward match|judge|ruler]
 agentrl train email [--preset cpu|gpu] [--steps N] [--reward match|judge|ruler] [--judge MODEL]
 
 Training rewards: `match` (the answer contains the fact, normalised), `judge` (an LLM judge decides
@@ -17,10 +17,9 @@ import asyncio
 from typing import TYPE_CHECKING
 
 import agentrl
-from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
-from environments.email_agent.env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
-from environments.training import (
+from agentrl_environments.email_agent.env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
+from agentrl_environments.training import (
     RunSummary,
     evaluate_base_and_checkpoint,
     judge_for,
@@ -63,7 +62,7 @@ async def run(
     steps: int | None = None,
     base_model: str | None = None,
     name: str = "email-agent",
-    base_path: str = ".agentrl",
+    base_path: str = agentrl.DEFAULT_BASE_PATH,
     test_questions: int | None = None,
     reward: str = "match",
     judge: str | None = None,
@@ -110,14 +109,16 @@ async def run(
     )
 
 
-async def evaluate_run(preset_name: str = "cpu", name: str = "email-agent", base_path: str = ".agentrl") -> dict:
+async def evaluate_run(
+    preset_name: str = "cpu", name: str = "email-agent", base_path: str = agentrl.DEFAULT_BASE_PATH
+) -> dict:
     preset = PRESETS[preset_name]
     env = EmailEnvironment.load()
     model = agentrl.TrainableModel(name=name, project="email-agent", base_model=preset.base_model, base_path=base_path)
     return await evaluate_base_and_checkpoint(model, lambda m: evaluate(m, env.data.split("test"), env, preset))
 
 
-COMMANDS = EnvironmentCommands(
+COMMANDS = agentrl.EnvironmentCommands(
     run=run, evaluate_run=evaluate_run, default_name="email-agent", rewards=REWARDS, judged_rewards=("judge", "ruler")
 )
 """What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
@@ -128,7 +129,7 @@ def main() -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--model", default=None)
-    parser.add_argument("--base-path", default=".agentrl")
+    parser.add_argument("--base-path", default=agentrl.DEFAULT_BASE_PATH)
     parser.add_argument("--reward", choices=REWARDS, default="match")
     parser.add_argument(
         "--judge", default=None, help="litellm model id, or run:NAME (agentrl judge train; default: the base model)"

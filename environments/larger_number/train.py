@@ -1,6 +1,6 @@
 """README's main job: train the packaged model on the larger-number task and compare held-out reward.
 
-python -m environments.larger_number.train [--steps 20]
+python -m agentrl_environments.larger_number.train [--steps 20]
 agentrl train larger-number
 """
 
@@ -10,10 +10,9 @@ import argparse
 import asyncio
 
 import agentrl
-from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
-from environments.larger_number.task import evaluate, rollout, scenarios
-from environments.training import RunSummary, evaluate_base_and_checkpoint, step_batch, train_and_evaluate
+from agentrl_environments.larger_number.task import evaluate, rollout, scenarios
+from agentrl_environments.training import RunSummary, evaluate_base_and_checkpoint, step_batch, train_and_evaluate
 
 GROUPS_PER_STEP, GROUP_SIZE, LEARNING_RATE, DEFAULT_STEPS = 8, 8, 5e-4, 20
 TEST = scenarios("test", 128)
@@ -28,7 +27,7 @@ async def run(
     steps: int | None = None,
     base_model: str | None = None,
     name: str = "main-job",
-    base_path: str = ".agentrl",
+    base_path: str = agentrl.DEFAULT_BASE_PATH,
     max_steps_off_policy: int | None = None,
 ) -> RunSummary:
     """Train on the larger-number task (one preset: it is small enough for any machine)."""
@@ -52,12 +51,12 @@ async def run(
     )
 
 
-async def evaluate_run(preset: str = "cpu", name: str = "main-job", base_path: str = ".agentrl") -> dict:
+async def evaluate_run(preset: str = "cpu", name: str = "main-job", base_path: str = agentrl.DEFAULT_BASE_PATH) -> dict:
     model = agentrl.TrainableModel(name=name, project="larger-number", base_path=base_path)
     return await evaluate_base_and_checkpoint(model, held_out)
 
 
-COMMANDS = EnvironmentCommands(run=run, evaluate_run=evaluate_run, default_name="main-job", rewards=())
+COMMANDS = agentrl.EnvironmentCommands(run=run, evaluate_run=evaluate_run, default_name="main-job", rewards=())
 """What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
 
 
@@ -65,7 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--name", default="main-job")
-    parser.add_argument("--base-path", default=".agentrl")
+    parser.add_argument("--base-path", default=agentrl.DEFAULT_BASE_PATH)
     parser.add_argument(
         "--max-steps-off-policy",
         type=int,

@@ -16,8 +16,8 @@ import agentrl
 from agentrl.judges import DEFAULT_RUBRIC
 from agentrl.judges.audit import DEFAULT_AUDIT
 from agentrl.judges.rubric import audit_rubrics
-from environments.rubric.tasks import DATA, InstructionTask, checked_pass_rate
-from environments.training import judge_for
+from agentrl_environments.rubric.tasks import DATA, InstructionTask, checked_pass_rate
+from agentrl_environments.training import judge_for
 
 if TYPE_CHECKING:
     from agentrl.gather import AfterEach

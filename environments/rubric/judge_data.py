@@ -1,6 +1,6 @@
 """Labelled judge examples from the rubric task's code checks: the data `agentrl judge train` ships with.
 
-    .venv/bin/python -m environments.rubric.judge_data [--answers 4] [--max-tokens 96]
+    .venv/bin/python -m agentrl_environments.rubric.judge_data [--answers 4] [--max-tokens 96]
 
 The packaged base model answers every task `--answers` times (temperature 1, as a policy samples);
 each answer's label is its code-checked pass rate, the check the judge never sees. A task whose
@@ -17,8 +17,8 @@ import tempfile
 
 import agentrl
 from agentrl.judges.training import JudgeExample, examples_from_groups, write_examples
-from environments.rubric.env import load_tasks, rollout, task_rubric
-from environments.rubric.tasks import DATA, InstructionTask
+from agentrl_environments.rubric.env import load_tasks, rollout, task_rubric
+from agentrl_environments.rubric.tasks import DATA, InstructionTask
 
 
 async def labelled_examples(

@@ -6,7 +6,7 @@ reworded (`eval_rubrics`: held-out evaluation asks the judge in other words than
 where a rubric can be checked by code (word counts, bullets, a name or a date mentioned), that check
 (`checks`). Checks are never a reward: they measure the judge and the policy independently.
 
-`python -m environments.rubric.tasks` rewrites data/train.jsonl and data/test.jsonl (seeded).
+`python -m agentrl_environments.rubric.tasks` rewrites data/train.jsonl and data/test.jsonl (seeded).
 """
 
 from __future__ import annotations

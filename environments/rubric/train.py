@@ -1,6 +1,6 @@
 """Train instruction following with a judge as the only reward.
 
-python -m environments.rubric.train [--preset cpu|gpu] [--steps N] [--reward rubric|ruler|ruler-generic] [--judge MODEL] [--tasks FILE]
+python -m agentrl_environments.rubric.train [--preset cpu|gpu] [--steps N] [--reward rubric|ruler|ruler-generic] [--judge MODEL] [--tasks FILE]
 agentrl train rubric [--reward ...] [--judge MODEL] [--tasks FILE]
 
 Rewards: `rubric` (one judge call per answer checks all its rubrics; reward = pass rate), `ruler`
@@ -18,11 +18,10 @@ import argparse
 import asyncio
 
 import agentrl
-from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
-from environments.rubric.env import PRESETS, evaluate, load_tasks, rollout, ruler_rewards
-from environments.rubric.tasks import InstructionTask
-from environments.training import (
+from agentrl_environments.rubric.env import PRESETS, evaluate, load_tasks, rollout, ruler_rewards
+from agentrl_environments.rubric.tasks import InstructionTask
+from agentrl_environments.training import (
     RunSummary,
     evaluate_base_and_checkpoint,
     judge_for,
@@ -51,7 +50,7 @@ async def run(
     steps: int | None = None,
     base_model: str | None = None,
     name: str = "rubric",
-    base_path: str = ".agentrl",
+    base_path: str = agentrl.DEFAULT_BASE_PATH,
     reward: str | None = None,
     judge: str | None = None,
     tasks: str | None = None,
@@ -101,14 +100,16 @@ async def run(
     )
 
 
-async def evaluate_run(preset_name: str = "cpu", name: str = "rubric", base_path: str = ".agentrl") -> dict:
+async def evaluate_run(
+    preset_name: str = "cpu", name: str = "rubric", base_path: str = agentrl.DEFAULT_BASE_PATH
+) -> dict:
     preset = PRESETS[preset_name]
     test = load_tasks(split="test")[: preset.test_tasks]
     model = agentrl.TrainableModel(name=name, project="rubric", base_model=preset.base_model, base_path=base_path)
     return await evaluate_base_and_checkpoint(model, lambda m: evaluate(m, test, judge_for(model, None), preset))
 
 
-COMMANDS = EnvironmentCommands(
+COMMANDS = agentrl.EnvironmentCommands(
     run=run, evaluate_run=evaluate_run, default_name="rubric", rewards=REWARDS, judged_rewards=REWARDS, takes_tasks=True
 )
 """What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
@@ -120,7 +121,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--model", default=None)
     parser.add_argument("--name", default="rubric")
-    parser.add_argument("--base-path", default=".agentrl")
+    parser.add_argument("--base-path", default=agentrl.DEFAULT_BASE_PATH)
     parser.add_argument("--reward", choices=REWARDS, default="rubric")
     parser.add_argument(
         "--judge", default=None, help="litellm model id, or run:NAME (agentrl judge train; default: the base model)"

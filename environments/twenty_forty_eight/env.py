@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 
 import agentrl
-from environments.twenty_forty_eight.game import Game
+from agentrl_environments.twenty_forty_eight.game import Game
 
 SYSTEM_PROMPT = (
     "You are playing 2048. Tiles slide in the direction you choose and equal tiles merge. "

@@ -1,6 +1,6 @@
 """Train an agent to play 2048.
 
-python -m environments.twenty_forty_eight.train [--preset cpu|gpu] [--steps N] [--model ...]
+python -m agentrl_environments.twenty_forty_eight.train [--preset cpu|gpu] [--steps N] [--model ...]
 agentrl train 2048 [--preset cpu|gpu] [--steps N]
 """
 
@@ -10,16 +10,15 @@ import argparse
 import asyncio
 
 import agentrl
-from agentrl.plugins import EnvironmentCommands
 from agentrl.stop_signals import handle_stop_signals
-from environments.training import (
+from agentrl_environments.training import (
     RunSummary,
     evaluate_base_and_checkpoint,
     step_batch,
     train_and_evaluate,
     with_overrides,
 )
-from environments.twenty_forty_eight.env import PRESETS, evaluate, rollout, scenarios
+from agentrl_environments.twenty_forty_eight.env import PRESETS, evaluate, rollout, scenarios
 
 
 async def run(
@@ -27,7 +26,7 @@ async def run(
     steps: int | None = None,
     base_model: str | None = None,
     name: str = "2048-agent",
-    base_path: str = ".agentrl",
+    base_path: str = agentrl.DEFAULT_BASE_PATH,
     test_games: int = 24,
     max_steps_off_policy: int | None = None,
 ) -> RunSummary:
@@ -55,7 +54,7 @@ async def run(
 
 
 async def evaluate_run(
-    preset_name: str = "cpu", name: str = "2048-agent", base_path: str = ".agentrl", test_games: int = 24
+    preset_name: str = "cpu", name: str = "2048-agent", base_path: str = agentrl.DEFAULT_BASE_PATH, test_games: int = 24
 ) -> dict[str, dict[str, float]]:
     """Held-out metrics of the prompted base model and of the run's latest checkpoint."""
     preset = PRESETS[preset_name]
@@ -64,7 +63,7 @@ async def evaluate_run(
     return await evaluate_base_and_checkpoint(model, lambda m: evaluate(m, test, max_tokens=preset.max_tokens))
 
 
-COMMANDS = EnvironmentCommands(run=run, evaluate_run=evaluate_run, default_name="2048-agent", rewards=())
+COMMANDS = agentrl.EnvironmentCommands(run=run, evaluate_run=evaluate_run, default_name="2048-agent", rewards=())
 """What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
 
 
@@ -73,7 +72,7 @@ def main() -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--model", default=None, help="base model (default: the preset's)")
-    parser.add_argument("--base-path", default=".agentrl")
+    parser.add_argument("--base-path", default=agentrl.DEFAULT_BASE_PATH)
     args = parser.parse_args()
     handle_stop_signals()
     asyncio.run(run(args.preset, args.steps, args.model, base_path=args.base_path))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigurationError
+from agentrl.run_folder import RunFolder
 
 
 def load_trajectories(
@@ -22,7 +23,7 @@ def load_trajectories(
         raise ConfigurationError(f"{root} does not exist: no run of project {project_name!r} under {art_path}")
     rows = []
     for run in sorted(p for p in root.iterdir() if p.is_dir() and (models is None or p.name in models)):
-        for path in sorted((run / "trajectories").glob("*.jsonl")):
+        for path in RunFolder(run).trajectory_files():
             split, _, step = path.stem.rpartition("-")
             for line in path.read_text().splitlines():
                 if line.strip():

@@ -2,7 +2,7 @@
 
 vLLM's own `--api-key` check covers /v1 (and a few other prefixes) only; /sleep, /wake_up,
 /collective_rpc and the other dev-mode routes a GPU server needs are left open. This guard closes
-them all. Kept free of agentrl's heavy imports: it runs inside the server process.
+them all. Standard library only, like all of agentrl_vllm: it runs inside the server process.
 """
 
 from __future__ import annotations

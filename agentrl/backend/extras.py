@@ -1,0 +1,29 @@
+"""The training backend (torch, transformers, peft, vLLM) is an extra; a clear error where it is missing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+BACKEND_PACKAGES = frozenset({"torch", "transformers", "peft", "gguf", "vllm"})
+"""What `agentrl[cpu]` / `agentrl[gpu]` add to a client install (types, gather, judges, RemoteBackend)."""
+
+
+class BackendNotInstalledError(ImportError):
+    """A piece that trains or serves on this machine was used in an install without the training backend."""
+
+
+@contextmanager
+def missing_backend_extra(what: str) -> Iterator[None]:
+    """Turn the import error of a backend package into one that says which extra to install."""
+    try:
+        yield
+    except ModuleNotFoundError as error:
+        package = (error.name or "").split(".")[0]
+        if package not in BACKEND_PACKAGES:
+            raise
+        raise BackendNotInstalledError(
+            f"{what} trains and serves models on this machine, which needs the training backend, and {package!r} "
+            "is not installed: pip install 'agentrl[cpu]' on a CPU machine or 'agentrl[gpu]' on an NVIDIA GPU "
+            "(a client of a RemoteBackend needs neither)"
+        ) from error

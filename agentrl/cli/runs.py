@@ -1,0 +1,98 @@
+"""`agentrl runs`, `show` and `serve`: read run folders and serve a checkpoint, never writing to a run."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import typer
+
+from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.cli.app import app, base_model_server, fmt, resolve_run_option
+from agentrl.model import served_name
+from agentrl.run_folder import DEFAULT_BASE_PATH
+from agentrl.runs import find_runs
+
+
+@app.command()
+def runs(base_path: str = typer.Option(DEFAULT_BASE_PATH, help="root folder of runs")) -> None:
+    """List runs with their latest step, best train and held-out reward, and path."""
+    found = find_runs(base_path)
+    if not found:
+        typer.echo(f"no runs under {Path(base_path).resolve()}")
+        return
+    typer.echo(f"{'run':<32} {'step':>5} {'best train':>10} {'best val':>9}  path")
+    for info in found:
+        step = info.steps[-1] if info.steps else "-"
+        typer.echo(
+            f"{info.label:<32} {step!s:>5} {fmt(info.best('train')):>10} {fmt(info.best('val')):>9}  {info.path.resolve()}"
+        )
+
+
+@app.command()
+def show(
+    run: str = typer.Argument(..., help="PROJECT/NAME or a run folder"),
+    base_path: str = typer.Option(DEFAULT_BASE_PATH),
+) -> None:
+    """A run's reward per step and split, and where its transcripts and reward plot are."""
+    info = resolve_run_option(run, base_path)
+    typer.echo(f"run {info.label}: checkpoints {info.steps or 'none'}")
+    audited = any("judge_flip_rate" in m for m in info.metrics)  # the judge audit's columns, when it ran
+    judge_header = f" {'flips':>6} {'1st':>5} {'tau':>6}" if audited else ""
+    typer.echo(f"{'step':>5} {'split':<6} {'reward':>8} {'std':>7} {'tokens':>7} {'seconds':>8}{judge_header}")
+    for m in info.metrics:
+        seconds = sum(v for k, v in m.items() if k.endswith("_s") and isinstance(v, float))
+        judge = (
+            f" {fmt(m.get('judge_flip_rate')):>6} {fmt(m.get('judge_first_position_rate')):>5} "
+            f"{fmt(m.get('judge_independent_tau')):>6}"
+            if audited
+            else ""
+        )
+        typer.echo(
+            f"{m['step']:>5} {m['split']:<6} {fmt(m.get('reward_mean')):>8} {fmt(m.get('reward_std')):>7} "
+            f"{m.get('trained_tokens') or 0:>7.0f} {seconds:>8.1f}{judge}"
+        )
+    typer.echo(f"reward plot: {(info.path / 'reward.png').resolve()}")
+    if audited:
+        typer.echo(f"judge audit plot: {(info.path / 'judge.png').resolve()}")
+    typer.echo(f"transcripts: {(info.path / 'transcripts').resolve()}")
+
+
+@app.command()
+def serve(
+    run: str = typer.Argument(..., help="PROJECT/NAME or a run folder"),
+    step: int | None = typer.Option(None, help="checkpoint step (default: the latest)"),
+    base_path: str = typer.Option(DEFAULT_BASE_PATH),
+) -> None:
+    """Serve a checkpoint as an OpenAI-compatible endpoint (model name NAME@STEP) until Ctrl-C."""
+    from agentrl.base_models import cache_dir
+
+    info = resolve_run_option(run, base_path)
+    if not info.steps:
+        raise typer.BadParameter(f"run {info.label} has no checkpoint yet")
+    step = info.steps[-1] if step is None else step
+    if step not in info.steps:
+        raise typer.BadParameter(f"run {info.label} has no checkpoint for step {step}; it has {info.steps}")
+    checkpoint = CheckpointStore(info.path).path(step)
+    # Serving only reads the run: its log goes to the cache, never into the run folder.
+    log_path = cache_dir() / "serve-logs" / f"{info.path.parent.name}-{info.path.name}-{step:04d}.log"
+
+    async def serve_forever() -> None:
+        server = base_model_server(info, step, log_path)
+        await server.start()
+        name = served_name(info.path.name, step)
+        await server.load_adapter(name, checkpoint)
+        typer.echo(
+            f"serving {name} at {server.base_url} (OpenAI-compatible; api key {server.api_key}; log {log_path}; "
+            "Ctrl-C stops it)"
+        )
+        try:
+            while server.process is not None and server.process.poll() is None:
+                await asyncio.sleep(1)
+        finally:
+            server.stop()
+
+    try:
+        asyncio.run(serve_forever())
+    except KeyboardInterrupt:
+        pass
