@@ -274,7 +274,7 @@ def _tee_stream(module: Any, response: Any, capture: _Capture, api: str, body: d
 
     if isinstance(inner, module.AsyncByteStream):
 
-        class AsyncTee(module.AsyncByteStream):  # type: ignore[name-defined,misc]
+        class AsyncTee(module.AsyncByteStream):  # type: ignore[misc]
             async def __aiter__(self) -> Any:
                 async for data in inner:
                     chunk_seen(data)
@@ -286,7 +286,7 @@ def _tee_stream(module: Any, response: Any, capture: _Capture, api: str, body: d
         response.stream = AsyncTee()
     elif isinstance(inner, module.SyncByteStream):
 
-        class SyncTee(module.SyncByteStream):  # type: ignore[name-defined,misc]
+        class SyncTee(module.SyncByteStream):  # type: ignore[misc]
             def __iter__(self) -> Any:
                 for data in inner:
                     chunk_seen(data)

@@ -31,9 +31,10 @@ PresetT = TypeVar("PresetT")
 def with_overrides(preset: PresetT, steps: int | None, base_model: str | None) -> PresetT:
     """A preset dataclass with the command line's --steps and --model where given."""
     options: Any = preset
-    return replace(
+    overridden: PresetT = replace(
         options, steps=steps if steps is not None else options.steps, base_model=base_model or options.base_model
     )
+    return overridden
 
 
 def step_batch(items: list[Item], step: int, size: int) -> list[Item]:

@@ -56,11 +56,13 @@ async def gather_trajectory_groups(
             if not result:
                 return None
             expanded[id(result[0])] = result
-            return result[0]  # type: ignore[no-any-return]
-        return result  # type: ignore[no-any-return]
+            first: TrajectoryGroup = result[0]
+            return first
+        kept: TrajectoryGroup | None = result
+        return kept
 
     # An awaitable that returns a group (an `async def`) is run as the one rollout of a group of its own.
-    items = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in items]  # type: ignore[list-item]
+    items = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in items]
     gathered = await agentrl.gather_trajectory_groups(
         items,  # type: ignore[arg-type]
         **_budget(max_exceptions),

@@ -241,7 +241,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
             self.base_path = str(path)
         await agentrl.TrainableModel.register(self, backend)
 
-    async def train(  # type: ignore[override]
+    async def train(
         self,
         trajectory_groups: Iterable[TrajectoryGroup],
         config: TrainConfig | agentrl.TrainConfig | None = None,
@@ -265,7 +265,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         log_verbose(verbose or bool(keys.get("verbose")), result.step, result.metrics)
         return result
 
-    async def train_sft(  # type: ignore[override]
+    async def train_sft(
         self,
         trajectories: Iterable[Any],
         config: Any = None,

@@ -70,4 +70,4 @@ def read_optimizer_state(folder: Path, parameters: list[torch.nn.Parameter]) -> 
         moments = state["state"].get(index, {})
         if any(k in moments and moments[k].shape != parameter.shape for k in ("exp_avg", "exp_avg_sq")):
             raise CheckpointError(f"the optimizer state {path} is shaped unlike this model's adapter")
-    return state
+    return dict(state)

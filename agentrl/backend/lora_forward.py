@@ -13,6 +13,7 @@ as vLLM computes LoRA.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,14 +21,15 @@ import torch
 
 def _fused_lora_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """Replaces `peft.tuners.lora.Linear.forward` on one layer (same arguments and semantics for plain LoRA)."""
+    peft_forward: Callable[..., torch.Tensor] = self._peft_forward
     if self.disable_adapters or self.merged or kwargs.get("adapter_names") is not None:
-        return self._peft_forward(x, *args, **kwargs)
-    result = self.base_layer(x, *args, **kwargs)
+        return peft_forward(x, *args, **kwargs)
+    result: torch.Tensor = self.base_layer(x, *args, **kwargs)
     for name in self.active_adapters:
         if name not in self.lora_A.keys():
             continue
         if name in self.lora_variant:  # DoRA and other variants: peft's own path
-            return self._peft_forward(x, *args, **kwargs)
+            return peft_forward(x, *args, **kwargs)
         dtype = result.dtype
         a_RI = self.lora_A[name].weight.to(dtype)
         b_scaled_OR = (self.lora_B[name].weight * self.scaling[name]).to(dtype)

@@ -213,7 +213,7 @@ class Trainer:
             self.model.set_adapter(name)  # also makes only this adapter's tensors require grad
         return adapter
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast where the device has bf16 (CPU, CUDA); none in float32, or on `meta`, where tests
         check device placement."""
         if self.device.type in ("cpu", "cuda") and self.bf16:
@@ -492,7 +492,7 @@ class Trainer:
                 kl_estimator=config.kl_estimator,
                 truncated_importance_sampling=config.truncated_importance_sampling,
             )
-            out.loss.backward()
+            torch.autograd.backward(out.loss)
             gap_BT = (sampler_logprobs_BT - logprobs_BT.detach()) * mask_BT
             sums["loss"] += out.loss.detach()
             sums["clipped"] += out.num_clipped
@@ -539,7 +539,7 @@ class Trainer:
             with self._autocast():
                 logprobs_BT, _ = token_logprobs(self.model, batch, packed)
             nll = -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens
-            nll.backward()
+            torch.autograd.backward(nll)
             nll_sum += nll.detach()
         sums = {"nll": nll_sum}
         self._sum_across_ranks(adapter, sums)
@@ -560,7 +560,7 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def logprobs_of(self, name: str, sequences) -> list[list[float]]:
+    def logprobs_of(self, name: str, sequences: Sequence[TokenizedSequence]) -> list[list[float]]:
         """Adapter `name`'s log-probabilities of each sequence's loss tokens (for checks against the sampler)."""
         self._activate(name)
         self.model.eval()

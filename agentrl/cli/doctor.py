@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from types import ModuleType
 
 import typer
 
@@ -84,7 +85,7 @@ def doctor() -> None:
         raise typer.Exit(code=1)
 
 
-def _installed(metadata, distribution: str) -> bool:
+def _installed(metadata: ModuleType, distribution: str) -> bool:
     try:
         metadata.version(distribution)
         return True

@@ -52,7 +52,7 @@ def default_observation_text(observation: Any) -> str:
     return json.dumps(shown, default=str)
 
 
-class _ToolEnvClient(MCPToolClient):
+class _ToolEnvClient(MCPToolClient):  # type: ignore[misc]  # openenv ships no type information
     """OpenEnv's MCP client, keeping the fields of observations that are not tool results (the
     reset's prompt), which its parser drops."""
 

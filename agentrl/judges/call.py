@@ -28,6 +28,7 @@ from agentrl.model import Model
 # needs no prices, and a machine without internet would wait for the download to time out.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import litellm  # noqa: E402
+import litellm.exceptions  # noqa: E402
 
 logger = logging.getLogger(__name__)
 AnswerT = TypeVar("AnswerT", bound=BaseModel)
@@ -186,12 +187,12 @@ async def structured_judge_call(
                 retry=retry_if_exception_type(
                     (
                         InvalidJudgeAnswer,
-                        litellm.APIError,
-                        litellm.Timeout,
-                        litellm.APIConnectionError,
-                        litellm.RateLimitError,
-                        litellm.InternalServerError,
-                        litellm.ServiceUnavailableError,
+                        litellm.exceptions.APIError,
+                        litellm.exceptions.Timeout,
+                        litellm.exceptions.APIConnectionError,
+                        litellm.exceptions.RateLimitError,
+                        litellm.exceptions.InternalServerError,
+                        litellm.exceptions.ServiceUnavailableError,
                     )
                 ),
                 reraise=True,

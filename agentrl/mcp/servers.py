@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -119,7 +120,7 @@ class MCPToolbox:
     `tools` are OpenAI tool schemas for `chat.completions.create(tools=...)`.
     """
 
-    servers: list[ServerSpec]
+    servers: Sequence[ServerSpec]
     tool_timeout_s: float = 30.0
     connect_timeout_s: float = 60.0
     include_resources: bool = True

@@ -14,15 +14,18 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import agentrl
 from agentrl.base_models import cache_dir
-from agentrl_environments.email_agent.data import Dataset, Question, generate
-from agentrl_environments.email_agent.mailbox import Mailbox, build_database
-from agentrl_environments.email_agent.tools import TOOLS, execute
+
+from .data import Dataset, Question, generate
+from .mailbox import Mailbox, build_database
+from .tools import TOOLS, execute
 
 if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
+
     from agentrl.judges.call import JudgeModel  # a litellm id or an agentrl.Model
 
 DATA_VERSION = 2  # 2: 40 inboxes (108 held-out questions), was 8
@@ -175,8 +178,8 @@ async def rollout(
             stats.turns += 1
             completion = await client.chat.completions.create(
                 model=model.inference_name,
-                messages=trajectory.messages(),
-                tools=TOOLS,
+                messages=cast("list[ChatCompletionMessageParam]", trajectory.messages()),
+                tools=cast("list[ChatCompletionToolParam]", TOOLS),
                 max_tokens=max_tokens,
                 temperature=1.0,
             )
@@ -188,6 +191,9 @@ async def rollout(
                 trajectory.messages_and_choices.append({"role": "user", "content": RETRY_PROMPT})
                 continue
             for call in calls:
+                if call.type != "function":  # a custom (free-form) tool call: none of this agent's tools
+                    stats.malformed_calls += 1
+                    continue
                 outcome = execute(mailbox, call.function.name, call.function.arguments)
                 trajectory.messages_and_choices.append(
                     {"role": "tool", "tool_call_id": call.id, "content": outcome.content}
@@ -221,7 +227,7 @@ def _keywords(question: str) -> str:
     return " ".join(w for w in words if w not in {"When", "How", "What", "Which", "Who"}) or question
 
 
-def _call(call_id: str, name: str, arguments: dict) -> dict:
+def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
 
 

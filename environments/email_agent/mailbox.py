@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl_environments.email_agent.data import Dataset
+from .data import Dataset
 
 SCHEMA = """
 CREATE TABLE messages (

@@ -18,12 +18,13 @@ import json
 import sys
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import agentrl
 from agentrl.mcp import COMPLETE_TASK_TOOL, MCPRLConfig, MCPRLReport, MCPTask, MCPToolbox, StdioServer, train_mcp_rl
-from agentrl_environments.email_agent.data import Question
-from agentrl_environments.email_agent.env import EmailEnvironment, answer_is_correct, demonstration
+
+from .data import Question
+from .env import EmailEnvironment, answer_is_correct, demonstration
 
 if TYPE_CHECKING:
     from agentrl.judges.call import JudgeModel
@@ -64,10 +65,10 @@ def held_out_tasks(env: EmailEnvironment, count: int) -> list[MCPTask]:
 def answer_check(task: MCPTask, trajectory: agentrl.Trajectory) -> float:
     """1.0 when the final answer holds the question's fact; written tasks have no answer to check (0.0)."""
     expected = task.metadata.get("answer")
-    return float(bool(expected) and answer_is_correct(str(trajectory.metadata.get("final_answer", "")), expected))
+    return float(bool(expected) and answer_is_correct(str(trajectory.metadata.get("final_answer", "")), str(expected)))
 
 
-def mcp_demonstration(question: Question, env: EmailEnvironment, tools: list[dict]) -> agentrl.History:
+def mcp_demonstration(question: Question, env: EmailEnvironment, tools: list[dict[str, Any]]) -> agentrl.History:
     """The email environment's correct conversation (search, read the source, answer) retold over the
     MCP tools: the same tool results, the answer given through `complete_task`."""
     messages = [dict(m) for m in demonstration(question, env).messages()]

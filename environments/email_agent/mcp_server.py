@@ -21,7 +21,7 @@ from pathlib import Path
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from agentrl_environments.email_agent.mailbox import Mailbox
+from .mailbox import Mailbox
 
 
 def build_server(database: Path, inbox: str) -> MCPServer:

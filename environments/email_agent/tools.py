@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agentrl_environments.email_agent.mailbox import Mailbox
+from .mailbox import Mailbox
 
 TOOLS: list[dict[str, Any]] = [
     {

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import agentrl
 from agentrl.stop_signals import handle_stop_signals
-from agentrl_environments.email_agent.env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
-from agentrl_environments.training import (
+
+from ..training import (
     RunSummary,
     evaluate_base_and_checkpoint,
     judge_for,
@@ -28,6 +29,7 @@ from agentrl_environments.training import (
     train_and_evaluate,
     with_overrides,
 )
+from .env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
 
 if TYPE_CHECKING:
     from agentrl.gather import AfterEach
@@ -79,7 +81,7 @@ async def run(
     async def held_out(m: agentrl.Model) -> list[agentrl.Trajectory]:
         return await evaluate(m, test, env, preset)
 
-    def make_groups(model: agentrl.TrainableModel, step: int):
+    def make_groups(model: agentrl.TrainableModel, step: int) -> Iterator[agentrl.TrajectoryGroup]:
         batch = step_batch(train, step, preset.groups_per_step)
         return (
             agentrl.TrajectoryGroup(
@@ -111,7 +113,7 @@ async def run(
 
 async def evaluate_run(
     preset_name: str = "cpu", name: str = "email-agent", base_path: str = agentrl.DEFAULT_BASE_PATH
-) -> dict:
+) -> dict[str, dict[str, float]]:
     preset = PRESETS[preset_name]
     env = EmailEnvironment.load()
     model = agentrl.TrainableModel(name=name, project="email-agent", base_model=preset.base_model, base_path=base_path)

@@ -9,8 +9,12 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import agentrl
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,15 @@ async def rollout(model: agentrl.Model, scenario: Scenario) -> agentrl.Trajector
         metadata={"a": scenario.a, "b": scenario.b},
     )
     completion = await client.chat.completions.create(
-        model=model.inference_name, messages=trajectory.messages(), max_tokens=16, temperature=1.0
+        model=model.inference_name,
+        messages=cast("list[ChatCompletionMessageParam]", trajectory.messages()),
+        max_tokens=16,
+        temperature=1.0,
     )
     choice = completion.choices[0]
     trajectory.messages_and_choices.append(choice)
     trajectory.reward = reward(choice.message.content or "", scenario)
-    trajectory.metrics["completion_tokens"] = len(choice.logprobs.content) if choice.logprobs else 0
+    trajectory.metrics["completion_tokens"] = len(choice.logprobs.content or []) if choice.logprobs else 0
     return trajectory
 
 

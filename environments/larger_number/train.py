@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Iterator
 
 import agentrl
 from agentrl.stop_signals import handle_stop_signals
-from agentrl_environments.larger_number.task import evaluate, rollout, scenarios
-from agentrl_environments.training import RunSummary, evaluate_base_and_checkpoint, step_batch, train_and_evaluate
+
+from ..training import RunSummary, evaluate_base_and_checkpoint, step_batch, train_and_evaluate
+from .task import evaluate, rollout, scenarios
 
 GROUPS_PER_STEP, GROUP_SIZE, LEARNING_RATE, DEFAULT_STEPS = 8, 8, 5e-4, 20
 TEST = scenarios("test", 128)
@@ -37,7 +39,7 @@ async def run(
     )
     train = scenarios("train", steps * GROUPS_PER_STEP, seed=1)
 
-    def make_groups(model: agentrl.TrainableModel, step: int):
+    def make_groups(model: agentrl.TrainableModel, step: int) -> Iterator[agentrl.TrajectoryGroup]:
         batch = step_batch(train, step, GROUPS_PER_STEP)
         return (agentrl.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE)) for s in batch)
 
@@ -51,7 +53,9 @@ async def run(
     )
 
 
-async def evaluate_run(preset: str = "cpu", name: str = "main-job", base_path: str = agentrl.DEFAULT_BASE_PATH) -> dict:
+async def evaluate_run(
+    preset: str = "cpu", name: str = "main-job", base_path: str = agentrl.DEFAULT_BASE_PATH
+) -> dict[str, dict[str, float]]:
     model = agentrl.TrainableModel(name=name, project="larger-number", base_path=base_path)
     return await evaluate_base_and_checkpoint(model, held_out)
 

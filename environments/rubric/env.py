@@ -16,8 +16,9 @@ import agentrl
 from agentrl.judges import DEFAULT_RUBRIC
 from agentrl.judges.audit import DEFAULT_AUDIT
 from agentrl.judges.rubric import audit_rubrics
-from agentrl_environments.rubric.tasks import DATA, InstructionTask, checked_pass_rate
-from agentrl_environments.training import judge_for
+
+from ..training import judge_for
+from .tasks import DATA, InstructionTask, checked_pass_rate
 
 if TYPE_CHECKING:
     from agentrl.gather import AfterEach
@@ -120,7 +121,7 @@ def ruler_rewards(
     default rubric. A group it cannot score is dropped and counted, never guessed."""
 
     async def score(group: agentrl.TrajectoryGroup) -> agentrl.TrajectoryGroup:
-        task = tasks[group.trajectories[0].metadata["task_id"]] if group.trajectories else None
+        task = tasks[str(group.trajectories[0].metadata["task_id"])] if group.trajectories else None
         rubric = task_rubric(task) if task and with_rubrics else DEFAULT_RUBRIC
         checked = [t.metrics.get("independent_reward") for t in group.trajectories]
         judged = await agentrl.ruler_score_group(

@@ -17,8 +17,9 @@ import tempfile
 
 import agentrl
 from agentrl.judges.training import JudgeExample, examples_from_groups, write_examples
-from agentrl_environments.rubric.env import load_tasks, rollout, task_rubric
-from agentrl_environments.rubric.tasks import DATA, InstructionTask
+
+from .env import load_tasks, rollout, task_rubric
+from .tasks import DATA, InstructionTask
 
 
 async def labelled_examples(
@@ -33,7 +34,7 @@ async def labelled_examples(
     by_id = {t.task_id: t for t in checked}
     examples = []
     for group in groups:
-        task = by_id[group.trajectories[0].metadata["task_id"]]
+        task = by_id[str(group.trajectories[0].metadata["task_id"])]
         examples += examples_from_groups([group], rubric=task_rubric(task), source=f"rubric {split} {task.task_id}")
     return examples
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Iterator
 
 import agentrl
 from agentrl.stop_signals import handle_stop_signals
-from agentrl_environments.rubric.env import PRESETS, evaluate, load_tasks, rollout, ruler_rewards
-from agentrl_environments.rubric.tasks import InstructionTask
-from agentrl_environments.training import (
+
+from ..training import (
     RunSummary,
     evaluate_base_and_checkpoint,
     judge_for,
@@ -30,6 +30,8 @@ from agentrl_environments.training import (
     train_and_evaluate,
     with_overrides,
 )
+from .env import PRESETS, evaluate, load_tasks, rollout, ruler_rewards
+from .tasks import InstructionTask
 
 REWARDS = ("rubric", "ruler", "ruler-generic")
 
@@ -72,7 +74,7 @@ async def run(
     async def held_out(m: agentrl.Model) -> list[agentrl.Trajectory]:
         return await evaluate(m, test, judge_for(model, grader), preset)
 
-    def make_groups(model: agentrl.TrainableModel, step: int):
+    def make_groups(model: agentrl.TrainableModel, step: int) -> Iterator[agentrl.TrajectoryGroup]:
         batch = step_batch(train, step, preset.groups_per_step)
         rubric_judge = judge_for(model, judge_model) if reward == "rubric" else None
         return (
@@ -102,7 +104,7 @@ async def run(
 
 async def evaluate_run(
     preset_name: str = "cpu", name: str = "rubric", base_path: str = agentrl.DEFAULT_BASE_PATH
-) -> dict:
+) -> dict[str, dict[str, float]]:
     preset = PRESETS[preset_name]
     test = load_tasks(split="test")[: preset.test_tasks]
     model = agentrl.TrainableModel(name=name, project="rubric", base_model=preset.base_model, base_path=base_path)

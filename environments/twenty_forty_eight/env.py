@@ -16,9 +16,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import agentrl
-from agentrl_environments.twenty_forty_eight.game import Game
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
+
+from .game import Game
 
 SYSTEM_PROMPT = (
     "You are playing 2048. Tiles slide in the direction you choose and equal tiles merge. "
@@ -122,7 +127,7 @@ async def rollout(model: agentrl.Model, scenario: Scenario, *, max_tokens: int =
     invalid = False
     tagged_moves = 0
     while not game.over and game.moves < scenario.max_moves:
-        messages = [
+        messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": f"Target tile: {game.target}\nBoard:\n{game.render()}\nYour move?"},
         ]

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Iterator
 
 import agentrl
 from agentrl.stop_signals import handle_stop_signals
-from agentrl_environments.training import (
+
+from ..training import (
     RunSummary,
     evaluate_base_and_checkpoint,
     step_batch,
     train_and_evaluate,
     with_overrides,
 )
-from agentrl_environments.twenty_forty_eight.env import PRESETS, evaluate, rollout, scenarios
+from .env import PRESETS, evaluate, rollout, scenarios
 
 
 async def run(
@@ -35,7 +37,7 @@ async def run(
     train = scenarios("train", preset.steps * preset.groups_per_step, preset)
     test = scenarios("test", test_games, preset)
 
-    def make_groups(model: agentrl.TrainableModel, step: int):
+    def make_groups(model: agentrl.TrainableModel, step: int) -> Iterator[agentrl.TrajectoryGroup]:
         batch = step_batch(train, step, preset.groups_per_step)
         # Every member of a group plays the same seeded game, so rewards differ only by the moves chosen.
         return (

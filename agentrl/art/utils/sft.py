@@ -86,4 +86,4 @@ async def train_sft_from_file(
         raise ConfigurationError(f"{file_path} holds no conversations")
     config = agentrl.SFTConfig(learning_rate=learning_rate, epochs=epochs, batch_size=batch_size)
     histories: list[agentrl.History] = list(trajectories)
-    return await agentrl.TrainableModel.train_sft(model, histories, config)  # type: ignore[no-any-return]
+    return await agentrl.TrainableModel.train_sft(model, histories, config)
