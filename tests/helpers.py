@@ -1,11 +1,21 @@
-"""Builders for test data that mirror what vLLM returns."""
+"""Builders and probes the test modules share: test data that mirrors what vLLM returns, run folders,
+processes, and the records W&B writes."""
 
+import json
+import os
 import random
+import struct
+from pathlib import Path
 from typing import Any
 
+import psutil
 from openai.types.chat.chat_completion import Choice
+from typer.testing import CliRunner
 
 import agentrl
+from agentrl import Trajectory, TrajectoryGroup
+from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.tracking import record_step
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven cats watch from the old stone wall".split()
 
@@ -76,3 +86,142 @@ async def assert_trains_on_exact_tokens(model: agentrl.TrainableModel, trajector
     step = await model.get_step()
     result = await model.train([agentrl.TrajectoryGroup(trajectories)], agentrl.TrainConfig(learning_rate=1e-5))
     assert not result.skipped and result.step == step + 1
+
+
+def sample_groups():
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "search_emails", "arguments": '{"keywords": "invoice"}'},
+    }
+    first = Trajectory(
+        reward=1.0,
+        metrics={"turns": 2},
+        logs=["RULER: found it"],
+        messages_and_choices=[
+            {"role": "user", "content": "How much is the <b>invoice</b>?"},
+            make_choice([1, 2], content=None, tool_calls=[call]),
+            {"role": "tool", "tool_call_id": "c1", "content": '[{"subject": "Invoice"}]'},
+            make_choice([3, 2], content="$525"),
+        ],
+    )
+    second = Trajectory(
+        reward=0.0,
+        metrics={"turns": 1},
+        messages_and_choices=[{"role": "user", "content": "q"}, make_choice([4], content="no idea")],
+    )
+    return [TrajectoryGroup([first, second])]
+
+
+def children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+
+
+def group_of(*answers: str, reward: float = 0.0) -> agentrl.TrajectoryGroup:
+    return agentrl.TrajectoryGroup(
+        agentrl.Trajectory(
+            reward=reward,
+            messages_and_choices=[{"role": "user", "content": "Plan a trip."}, {"role": "assistant", "content": a}],
+        )
+        for a in answers
+    )
+
+
+runner = CliRunner()
+
+
+def flat(output: str) -> str:
+    """Output without rich's box borders and line wrapping, which depend on the terminal's width."""
+    return " ".join(output.replace("│", " ").split())
+
+
+def make_run(base_path):
+    run_dir = base_path / "demo" / "agent-1"
+    store = CheckpointStore(run_dir)
+    for step in range(3):
+        store.save(
+            step,
+            lambda folder: (folder / "adapter_config.json").write_text('{"r": 8, "base_model_name_or_path": "/m"}'),
+            {},
+        )
+    record_step(run_dir, 1, "train", sample_groups(), {"reward_mean": 0.25, "reward_std": 0.1, "train_s": 2.0})
+    record_step(run_dir, 2, "train", sample_groups(), {"reward_mean": 0.75, "reward_std": 0.1, "train_s": 2.0})
+    record_step(run_dir, 2, "val", sample_groups(), {"reward_mean": 0.5})
+    return run_dir
+
+
+def graded_groups(count: int, size: int = 4, seed: int = 0) -> list[agentrl.TrajectoryGroup]:
+    """Groups whose verifiable reward is written into each answer as quality=R (the oracle judge reads it)."""
+    rng = random.Random(seed)
+    groups = []
+    for g in range(count):
+        rewards = rng.sample([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], size)
+        groups.append(
+            agentrl.TrajectoryGroup(
+                agentrl.Trajectory(
+                    reward=r,
+                    messages_and_choices=[
+                        {"role": "user", "content": f"Task {g}: pack for a trip."},
+                        {"role": "assistant", "content": f"Attempt with quality={r:.1f}."},
+                    ],
+                )
+                for r in rewards
+            )
+        )
+    return groups
+
+
+def group_processes(pgid: int) -> list[psutil.Process]:
+    alive = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return alive
+
+
+BLOCK = 32 * 1024  # W&B's transaction log: a 7-byte file header, then leveldb-style 32 KiB blocks of records
+
+
+def wandb_records(path: Path) -> list:
+    """The protobuf records of one W&B run file (`run-ID.wandb`), as the real wandb library wrote them."""
+    from google.protobuf.message import DecodeError
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+    records, pending, offset = [], b"", 7
+    while offset + 7 <= len(data):
+        if BLOCK - offset % BLOCK < 7:  # a block's tail too short for a header is padding
+            offset += BLOCK - offset % BLOCK
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[offset : offset + 7])
+        if kind == 0:  # zero padding at the end of a block
+            offset += BLOCK - offset % BLOCK
+            continue
+        pending += data[offset + 7 : offset + 7 + length]
+        offset += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            try:
+                record.ParseFromString(pending)
+            except DecodeError:
+                break  # a torn final record (the writer was killed)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def wandb_history(run_dir: Path) -> dict[str, list[dict]]:
+    """{W&B run id: [history rows]} for every offline W&B run written under `run_dir`."""
+    runs: dict[str, list[dict]] = {}
+    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        rows = runs.setdefault(path.stem.removeprefix("run-"), [])
+        for record in wandb_records(path):
+            if record.WhichOneof("record_type") == "history":
+                rows.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                )
+    return runs

@@ -193,3 +193,10 @@ def test_a_model_without_a_backend_says_how_to_get_one():
 
     with pytest.raises(agentrl.AgentRLError, match="register"):
         agentrl.TrainableModel(name="agent").litellm_params()
+
+
+def test_test_modules_share_builders_through_helpers_never_through_each_other():
+    tests = PACKAGE.parent / "tests"
+    for path in tests.glob("*.py"):
+        borrowed = {m for m in runtime_imports(path) if m.startswith("tests.test_")}
+        assert not borrowed, f"{path.name} imports from {sorted(borrowed)}: move what it shares into tests/helpers.py"

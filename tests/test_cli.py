@@ -9,34 +9,10 @@ import sys
 import openai
 import psutil
 import pytest
-from typer.testing import CliRunner
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.cli import app
-from agentrl.tracking import record_step
-from tests.test_tracking import sample_groups
-
-runner = CliRunner()
-
-
-def flat(output: str) -> str:
-    """Output without rich's box borders and line wrapping, which depend on the terminal's width."""
-    return " ".join(output.replace("│", " ").split())
-
-
-def make_run(base_path):
-    run_dir = base_path / "demo" / "agent-1"
-    store = CheckpointStore(run_dir)
-    for step in range(3):
-        store.save(
-            step,
-            lambda folder: (folder / "adapter_config.json").write_text('{"r": 8, "base_model_name_or_path": "/m"}'),
-            {},
-        )
-    record_step(run_dir, 1, "train", sample_groups(), {"reward_mean": 0.25, "reward_std": 0.1, "train_s": 2.0})
-    record_step(run_dir, 2, "train", sample_groups(), {"reward_mean": 0.75, "reward_std": 0.1, "train_s": 2.0})
-    record_step(run_dir, 2, "val", sample_groups(), {"reward_mean": 0.5})
-    return run_dir
+from tests.helpers import flat, make_run, runner
 
 
 def test_runs_lists_step_best_rewards_and_path(tmp_path):

@@ -15,6 +15,7 @@ from agentrl.judges.agreement import kendall_tau_b, pair_counts, pairwise_accura
 from agentrl.judges.check_report import recorded_groups, table, write_check
 from agentrl.tracking import write_trajectories
 from tests.fake_openai import FakeOpenAI
+from tests.helpers import graded_groups
 
 
 def test_pair_counts_and_tau_worked_by_hand():
@@ -41,27 +42,6 @@ def test_pairwise_accuracy_interval_covers_the_value_and_narrows_with_more_group
     assert small.low <= small.value <= small.high and large.low <= large.value <= large.high
     assert large.high - large.low < small.high - small.low
     assert large.n == 200 * 6
-
-
-def graded_groups(count: int, size: int = 4, seed: int = 0) -> list[agentrl.TrajectoryGroup]:
-    """Groups whose verifiable reward is written into each answer as quality=R (the oracle judge reads it)."""
-    rng = random.Random(seed)
-    groups = []
-    for g in range(count):
-        rewards = rng.sample([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], size)
-        groups.append(
-            agentrl.TrajectoryGroup(
-                agentrl.Trajectory(
-                    reward=r,
-                    messages_and_choices=[
-                        {"role": "user", "content": f"Task {g}: pack for a trip."},
-                        {"role": "assistant", "content": f"Attempt with quality={r:.1f}."},
-                    ],
-                )
-                for r in rewards
-            )
-        )
-    return groups
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from agentrl.tracking import read_metrics
 from agentrl_environments.larger_number.task import rollout, scenarios
 from agentrl_environments.training import judge_option
 from benchmarks.judge_training import RUBRIC, labelled_groups
-from tests.test_cli import flat, make_run, runner
+from tests.helpers import flat, make_run, runner
 
 
 def answered(prompt: str, answers: list[tuple[str, float]]) -> agentrl.TrajectoryGroup:

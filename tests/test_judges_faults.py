@@ -12,18 +12,9 @@ from agentrl.judges import (
     ruler,
     ruler_score_group,
 )
+from tests.helpers import group_of
 
 FAST = {"timeout": 1.0}  # litellm request timeout for the timeout case
-
-
-def group_of(*answers: str, reward: float = 0.0) -> agentrl.TrajectoryGroup:
-    return agentrl.TrajectoryGroup(
-        agentrl.Trajectory(
-            reward=reward,
-            messages_and_choices=[{"role": "user", "content": "Plan a trip."}, {"role": "assistant", "content": a}],
-        )
-        for a in answers
-    )
 
 
 async def test_ruler_scores_a_group_in_one_call_and_keeps_the_old_reward(fake, judge):

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from agentrl.judges import JudgeLimiter, judge_rubrics, ruler_score_group
-from tests.test_judges_faults import group_of
+from tests.helpers import group_of
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 import agentrl
@@ -32,17 +31,13 @@ from agentrl.mcp import (
     run_agent,
 )
 from tests.fake_openai import FakeOpenAI
-from tests.helpers import assert_trains_on_exact_tokens
+from tests.helpers import assert_trains_on_exact_tokens, children
 
 TEST_SERVER = [sys.executable, str(Path(__file__).with_name("mcp_tools_server.py"))]
 
 
 def stdio(name: str | None = None) -> StdioServer:
     return StdioServer(command=TEST_SERVER[0], args=TEST_SERVER[1:], name=name)
-
-
-def children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
 
 
 async def assert_no_new_children(before: set[int], message: str = "a server outlived its toolbox") -> None:

@@ -13,8 +13,7 @@ import pytest
 import agentrl
 from agentrl.backend.server import free_port
 from agentrl.integrations.openenv import default_observation_text, openenv_rollout, serve_openenv
-from tests.helpers import assert_trains_on_exact_tokens
-from tests.test_mcp import children
+from tests.helpers import assert_trains_on_exact_tokens, children
 
 
 async def test_an_unreachable_environment_and_an_app_that_cannot_start_are_clear_errors():

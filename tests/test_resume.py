@@ -22,8 +22,7 @@ from safetensors.torch import load_file
 
 import agentrl
 from agentrl.wandb_metrics import RUN_ID_FILE
-from tests.test_server import group_processes
-from tests.test_wandb_weave import wandb_history
+from tests.helpers import group_processes, wandb_history
 
 ROOT = Path(__file__).resolve().parent.parent
 

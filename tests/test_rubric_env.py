@@ -13,7 +13,7 @@ from agentrl_environments.rubric.tasks import Check, InstructionTask, checked_pa
 from agentrl_environments.rubric.train import PRESETS, splits
 from agentrl_environments.training import judge_for
 from tests.fake_openai import FakeOpenAI
-from tests.test_cli import flat
+from tests.helpers import flat
 
 
 def test_shipped_tasks_are_distinct_split_and_aligned():
@@ -76,7 +76,7 @@ def test_cli_options_for_tasks_and_judges_are_checked(tmp_path):
 
 def test_judge_check_command_on_a_recorded_run_with_a_priced_api_stand_in(tmp_path, monkeypatch):
     """`agentrl judge check` end to end; the judge is a local server speaking OpenAI's protocol."""
-    from tests.test_judge_check import graded_groups
+    from tests.helpers import graded_groups
 
     run_dir = tmp_path / "proj" / "run"
     write_trajectories(run_dir, 1, "train", graded_groups(4))

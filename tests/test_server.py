@@ -13,17 +13,7 @@ import pytest
 
 from agentrl import ServerConfig, ServerError
 from agentrl.backend.server import VLLMServer, server_command, server_env
-
-
-def group_processes(pgid: int) -> list[psutil.Process]:
-    alive = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            pass
-    return alive
+from tests.helpers import group_processes
 
 
 @pytest.mark.slow  # starts a real vLLM server (that fails)

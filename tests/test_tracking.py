@@ -4,32 +4,7 @@ import json
 
 from agentrl import Trajectory, TrajectoryGroup
 from agentrl.tracking import load_trajectories, plot_rewards, read_metrics, record_step, summarize, transcript_html
-from tests.helpers import make_choice
-
-
-def sample_groups():
-    call = {
-        "id": "c1",
-        "type": "function",
-        "function": {"name": "search_emails", "arguments": '{"keywords": "invoice"}'},
-    }
-    first = Trajectory(
-        reward=1.0,
-        metrics={"turns": 2},
-        logs=["RULER: found it"],
-        messages_and_choices=[
-            {"role": "user", "content": "How much is the <b>invoice</b>?"},
-            make_choice([1, 2], content=None, tool_calls=[call]),
-            {"role": "tool", "tool_call_id": "c1", "content": '[{"subject": "Invoice"}]'},
-            make_choice([3, 2], content="$525"),
-        ],
-    )
-    second = Trajectory(
-        reward=0.0,
-        metrics={"turns": 1},
-        messages_and_choices=[{"role": "user", "content": "q"}, make_choice([4], content="no idea")],
-    )
-    return [TrajectoryGroup([first, second])]
+from tests.helpers import sample_groups
 
 
 def test_a_step_leaves_metrics_trajectories_transcript_and_plot(tmp_path):

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from agentrl.tracking import record_step
-from tests.test_tracking import sample_groups
+from tests.helpers import sample_groups
 
 CHROMIUM = shutil.which("chromium")
 

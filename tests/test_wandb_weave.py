@@ -1,62 +1,17 @@
 """W&B metrics and Weave traces for users who turn them on; nothing of either for those who do not."""
 
-import json
 import math
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
-from google.protobuf.message import DecodeError
-
 import agentrl
 from agentrl.wandb_metrics import RUN_ID_FILE, WandbMetrics, wandb_requested
 from tests.fake_weave import FakeWeave
+from tests.helpers import wandb_history
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCK = 32 * 1024  # W&B's transaction log: a 7-byte file header, then leveldb-style 32 KiB blocks of records
-
-
-def wandb_records(path: Path) -> list:
-    """The protobuf records of one W&B run file (`run-ID.wandb`), as the real wandb library wrote them."""
-    from wandb.proto import wandb_internal_pb2
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
-    records, pending, offset = [], b"", 7
-    while offset + 7 <= len(data):
-        if BLOCK - offset % BLOCK < 7:  # a block's tail too short for a header is padding
-            offset += BLOCK - offset % BLOCK
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[offset : offset + 7])
-        if kind == 0:  # zero padding at the end of a block
-            offset += BLOCK - offset % BLOCK
-            continue
-        pending += data[offset + 7 : offset + 7 + length]
-        offset += 7 + length
-        if kind in (1, 4):  # a full record, or the last piece of one
-            record = wandb_internal_pb2.Record()
-            try:
-                record.ParseFromString(pending)
-            except DecodeError:
-                break  # a torn final record (the writer was killed)
-            records.append(record)
-            pending = b""
-    return records
-
-
-def wandb_history(run_dir: Path) -> dict[str, list[dict]]:
-    """{W&B run id: [history rows]} for every offline W&B run written under `run_dir`."""
-    runs: dict[str, list[dict]] = {}
-    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
-        rows = runs.setdefault(path.stem.removeprefix("run-"), [])
-        for record in wandb_records(path):
-            if record.WhichOneof("record_type") == "history":
-                rows.append(
-                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-                )
-    return runs
 
 
 def test_wandb_is_on_when_asked_or_when_a_key_is_set(monkeypatch):
@@ -72,7 +27,7 @@ import asyncio, sys
 import agentrl
 from agentrl.tracking import record_step
 from agentrl_environments.email_agent.env import rollout
-from tests.test_tracking import sample_groups
+from tests.helpers import sample_groups
 
 @agentrl.traced
 async def traced_rollout(x):

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-import agentrl
 from agentrl.errors import JudgeError
 from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit
 from agentrl.judges.call import JudgeLimiter, JudgeModel, structured_judge_call
+from agentrl.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.model import Model
 
 RUBRIC_INSTRUCTIONS = """\
 You are a strict grader. Read the task and the response, then decide for each rubric whether the
@@ -164,7 +167,7 @@ async def audit_rubrics(
 
 
 async def rubric_rollout(
-    model: agentrl.Model,
+    model: Model,
     task: RubricTask,
     judge_model: JudgeModel,
     *,
@@ -172,7 +175,7 @@ async def rubric_rollout(
     temperature: float = 1.0,
     limiter: JudgeLimiter | None = None,
     audit: JudgeAudit | None = DEFAULT_AUDIT,
-) -> agentrl.Trajectory:
+) -> Trajectory:
     """A ready rollout for rubric tasks: answer the prompt, judge it, reward = pass rate.
 
     Use with `gather_trajectory_groups(..., max_exception_rate=...)`: a failed judgement raises and
@@ -180,7 +183,7 @@ async def rubric_rollout(
     judges a sampled response's rubrics again in another order (`audit_rubrics`); the reward never
     depends on it.
     """
-    trajectory = agentrl.Trajectory(
+    trajectory = Trajectory(
         messages_and_choices=[{"role": "user", "content": task.prompt}], metadata={"task_id": task.task_id}
     )
     completion = await model.openai_client().chat.completions.create(
