@@ -281,14 +281,17 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     return summary
 
 
+ART_METRIC_NAMES = {"reward": "reward_mean", "reward_std_dev": "reward_std"}
+"""ART's name of a metric -> agentrl's (metrics.jsonl records both)."""
+
+
 def with_art_names(metrics: dict[str, float], groups: list[TrajectoryGroup]) -> dict[str, float]:
     """`metrics` plus the names ART users chart: reward, reward_std_dev, exception_rate (failed rollouts
     over all rollouts of these groups)."""
     named = dict(metrics)
-    if "reward_mean" in metrics:
-        named.setdefault("reward", metrics["reward_mean"])
-    if "reward_std" in metrics:
-        named.setdefault("reward_std_dev", metrics["reward_std"])
+    for art_name, name in ART_METRIC_NAMES.items():
+        if name in metrics:
+            named.setdefault(art_name, metrics[name])
     failed = sum(len(g.exceptions) for g in groups)
     attempted = failed + sum(len(g.trajectories) for g in groups)
     if attempted:

@@ -19,7 +19,7 @@ from agentrl.backend.protocol import Backend
 from agentrl.errors import ConfigurationError
 from agentrl.files import check_safe_name, write_json_atomic
 from agentrl.model import served_name
-from agentrl.tracking import append_metrics, read_metrics, summarize
+from agentrl.tracking import ART_METRIC_NAMES, append_metrics, read_metrics, summarize
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 from .dev import internal_config_settings
@@ -336,12 +336,8 @@ def _lora_from_art(lora_config: Any) -> agentrl.LoRAConfig:
     return agentrl.LoRAConfig(**mapped)
 
 
-# ART's metric names and agentrl's (metrics.jsonl holds both).
-ART_METRICS = {"reward": "reward_mean", "reward_std_dev": "reward_std"}
-
-
 def agentrl_metric(art_metric: str) -> str:
     """ "val/reward" -> "val/reward_mean": an ART metric name as agentrl records it."""
     split, _, name = art_metric.rpartition("/")
-    name = ART_METRICS.get(name, name)
+    name = ART_METRIC_NAMES.get(name, name)
     return f"{split}/{name}" if split else name

@@ -60,7 +60,7 @@ def format_message(message: Any) -> str:
     """A message dict or Choice as readable text: "role: content", then its tool calls."""
     from openai.types.chat.chat_completion import Choice
 
-    from agentrl.trajectory import choice_to_message
+    from agentrl.messages import choice_to_message
 
     data = choice_to_message(message) if isinstance(message, Choice) else dict(message)
     content = data.get("content")
