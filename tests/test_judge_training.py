@@ -54,6 +54,37 @@ def test_examples_come_from_groups_with_a_check_and_round_trip_through_jsonl(tmp
         JudgeExample(message_lists=[[{"role": "user", "content": "x"}]] * 3, labels=[0.0, 1.0])
 
 
+@pytest.mark.parametrize("environment", ["rubric", "email_agent"])
+def test_the_shipped_judge_data_is_labelled_by_the_task_check_and_holds_out_other_tasks(environment):
+    from pathlib import Path
+
+    import agentrl_environments
+
+    data = Path(agentrl_environments.__file__).parent / environment / "data"
+    train, test = load_examples(data / "judge_train.jsonl"), load_examples(data / "judge_test.jsonl")
+    assert len(train) >= 12 and len(test) >= 6
+    for example in train + test:
+        assert len(example.labels) == len(example.message_lists) >= 2
+        assert all(0.0 <= label <= 1.0 for label in example.labels) and len(set(example.labels)) > 1
+    asked = lambda examples: {json.dumps(e.message_lists[0][:2]) for e in examples}  # noqa: E731  (system + task)
+    assert not asked(train) & asked(test), "a held-out task is also a training task"
+
+
+def test_a_split_holds_out_every_nth_example_and_refuses_to_hold_out_all():
+    from agentrl_environments.email_agent.judge_data import split_examples
+
+    def asked(question: str) -> JudgeExample:
+        attempt = [{"role": "user", "content": question}, {"role": "assistant", "content": "an answer"}]
+        return JudgeExample(message_lists=[attempt, attempt], labels=[0.0, 1.0])
+
+    examples = [asked(q) for q in ("a", "b", "c", "a", "d", "e", "f", "c")]  # "a" and "c" asked twice
+    train, test = split_examples(examples, 3)
+    assert test == [examples[2], examples[6], examples[7]]  # the 3rd and 6th questions, each time asked
+    assert train == [examples[i] for i in (0, 1, 3, 4, 5)]
+    with pytest.raises(ValueError, match="at least 2"):
+        split_examples(examples, 1)
+
+
 def test_each_example_is_shown_in_several_orders_answered_with_its_labels():
     (example,) = examples_from_groups([answered("Which is larger, 3 or 9?", [("9", 1.0), ("3", 0.0), ("5", 0.5)])])
     histories = judge_histories([example], orders=4, seed=1)
