@@ -3,8 +3,7 @@
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
-from agentrl.backend.protocol import Backend
-from agentrl.backend.remote import RemoteBackend
+from agentrl.backend.remote.client import RemoteBackend
 from agentrl.call_helpers import limit_concurrency, retry
 from agentrl.capture import capture_trajectory, current_trajectory
 from agentrl.config import (
@@ -36,11 +35,12 @@ from agentrl.errors import (
     TrainingError,
 )
 from agentrl.gateway.limits import GatewayLimits
-from agentrl.gather import ExceptionBudget, gather_trajectories, gather_trajectory_groups
-from agentrl.model import Model, TrainableModel, TrainResult
+from agentrl.gather import AfterEach, ExceptionBudget, gather_trajectories, gather_trajectory_groups
+from agentrl.model import Backend, JudgeModel, Model, TrainableModel, TrainResult
 from agentrl.pipeline import train_pipelined
 from agentrl.plugins import EnvironmentCommands
 from agentrl.run_folder import DEFAULT_BASE_PATH, RunFolder
+from agentrl.stop_signals import handle_stop_signals
 from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
 from agentrl.weave_tracing import disable_weave, enable_weave, traced
 
@@ -104,7 +104,10 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "AfterEach",
     "EnvironmentCommands",
+    "JudgeModel",
+    "handle_stop_signals",
     "DEFAULT_BASE_PATH",
     "RunFolder",
     "AgentRLError",

@@ -5,7 +5,7 @@ Every default lives here and nowhere else. Sentinels are spelled out in the fiel
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -15,7 +15,8 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-# --- policy losses: one small config per loss; `agentrl.rl.losses.POLICY_LOSSES` maps names to code ---
+# --- policy losses: one small config per loss, listed once in `LossConfig`; each loss function in
+# `agentrl.rl.losses` registers for its config type ---
 
 
 ImportanceSamplingLevel = Literal["token", "sequence", "average", "geometric_average"]
@@ -76,8 +77,9 @@ class GSPOLoss(_Frozen):
 
 LossConfig = Annotated[ImportanceSamplingLoss | PPOLoss | CISPOLoss | DROLoss | GSPOLoss, Field(discriminator="name")]
 LOSS_CONFIGS: dict[str, type[BaseModel]] = {
-    cls.model_fields["name"].default: cls for cls in (ImportanceSamplingLoss, PPOLoss, CISPOLoss, DROLoss, GSPOLoss)
+    cls.model_fields["name"].default: cls for cls in get_args(get_args(LossConfig)[0])
 }
+"""Each loss's config by its name, read from `LossConfig` (so a loss is listed once)."""
 
 
 class TrainConfig(BaseModel):

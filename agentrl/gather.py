@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from tqdm.auto import tqdm
 
@@ -19,7 +20,12 @@ from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup, re
 
 logger = logging.getLogger(__name__)
 
-AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None]]
+
+class AfterEach(Protocol):
+    """Called on each group as soon as its rollouts finish (a judge scoring it while others still run):
+    returns the group to keep, changed or not, or None to drop it."""
+
+    def __call__(self, group: TrajectoryGroup, /) -> Awaitable[TrajectoryGroup | None]: ...
 
 
 @dataclass(frozen=True)

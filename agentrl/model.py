@@ -1,5 +1,9 @@
 """Models: `Model` is any OpenAI-compatible endpoint; `TrainableModel` is one we train with a backend.
 
+`Backend` is the seam between a model and whatever serves and trains it: `TrainableModel` depends on
+this protocol alone, never on a concrete backend, so the same model (and the user's rollout code)
+works with `LocalBackend` in this process, `RemoteBackend` on another host, or a fake in unit tests.
+
 A `TrainableModel` is served by its backend under `inference_name` = "{name}@{step}", the LoRA of
 its latest checkpoint. Its `openai_client()` asks the server for the sampled token ids and
 logprobs on every chat completion, so the Choices a rollout keeps are ready for training.
@@ -9,18 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx2
 import openai
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 
-from agentrl.backend.protocol import Backend, InferenceEndpoint
+from agentrl.backend.endpoint import InferenceEndpoint
 from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, ConfigurationError
 from agentrl.files import check_safe_name
 from agentrl.run_folder import DEFAULT_BASE_PATH, RunFolder
 from agentrl.tracking import DEFAULT_BEST_BY
@@ -94,6 +99,10 @@ class Model(BaseModel):
         if self._key():
             params["api_key"] = self._key()
         return params
+
+
+JudgeModel = str | Model
+"""A judge: a litellm model id ("openai/o4-mini", "hosted_vllm/qwen", "ollama/qwen2.5") or an agentrl Model."""
 
 
 class _SaysWhenTheServerIsGone(httpx2.AsyncBaseTransport):
@@ -174,6 +183,72 @@ class TrainResult:
     """The last error of a judge whose failure dropped a group this step (`metrics["num_groups_judge_failed"]`)."""
     record_error: str | None = None
     """Set when the step happened (and is served) but writing its metrics, trajectories or W&B record failed."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Serves a `TrainableModel`'s latest checkpoint and trains it. Every call that waits is async."""
+
+    async def register(self, model: TrainableModel) -> int:
+        """Take the model's run, resume its latest checkpoint (or create step 0), serve it; returns the step."""
+        ...
+
+    async def get_step(self, model: TrainableModel) -> int:
+        """The step of the checkpoint now served."""
+        ...
+
+    async def train(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        step_metrics: dict[str, float] | None = None,
+    ) -> TrainResult:
+        """One GRPO step; the new checkpoint is served when it returns (or the skip says why). `step_metrics`
+        are recorded with the step's own."""
+        ...
+
+    async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:
+        """Supervised training on demonstrations, checkpointed and served like a step."""
+        ...
+
+    async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
+        """Record evaluation groups at the current step; returns their averaged metrics."""
+        ...
+
+    async def delete_checkpoints(self, model: TrainableModel, *, keep_last: int, best_by: str | None) -> list[int]:
+        """Delete old checkpoints but the last `keep_last` and the best by `best_by`; returns deleted steps."""
+        ...
+
+    def endpoint(self, model: TrainableModel) -> InferenceEndpoint:
+        """Where rollouts reach the model's served adapter."""
+        ...
+
+    def base_model(self) -> Model:
+        """The untrained base model on the same server (a baseline, or a judge that is not the policy)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop serving and release the run (its lock, servers, W&B run)."""
+        ...
+
+
+@runtime_checkable
+class OpensSessions(Protocol):
+    """A backend that can open rollout sessions on its gateway (`model.session()`): LocalBackend and
+    RemoteBackend; optional for other backends."""
+
+    async def open_session(self, model: TrainableModel) -> str:
+        """Open a rollout session on the gateway: its id, the prefix /v1/sessions/{id}/ of its base URL."""
+        ...
+
+    async def close_session(
+        self, model: TrainableModel, session_id: str
+    ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Close a rollout session (later requests on it get 404) and return its exchanges, as chat
+        completions (request body, answer), in the order they were answered."""
+        ...
 
 
 class TrainableModel(Model):
@@ -271,7 +346,15 @@ class TrainableModel(Model):
         `session.trajectory` when the block ends. See `agentrl.capture.rollout_session`."""
         from agentrl.capture import rollout_session
 
-        return rollout_session(self)
+        backend = self._require_backend()
+        if not isinstance(backend, OpensSessions):
+            raise ConfigurationError(
+                f"{type(backend).__name__} cannot open rollout sessions (it has no open_session/close_session); "
+                "use a LocalBackend or a RemoteBackend, or capture_trajectory() around a client in this process"
+            )
+        opened = functools.partial(backend.open_session, self)
+        closed = functools.partial(backend.close_session, self)
+        return rollout_session(backend.endpoint(self), self.inference_name, opened, closed)
 
     async def log(
         self, trajectories_or_groups: list[Trajectory] | list[TrajectoryGroup], split: str = "val"

@@ -83,8 +83,8 @@ def measure_ranks(setup: str, steps: int) -> dict[str, Any]:
     """GRPO step time of one trainer or of trainer ranks on the same synthetic groups."""
     from transformers import AutoTokenizer
 
-    from agentrl.backend.ranks import TrainerRanks
-    from agentrl.backend.trainer import Trainer
+    from agentrl.backend.training.ranks import TrainerRanks
+    from agentrl.backend.training.trainer import Trainer
     from agentrl.base_models import resolve_base_model
     from tests.helpers import synthetic_groups
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import agentrl
-from agentrl.backend.trainer import Trainer
+from agentrl.backend.training.trainer import Trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
 from agentrl.rl.advantages import compute_group_advantages

@@ -60,13 +60,17 @@ def measure(steps: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     import agentrl
-    from agentrl.backend import trainer as trainer_module
-    from agentrl.backend.trainer import Trainer
+
+    try:
+        from agentrl.backend.training.micro_batches import default_micro_batch_tokens
+        from agentrl.backend.training.trainer import Trainer
+    except ModuleNotFoundError:  # a `--tree` checkout from before backend/training/ (and its default, or 4,096)
+        from agentrl.backend import trainer as trainer_module  # type: ignore[attr-defined]
+
+        Trainer = trainer_module.Trainer
+        default_micro_batch_tokens = getattr(trainer_module, "default_micro_batch_tokens", lambda _: 4096)
     from agentrl.base_models import resolve_base_model
     from tests.helpers import synthetic_groups
-
-    def default_micro_batch_tokens(device: torch.device) -> int:  # what checkouts before the default existed used
-        return getattr(trainer_module, "default_micro_batch_tokens", lambda _: 4096)(device)
 
     trainer = Trainer(resolve_base_model("smollm2-135m-instruct"), seed=0)
     trainer.add_adapter("bench", agentrl.LoRAConfig())

@@ -9,15 +9,12 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import agentrl
-from agentrl.gather import AfterEach
+from agentrl import AfterEach, JudgeModel
 from agentrl.judges.training import RUN_PREFIX, trained_judge
 from agentrl.tracking import summarize
-
-if TYPE_CHECKING:
-    from agentrl.judges.call import JudgeModel
 
 OFF_POLICY_TIS = 2.0
 """Truncated importance sampling for pipelined runs: an off-policy turn's weight is capped at 2x."""

@@ -73,7 +73,7 @@ def _fast_tests_start_no_server(request, monkeypatch):
     async def refuse(self, *args, **kwargs):
         raise RuntimeError(f"{request.node.nodeid} starts a vLLM server: mark it @pytest.mark.slow")
 
-    from agentrl.backend.server import VLLMServer
+    from agentrl.backend.serving.server import VLLMServer
 
     monkeypatch.setattr(VLLMServer, "start", refuse)
 

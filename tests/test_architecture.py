@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 import agentrl
-from agentrl.backend.protocol import InferenceEndpoint
+from agentrl.backend.endpoint import InferenceEndpoint
 
 PACKAGE = Path(agentrl.__file__).parent
 
@@ -17,13 +17,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def runtime_imports(path: Path) -> set[str]:
-    """Modules `path` imports when it runs (anywhere in it, functions included), not under TYPE_CHECKING."""
+def runtime_imports(path: Path, *, type_checking: bool = False) -> set[str]:
+    """Modules `path` imports when it runs (anywhere in it, functions included); with `type_checking`, also
+    those it imports only for the type checker (under TYPE_CHECKING)."""
     tree = ast.parse(path.read_text())
     skipped = {
         id(node)
         for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        if not type_checking and isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
         for stmt in block.body
         for node in ast.walk(stmt)
     }
@@ -39,9 +40,12 @@ def runtime_imports(path: Path) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(*, type_checking: bool = False) -> dict[str, set[str]]:
     files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {name: {m for m in runtime_imports(path) if m in files and m != name} for name, path in files.items()}
+    return {
+        name: {m for m in runtime_imports(path, type_checking=type_checking) if m in files and m != name}
+        for name, path in files.items()
+    }
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -64,12 +68,28 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_agentrl_has_no_import_cycle():
-    graph = import_graph()
+def test_agentrl_has_no_import_cycle_not_even_through_type_checking_imports():
+    graph = import_graph(type_checking=True)
     assert "agentrl.model" in graph and "agentrl.backend.local" in graph
     assert "agentrl.model" in graph["agentrl.backend.local"]  # the backend depends on the model ...
-    assert not any(m.startswith("agentrl.backend.local") for m in graph["agentrl.model"])  # ... never back
+    assert not any(m.startswith("agentrl.backend") for m in graph["agentrl.model"] - {"agentrl.backend.endpoint"})
+    assert "agentrl.trajectory" in graph["agentrl.capture"] and "agentrl.model" not in graph["agentrl.capture"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+    assert import_graph()["agentrl.capture"] < graph["agentrl.capture"]  # its TYPE_CHECKING import counts here only
+
+
+def test_the_backends_rooms_import_downward_and_the_remote_client_needs_no_local_backend():
+    graph = import_graph(type_checking=True)
+    shared = {f"agentrl.backend.{name}" for name in ("precision", "processes", "endpoint", "checkpoints", "run_lock")}
+    rooms = {"training", "serving", "remote"}
+    for module, imported in graph.items():
+        room = module.split(".")[2] if module.startswith("agentrl.backend.") else None
+        backend_imports = {m for m in imported if m.startswith("agentrl.backend.")}
+        if room in ("training", "serving"):  # the engine's parts use each other's room or shared helpers only
+            assert all(m.startswith(f"agentrl.backend.{room}") or m in shared for m in backend_imports), module
+        if module == "agentrl.backend.remote.client" or module == "agentrl.backend.remote.wire":
+            assert backend_imports <= {"agentrl.backend.remote.wire", "agentrl.backend.endpoint"}, module
+    assert rooms <= {m.split(".")[2] for m in graph if m.count(".") >= 3 and m.startswith("agentrl.backend.")}
 
 
 def test_the_cycle_check_finds_a_cycle():

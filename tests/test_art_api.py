@@ -287,7 +287,7 @@ def test_benchmarking_reads_recorded_trajectories(tmp_path):
 
 
 def test_the_server_samples_at_temperature_one_when_a_request_omits_it():
-    from agentrl.backend.server import server_command
+    from agentrl.backend.serving.server import server_command
 
     command = server_command("m", "base", 1, agentrl.ServerConfig(), max_lora_rank=8, gpu=False)
     assert command[command.index("--generation-config") + 1] == "vllm"

@@ -1,9 +1,13 @@
 """Checkpoint folders: atomic saves, crash leftovers ignored and swept, never overwritten, pruning."""
 
+import asyncio
+import functools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import agentrl
 from agentrl import CheckpointError
 from agentrl.backend.checkpoints import CheckpointStore
 
@@ -85,3 +89,52 @@ def test_every_file_and_the_folder_reach_the_disk_before_the_rename(tmp_path, mo
     assert {"adapter_model.safetensors", "optimizer.pt", "agentrl-checkpoint.json"} <= before_rename
     assert any(name.startswith(".staging-0001") for name in before_rename)  # the folder's entries
     assert Path(synced[-1]) == store.root  # and the parent, after the rename
+
+
+def test_corrupt_checkpoints_are_moved_aside_and_resume_takes_the_newest_valid(base_model_path, tmp_path, caplog):
+    from agentrl.backend.run_lock import RunLock
+    from agentrl.backend.session import ModelSession, TrainerThread
+    from agentrl.backend.training.adapter_files import OPTIMIZER_FILE
+    from agentrl.backend.training.trainer import Trainer
+
+    model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
+    trainer = Trainer(base_model_path)
+    trainer.add_adapter("default", agentrl.LoRAConfig())
+    store = CheckpointStore(model.run_dir)
+    no_server: Any = None  # resuming reads checkpoints into the trainer; nothing is served yet
+    session = ModelSession(model, "default", store, RunLock(model.run_dir), trainer, no_server, TrainerThread())
+    for step in range(5):
+        store.save(step, functools.partial(trainer.save, "default"), {"metrics": {}})
+    (store.path(4) / "adapter_model.safetensors").write_bytes(b"torn")  # a torn adapter
+    (store.path(3) / OPTIMIZER_FILE).unlink()  # a lost optimizer file: never a silent reset
+    (store.path(2) / "agentrl-checkpoint.json").write_text("")  # an empty info file
+    assert session.resume() == 1
+    assert store.steps() == [0, 1]
+    moved = sorted(p.name[:13] for p in store.root.glob(".corrupt-*"))
+    assert moved == [".corrupt-0002", ".corrupt-0003", ".corrupt-0004"]  # kept for inspection
+    assert "cannot read the adapter" in caplog.text and "cannot read the optimizer state" in caplog.text
+    trainer.add_adapter("rank4", agentrl.LoRAConfig(rank=4))
+    with pytest.raises(agentrl.CheckpointError, match="does not fit this model's LoRA"):
+        trainer.load("rank4", store.path(1))
+
+
+def test_delete_checkpoints_keeps_the_best_held_out_checkpoint_by_default(tmp_path):
+    from agentrl.backend.local import LocalBackend
+    from agentrl.backend.run_lock import RunLock
+    from agentrl.backend.session import ModelSession, TrainerThread
+    from agentrl.tracking import record_step
+
+    model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
+    backend = LocalBackend()
+    store = CheckpointStore(model.run_dir)
+    for step in range(5):
+        store.save(step, lambda folder: None, {"metrics": {}})
+        record_step(model.run_dir, step, "val", [], {"reward_mean": [0.1, 0.2, 0.9, 0.3, 0.4][step]})
+    unused: Any = None  # deleting checkpoints needs neither the trainer nor the server
+    session = ModelSession(model, "default", store, RunLock(model.run_dir), unused, unused, TrainerThread(), step=4)
+    backend.sessions[str(model.run_dir.resolve())] = session
+    model._backend = backend
+    assert asyncio.run(model.delete_checkpoints()) == [0, 1, 3]  # ART's default: keep the best val and the latest
+    assert store.steps() == [2, 4]
+    with pytest.raises(agentrl.ConfigurationError, match="no checkpoint has a recorded 'val/nope'"):
+        asyncio.run(model.delete_checkpoints(best_by="val/nope"))

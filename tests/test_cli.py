@@ -5,6 +5,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import openai
 import psutil
@@ -13,6 +15,8 @@ import pytest
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.cli import app
 from tests.helpers import flat, make_run, runner
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_runs_lists_step_best_rewards_and_path(tmp_path):
@@ -133,3 +137,54 @@ async def test_serve_answers_as_the_checkpoint_until_interrupted(served_model):
             if child.is_running():
                 child.kill()
         server.wait()
+
+
+WAITS_FOR_A_SIGNAL = """
+import asyncio, sys
+from agentrl.stop_signals import handle_stop_signals
+
+async def main():
+    from agentrl.gateway.serve import Gateway
+
+    gateway = Gateway()  # a server in the loop, as a backend runs one
+    await gateway.start()
+    try:
+        print("ready", flush=True)
+        await asyncio.sleep(120)
+    finally:
+        await gateway.stop()
+        print("cleaned up", flush=True)
+
+handle_stop_signals()
+try:
+    asyncio.run(main())
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_entry_points_stop_on_signals_even_when_started_as_a_background_job(stop):
+    """A shell starts background jobs with SIGINT ignored; the stop handlers undo that."""
+
+    def like_a_background_job() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", WAITS_FOR_A_SIGNAL],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        preexec_fn=like_a_background_job,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        started = time.monotonic()
+        process.send_signal(stop)
+        assert process.wait(timeout=20) == 130 and time.monotonic() - started < 20
+        assert process.stdout.read().strip() == "cleaned up"  # the finally blocks ran
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -11,7 +11,7 @@ from pydantic import TypeAdapter
 
 import agentrl
 from agentrl.capture import capture_trajectory
-from agentrl.gateway import messages_api, responses_api
+from agentrl.gateway import messages_api, responses_api, responses_stream
 from agentrl.gateway.limits import RequestRefused
 from tests.helpers import assert_trains_on_exact_tokens
 
@@ -134,13 +134,13 @@ def _told(events: Any, model: str) -> bytes:
 def test_a_responses_event_stream_is_what_the_openai_sdk_parses_and_capture_joins_it_back():
     from openai.types.responses import ResponseStreamEvent
 
-    stream = _told(responses_api.ResponseEvents({"model": "m", "input": "hi"}, "resp_1"), "m@2")
+    stream = _told(responses_stream.ResponseEvents({"model": "m", "input": "hi"}, "resp_1"), "m@2")
     frames = [f for f in stream.decode().split("\n\n") if f]
     events = [TypeAdapter(ResponseStreamEvent).validate_python(json.loads(f.split("data: ", 1)[1])) for f in frames]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Let me add."
     assert events[-1].type == "response.completed"
-    joined = responses_api.CompletedResponse()
+    joined = responses_stream.CompletedResponse()
     assert [joined.feed(stream[i : i + 11]) for i in range(0, len(stream), 11)][-1]  # cut anywhere
     fields = responses_api.choice_fields(joined.answer())
     assert fields["message"] == JOINED["choices"][0]["message"] and fields["completion_id"] == "x_1"

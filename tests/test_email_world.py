@@ -3,10 +3,13 @@
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agentrl.rl.tokenize import tokenize_history
 from agentrl_environments.email_agent.data import generate
-from agentrl_environments.email_agent.env import RolloutStats, demonstration, grade_answer, is_dont_know, reward
+from agentrl_environments.email_agent.env import demonstration
+from agentrl_environments.email_agent.grading import RolloutStats, grade_answer, is_dont_know, reward
 from agentrl_environments.email_agent.mailbox import Mailbox, build_database, fts_query
 from agentrl_environments.email_agent.tools import execute
 
@@ -148,3 +151,47 @@ async def test_free_text_answers_are_graded_by_a_judge_when_one_is_given(world):
         assert not await grade_answer("I don't know", q, judge) and len(fake.requests) == 2
     finally:
         fake.close()
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+ARGUMENTS = st.one_of(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "keywords",
+                "from_addr",
+                "to_addr",
+                "sent_after",
+                "sent_before",
+                "max_results",
+                "message_id",
+                "answer",
+                "sources",
+                "other",
+            ]
+        ),
+        JSON_VALUES,
+        max_size=6,
+    ).map(lambda d: json.dumps(d, allow_nan=True)),
+    JSON_VALUES.map(lambda v: json.dumps(v, allow_nan=True)),
+    st.integers(1, 50_000).map(lambda depth: "[" * depth + "]" * depth),
+    st.integers(1, 6000).map(lambda digits: '{"keywords": "x", "max_results": 1' + "0" * digits + "}"),
+    st.text(max_size=60),
+)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["search_emails", "read_email", "return_final_answer"]), arguments=ARGUMENTS)
+def test_email_tools_never_raise_on_1000_random_calls(world, name, arguments):
+    from agentrl_environments.email_agent.mailbox import Mailbox
+
+    box = Mailbox(world.database, world.data.inboxes[0])
+    try:
+        outcome = execute(box, name, arguments)
+    finally:
+        box.close()
+    assert isinstance(outcome.content, str) and outcome.content

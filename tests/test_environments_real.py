@@ -5,8 +5,9 @@ from dataclasses import replace
 
 import agentrl
 from agentrl_environments.email_agent.env import PRESETS as EMAIL_PRESETS
-from agentrl_environments.email_agent.env import EmailEnvironment, demonstration, evaluate, grade_answer
+from agentrl_environments.email_agent.env import EmailEnvironment, demonstration, evaluate
 from agentrl_environments.email_agent.env import rollout as email_rollout
+from agentrl_environments.email_agent.grading import grade_answer
 from agentrl_environments.email_agent.train import ruler_rewards
 from agentrl_environments.training import judge_for
 from agentrl_environments.twenty_forty_eight.env import PRESETS as GAME_PRESETS

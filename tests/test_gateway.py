@@ -17,10 +17,10 @@ import openai
 import pytest
 
 import agentrl
-from agentrl.backend.server import free_port
-from agentrl.gateway.app import Replica
+from agentrl.backend.processes import free_port
 from agentrl.gateway.serve import Gateway
 from agentrl.gateway.store import SampledChoice, SampledStore, fill_sampled_tokens
+from agentrl.gateway.upstream import Replica
 from agentrl.rl.tokenize import sampled_tokens
 
 TOOLS = [

@@ -236,3 +236,16 @@ def test_at_ratio_one_ppo_cispo_and_is_agree_in_gradient(logps, advantage):
         grads.append(logprobs_BT.grad.clone())
     torch.testing.assert_close(grads[0], grads[1])
     torch.testing.assert_close(grads[0], grads[2])
+
+
+def test_every_loss_config_names_a_registered_loss_and_a_name_selects_it():
+    import agentrl
+    from agentrl.config import LOSS_CONFIGS
+    from agentrl.rl.losses import token_loss
+
+    assert set(LOSS_CONFIGS) == {"importance_sampling", "ppo", "cispo", "dro", "gspo"}
+    for name, config_type in LOSS_CONFIGS.items():
+        assert token_loss.dispatch(config_type) is not token_loss.dispatch(object), name  # a loss, not the fallback
+        assert type(agentrl.TrainConfig(loss=name).loss) is config_type
+    with pytest.raises(TypeError, match="no policy loss is registered for str"):
+        token_loss("ppo", *[torch.zeros(1, 2)] * 4)

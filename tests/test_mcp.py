@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import agentrl
-from agentrl.backend.server import free_port
+from agentrl.backend.processes import free_port
 from agentrl.mcp import (
     HTTPServer,
     MCPRLConfig,

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 import agentrl
-from agentrl.backend.server import free_port
+from agentrl.backend.processes import free_port
 from agentrl.integrations.openenv import default_observation_text, openenv_rollout, serve_openenv
 from tests.helpers import assert_trains_on_exact_tokens, children
 

@@ -66,6 +66,9 @@ EXPECTED = {
     "DEFAULT_BASE_PATH",
     "RunFolder",
     "EnvironmentCommands",
+    "AfterEach",
+    "JudgeModel",
+    "handle_stop_signals",
 }
 
 
@@ -122,7 +125,7 @@ def test_the_client_imports_without_the_training_backend_and_a_backend_piece_nam
     import sys
 
     code = WITHOUT_THE_BACKEND + (
-        "import agentrl, agentrl.art, agentrl.judges, agentrl.backend.remote, agentrl.capture, agentrl.cli\n"
+        "import agentrl, agentrl.art, agentrl.judges, agentrl.backend.remote.client, agentrl.capture, agentrl.cli\n"
         "assert not {'torch', 'transformers', 'peft', 'vllm'} & set(sys.modules), sorted(sys.modules)\n"
         "agentrl.RemoteBackend('http://127.0.0.1:9', token='t'); agentrl.TrainableModel(name='m', project='p')\n"
         "from agentrl.backend.extras import BackendNotInstalledError\n"

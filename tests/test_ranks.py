@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import agentrl
-from agentrl.backend.ranks import TrainerRanks, rank_cpus, rank_devices
-from agentrl.backend.trainer import Trainer
+from agentrl.backend.training.ranks import TrainerRanks, rank_cpus, rank_devices
+from agentrl.backend.training.trainer import Trainer
 from agentrl.rl.tokenize import split_by_tokens
 from tests.helpers import synthetic_groups
 
@@ -68,7 +68,7 @@ def test_two_ranks_apply_the_update_one_rank_applies(base_model_path, tokenizer,
         torch.set_num_threads(threads)
 
 
-def _compare_one_and_two_ranks(base_model_path, tokenizer, two_ranks, tmp_path):
+def _compare_one_and_two_ranks(base_model_path, tokenizer, two_ranks, tmp_path):  # noqa: C901 - over the limit when the rule came on; split it when next changed
     one = Trainer(base_model_path, seed=3)
     lora = agentrl.LoRAConfig()
     one.add_adapter("default", lora)

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 import agentrl
-from agentrl.backend.server import free_port
+from agentrl.backend.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # a service with its own vLLM server and trainer
@@ -241,7 +241,7 @@ async def test_a_session_url_on_the_service_records_a_rollout_that_trains_there(
 
 
 async def test_a_step_whose_answer_was_lost_is_applied_once_and_a_stale_one_is_refused(service, token, agent):
-    from agentrl.backend.wire import ModelRef, TrainRequest
+    from agentrl.backend.remote.wire import ModelRef, TrainRequest
     from tests.remote_client import sampled_group
 
     model = agent

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 import agentrl
-from agentrl.backend.replicas import placements
-from agentrl.backend.server import server_command
-from agentrl.gateway.app import AFFINITY_SLACK, Replica, Upstream, conversation_key
+from agentrl.backend.serving.replicas import placements
+from agentrl.backend.serving.server import server_command
+from agentrl.gateway.upstream import AFFINITY_SLACK, Replica, Upstream, conversation_key
 
 
 def test_cpu_replicas_get_their_own_cores_and_gpu_replicas_their_own_devices():

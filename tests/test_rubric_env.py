@@ -9,7 +9,8 @@ import agentrl
 from agentrl.cli import app
 from agentrl.tracking import read_metrics, write_trajectories
 from agentrl_environments.rubric.env import evaluate, load_tasks, rollout, ruler_rewards
-from agentrl_environments.rubric.tasks import Check, InstructionTask, checked_pass_rate, generate, passes, sentences
+from agentrl_environments.rubric.generate import generate
+from agentrl_environments.rubric.tasks import Check, InstructionTask, checked_pass_rate, passes, sentences
 from agentrl_environments.rubric.train import PRESETS, splits
 from agentrl_environments.training import judge_for
 from tests.fake_openai import FakeOpenAI

@@ -20,12 +20,12 @@ import httpx
 import pytest
 
 import agentrl
-from agentrl.backend.service import BackendService, OperatorPolicy, ServiceTokens, sampling_token_for
+from agentrl.backend.remote.service import BackendService, OperatorPolicy, ServiceTokens, sampling_token_for
 from agentrl.config import ServerConfig
-from agentrl.gateway.app import Replica
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
 from agentrl.gateway.store import SampledChoice, SampledStore
+from agentrl.gateway.upstream import Replica
 from tests.fake_vllm import FakeVLLM
 
 ADMIN, SAMPLING = "admin-token-for-tests", sampling_token_for("admin-token-for-tests")
@@ -95,7 +95,7 @@ async def test_the_sampling_token_samples_and_cannot_administer(service):
 
 
 def test_the_sampling_token_is_derived_one_way_and_overridable(tmp_path, monkeypatch):
-    from agentrl.backend.service import service_tokens
+    from agentrl.backend.remote.service import service_tokens
 
     monkeypatch.delenv("AGENTRL_TOKEN", raising=False)
     monkeypatch.delenv("AGENTRL_SAMPLING_TOKEN", raising=False)
@@ -180,8 +180,8 @@ async def test_a_remote_backend_asks_again_for_a_lost_answer_and_the_step_applie
 
 
 async def test_a_failed_load_on_one_replica_is_unloaded_from_all_and_a_retry_loads(tmp_path):
-    from agentrl.backend.replicas import ServerReplicas
-    from agentrl.backend.server import VLLMServer
+    from agentrl.backend.serving.replicas import ServerReplicas
+    from agentrl.backend.serving.server import VLLMServer
 
     class Running(VLLMServer):
         def death_notice(self):
@@ -355,14 +355,14 @@ async def test_a_local_backends_gateway_always_has_a_token():
 
 
 def test_reprs_show_no_token():
-    from agentrl.backend.protocol import InferenceEndpoint
+    from agentrl.backend.endpoint import InferenceEndpoint
 
     assert "s3cret" not in repr(InferenceEndpoint("http://h/v1", "s3cret"))
     assert "s3cret" not in repr(agentrl.RemoteBackend("http://h:8000", token="s3cret"))
 
 
 def test_the_vllm_process_gets_no_secret_of_this_environment(monkeypatch):
-    from agentrl.backend.server import server_env
+    from agentrl.backend.serving.server import server_env
 
     for name in (
         "WANDB_API_KEY",
@@ -379,7 +379,7 @@ def test_the_vllm_process_gets_no_secret_of_this_environment(monkeypatch):
 
 
 def test_rank_sockets_stay_on_loopback_unless_the_user_chose(monkeypatch):
-    from agentrl.backend.ranks import keep_rank_sockets_on_loopback
+    from agentrl.backend.training.ranks import keep_rank_sockets_on_loopback
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth7")
@@ -505,11 +505,13 @@ async def test_a_failure_after_the_update_rolls_back_and_a_committed_step_is_rep
 
     import torch
 
-    from agentrl.backend.adapter_files import OPTIMIZER_FILE
     from agentrl.backend.checkpoints import CheckpointStore
-    from agentrl.backend.local import LocalBackend, ModelSession, _Engine
+    from agentrl.backend.engine import Engine
+    from agentrl.backend.local import LocalBackend
     from agentrl.backend.run_lock import RunLock
-    from agentrl.backend.trainer import Trainer
+    from agentrl.backend.session import ModelSession
+    from agentrl.backend.training.adapter_files import OPTIMIZER_FILE
+    from agentrl.backend.training.trainer import Trainer
     from tests.helpers import synthetic_groups
 
     class GPUServer:
@@ -534,11 +536,12 @@ async def test_a_failure_after_the_update_rolls_back_and_a_committed_step_is_rep
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
     backend, trainer, server = LocalBackend(trainer_device="cuda:0"), Trainer(base_model_path), GPUServer()
     trainer.add_adapter("default", agentrl.LoRAConfig())
-    backend._engine = _Engine(model.base_model, base_model_path, server, trainer, vocab_size=49152)  # type: ignore[arg-type]
+    backend._engine = Engine(model.base_model, base_model_path, server, trainer, vocab_size=49152)  # type: ignore[arg-type]
     store, lock = CheckpointStore(model.run_dir), RunLock(model.run_dir)
     lock.acquire()
     store.save(0, functools.partial(trainer.save, "default"), {"metrics": {}})
-    backend.sessions[str(model.run_dir.resolve())] = ModelSession(model, "default", store, lock)
+    session = ModelSession(model, "default", store, lock, trainer, server, backend._trainer_thread)
+    backend.sessions[str(model.run_dir.resolve())] = session
     model._backend = backend
     before = trainer.adapter_weights("default")
     groups = synthetic_groups(tokenizer, seed=0, size=2, max_words=8)  # small: the step's outcome is what counts

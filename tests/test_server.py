@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from agentrl import ServerConfig, ServerError
-from agentrl.backend.server import VLLMServer, server_command, server_env
+from agentrl.backend.serving.server import VLLMServer, server_command, server_env
 from tests.helpers import group_processes
 
 
@@ -121,3 +121,27 @@ async def test_the_cpu_server_loads_the_grouped_lora_ops_plugin(served_model):
     server = served_model.backend.server.replicas[0]
     assert server_env(server.config, gpu=False, api_key="k")["AGENTRL_VLLM_GROUPED_LORA"] == "1"
     assert "agentrl: grouped CPU LoRA ops in use" in server.log_path.read_text(errors="replace")
+
+
+async def test_server_routes_need_the_backends_key(served_model):
+    """vLLM's --api-key guards /v1 only; the guard closes every other route (GPU dev routes included)."""
+    import httpx
+
+    (server,) = served_model.backend.server.replicas
+    root = f"http://127.0.0.1:{server.port}"
+    key = {"Authorization": f"Bearer {server.api_key}"}
+    async with httpx.AsyncClient(timeout=30) as client:
+        assert (await client.get(f"{root}/health")).status_code == 200
+        for method, path in [
+            ("GET", "/v1/models"),
+            ("GET", "/version"),
+            ("POST", "/v1/load_lora_adapter"),
+            ("POST", "/collective_rpc"),
+            ("POST", "/sleep"),
+            ("GET", "/metrics"),
+        ]:
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                response = await client.request(method, f"{root}{path}", headers=headers)
+                assert response.status_code == 401, (path, headers, response.text)
+        assert (await client.get(f"{root}/v1/models", headers=key)).status_code == 200
+        assert (await client.get(f"{root}/version", headers=key)).status_code == 200

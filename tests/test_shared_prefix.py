@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import agentrl
-from agentrl.backend.trainer import Trainer
+from agentrl.backend.training.trainer import Trainer
 from agentrl.rl.packing import pack, pack_rows
 from agentrl.rl.tokenize import TokenizedSequence, tokenize_groups
 from tests.helpers import make_choice, synthetic_groups

@@ -1,10 +1,15 @@
 """Run tracking: trajectories reload, transcripts escape and show everything, the plot is drawn, writes are atomic."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 from agentrl import Trajectory, TrajectoryGroup
 from agentrl.tracking import load_trajectories, plot_rewards, read_metrics, record_step, summarize, transcript_html
 from tests.helpers import sample_groups
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_step_leaves_metrics_trajectories_transcript_and_plot(tmp_path):
@@ -76,3 +81,30 @@ def test_three_evaluations_where_the_judge_rises_and_the_check_falls_are_warned_
     records = read_metrics(tmp_path)
     assert reward_hacking_trend(records[:2]) is False  # two evaluations are no trend
     assert reward_hacking_trend([{**r, "split": "train"} for r in records]) is False  # val is what it reads
+
+
+FILE_SIZE_LIMIT = """
+import math, os, resource, signal, sys
+from pathlib import Path
+from agentrl.tracking import append_metrics, read_metrics
+run = Path(sys.argv[1])
+append_metrics(run, {"step": 1, "split": "train", "reward_mean": 0.5})
+size = (run / "metrics.jsonl").stat().st_size
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit a write fails (EFBIG) instead of killing us
+resource.setrlimit(resource.RLIMIT_FSIZE, (size + 40, size + 40))  # room for part of the next line only
+try:
+    append_metrics(run, {"step": 2, "split": "train", "note": "x" * 200})
+except OSError as error:
+    print("refused:", error)
+assert (run / "metrics.jsonl").stat().st_size == size, "a torn line was left behind"
+print("records:", [r["step"] for r in read_metrics(run)])
+"""
+
+
+def test_a_full_disk_leaves_no_torn_metrics_line(tmp_path):
+    """RLIMIT_FSIZE makes a write fail part-way, as a full disk does."""
+    result = subprocess.run(
+        [sys.executable, "-c", FILE_SIZE_LIMIT, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "refused:" in result.stdout and "records: [1]" in result.stdout

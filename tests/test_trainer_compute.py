@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import agentrl
-from agentrl.backend.attention import SHORT_SEQUENCE
-from agentrl.backend.logprobs import SelectedLogprobs, token_logprobs
+from agentrl.backend.training.attention import SHORT_SEQUENCE
+from agentrl.backend.training.logprobs import SelectedLogprobs, token_logprobs
 from agentrl.rl.tokenize import TokenizedSequence, collate
 
 
 @pytest.fixture(scope="module")
 def trainer(base_model_path):
-    from agentrl.backend.trainer import Trainer
+    from agentrl.backend.training.trainer import Trainer
 
     trainer = Trainer(base_model_path, seed=0)
     trainer.add_adapter("default", agentrl.LoRAConfig())
@@ -122,3 +122,43 @@ def test_a_training_step_shows_its_micro_batches_and_running_loss(trainer, token
     shown = capsys.readouterr().err
     assert "train step" in shown and "micro-batch" in shown and "loss=" in shown
     assert outcome is not None
+
+
+def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path, monkeypatch):
+    """No GPU here: the model and batches on `meta` show any tensor made on the CPU by mistake."""
+    import torch.fx.experimental._config as fx_config
+    import transformers.masking_utils
+
+    from agentrl.backend.training.logprobs import token_logprobs
+    from agentrl.backend.training.trainer import Trainer
+    from agentrl.rl.tokenize import TokenizedSequence, collate
+
+    trainer = Trainer(base_model_path, device="meta")
+    trainer.add_adapter("default", agentrl.LoRAConfig())
+    trainer.model.get_base_model().config._attn_implementation = "eager"  # sdpa's mask check reads values
+    # and so does the check for packed rows in the position ids (the trainer's rows are never packed)
+    monkeypatch.setattr(transformers.masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
+    sequences = [
+        TokenizedSequence(
+            [1, 2, 3, 4, 5, 6], [False, False, False, True, True, True], [0, 0, 0, -1.0, -0.5, -0.2], 1.0, 0
+        ),
+        TokenizedSequence([1, 2, 3, 4], [False, False, True, True], [0, 0, -1.0, -0.3], -1.0, 0),
+    ]
+    previous = fx_config.meta_nonzero_assume_all_nonzero
+    fx_config.meta_nonzero_assume_all_nonzero = True  # boolean indexing on meta (data-dependent shape)
+    try:
+        logprobs_BT, entropy_N = token_logprobs(trainer.model, collate(sequences, trainer.pad_token_id).to("meta"))
+        assert logprobs_BT.device.type == entropy_N.device.type == "meta"
+        configs = [
+            agentrl.TrainConfig(),
+            agentrl.TrainConfig(kl_coef=0.1, loss="cispo", truncated_importance_sampling=2.0),
+        ]
+        for config in configs:
+            sums, plan = trainer._accumulate_gradients(sequences, config, denominator=5.0)
+            assert plan.packed  # the two share a prefix: the packed path's tensors are checked too
+            assert {t.device.type for t in sums.values()} == {"meta"}
+            assert all(
+                p.grad is not None and p.grad.device.type == "meta" for p in trainer.adapters["default"].parameters
+            )
+    finally:
+        fx_config.meta_nonzero_assume_all_nonzero = previous

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentrl.backend.protocol import Backend
-from agentrl.model import TrainResult
+from agentrl.model import Backend, TrainResult
 from agentrl.trajectory import History, Trajectory, TrajectoryGroup
 
 from . import dev

@@ -131,7 +131,7 @@ _LORA_KEYS = {"r": "rank", "lora_alpha": "alpha", "target_modules": "target_modu
 _ACCEPTED = {"model_name", "enable_sleep_mode"}  # model_name: the base model is `base_model`
 
 
-def internal_config_settings(
+def internal_config_settings(  # noqa: C901 - over the limit when the rule came on; split it when next changed
     internal: Mapping[str, Any], *, lora: Any = None, server: Any = None
 ) -> dict[str, agentrl.LoRAConfig | agentrl.ServerConfig]:
     """`lora` and `server` (given, or agentrl's defaults) updated from ART's `InternalModelConfig`;

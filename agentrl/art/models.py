@@ -15,10 +15,9 @@ from typing import Any
 from pydantic import PrivateAttr, model_validator
 
 import agentrl
-from agentrl.backend.protocol import Backend
 from agentrl.errors import ConfigurationError
 from agentrl.files import check_safe_name, write_json_atomic
-from agentrl.model import served_name
+from agentrl.model import Backend, served_name
 from agentrl.tracking import ART_METRIC_NAMES, append_metrics, read_metrics, summarize
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 

@@ -133,7 +133,7 @@ def pull_from_s3(
                      exclude=list(exclude or []), verbose=verbose)  # fmt: skip
 
 
-def _copy_run(
+def _copy_run(  # noqa: C901 - over the limit when the rule came on; split it when next changed
     location: _Location,
     run_prefix: str,
     run_dir: Path,

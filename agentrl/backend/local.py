@@ -1,17 +1,14 @@
 """LocalBackend: the inference server, trainer and checkpoints of one or more models, on this machine.
 
-Models of one base model share its vLLM servers (each served as "{name}@{step}", the base model as
-"base"; `ServerConfig.replicas` of them), one gateway in front balancing over them, and one
-trainer (one LoRA adapter and optimizer per model);
-each has its own run folder, lock, checkpoints and step. A training step, in order: (one GPU: the
-server sleeps) -> the trainer updates the LoRA -> the new checkpoint is written atomically -> the
-server loads it as "{name}@{step}" and drops the adapter before the previous one. The checkpoint is on disk before the server switches, so a crash at any point resumes
-from a complete checkpoint that the step counter agrees with. A save or a switch that fails puts
-the trainer back to the last served checkpoint, so a retry applies exactly one step; so does a
-failure of the update itself or of the server's wake-up after it. A step that cannot train (see
-`agentrl.rl.screen`) says why in `TrainResult.skip_reason`. When the server died or a rollback failed,
-the backend is broken: every call says so, and the next `register` rebuilds the server and trainer
-from the checkpoints on disk.
+Models of one base model share its `Engine` (vLLM server replicas, one trainer with an adapter per
+model) behind one balancing gateway; each has its own `ModelSession` (run folder, lock, checkpoints,
+step). A step: (one GPU: the server sleeps) -> the trainer updates the LoRA -> the checkpoint is
+written atomically -> the server loads it as "{name}@{step}". The checkpoint is on disk before the
+server switches, so a crash at any point resumes from a complete checkpoint the step counter agrees
+with; a failed update, wake-up, save or switch puts the trainer back to the served checkpoint, so a
+retry applies exactly one step. A step that cannot train says why (`TrainResult.skip_reason`). When
+the server died or a rollback failed, every call says so until the next `register` rebuilds the
+engine from the checkpoints on disk.
 """
 
 from __future__ import annotations
@@ -19,36 +16,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import math
 import secrets
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tqdm.auto import tqdm
-
 from agentrl.backend.checkpoints import CheckpointStore
-from agentrl.backend.protocol import InferenceEndpoint
-from agentrl.backend.ranks import TrainerRanks
-from agentrl.backend.replicas import ServerReplicas
+from agentrl.backend.endpoint import InferenceEndpoint
+from agentrl.backend.engine import Engine, TrainerPlacement, start_engine
 from agentrl.backend.run_lock import RunLock
-from agentrl.backend.trainer import AdapterTrainer, StepOutcome, Trainer
-from agentrl.base_models import resolve_base_model
+from agentrl.backend.serving.replicas import ServerReplicas
+from agentrl.backend.session import ModelSession, TrainerThread
+from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome, train_sft
 from agentrl.config import SFTConfig, TrainConfig
-from agentrl.errors import AgentRLError, BackendBrokenError, CheckpointError, ConfigurationError, ServerError
+from agentrl.errors import AgentRLError, BackendBrokenError, ConfigurationError
 from agentrl.files import check_safe_name
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
 from agentrl.gateway.store import fill_sampled_tokens
-from agentrl.model import TrainResult, served_name
+from agentrl.model import TrainResult
 from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
 from agentrl.rl.tokenize import check_token_ids, labelled_histories
-from agentrl.run_folder import RunFolder
-from agentrl.tracking import DEFAULT_BEST_BY, best_step, record_step, summarize, with_art_names
+from agentrl.tracking import DEFAULT_BEST_BY, best_step, summarize
 from agentrl.wandb_metrics import WandbMetrics, wandb_requested
 
 if TYPE_CHECKING:
@@ -59,42 +49,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-SERVED_ADAPTERS = 2
-"""Adapters kept loaded per model: the new one and the one before, so a request that named the old
-adapter just before a swap (a pipelined rollout's next turn) is still answered, by the adapter it named."""
-
-
-@dataclass
-class _Engine:
-    """What the models of a backend share: the base model, its vLLM servers and the trainer."""
-
-    base_model: str
-    model_path: str
-    server: ServerReplicas
-    trainer: AdapterTrainer
-    vocab_size: int
-    """Token ids a client may send for training lie in [0, vocab_size)."""
-
-
-@dataclass
-class ModelSession:
-    """One registered model on a backend: its run folder's lock, checkpoints, trainer adapter and step."""
-
-    model: TrainableModel
-    adapter: str
-    """The trainer's name for this model's LoRA adapter."""
-    store: CheckpointStore
-    lock: RunLock
-    step: int = 0
-    wandb: WandbMetrics | None = None
-    served: list[int] = field(default_factory=list)
-    """Steps whose adapters the server holds, oldest first (the last `SERVED_ADAPTERS`)."""
-    busy: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held by a call that changes the step (train, train_sft), so one runs at a time per model."""
-
-    def served_name(self, step: int | None = None) -> str:
-        return served_name(self.model.name, self.step if step is None else step)
 
 
 class LocalBackend:
@@ -127,19 +81,12 @@ class LocalBackend:
         routes: Sequence[BaseRoute] = (),
         limits: GatewayLimits | None = None,
     ) -> None:
-        if trainer_ranks < 1:
-            raise ConfigurationError(f"trainer_ranks must be 1 or more, got {trainer_ranks}")
-        if shard_trainer and trainer_ranks < 2:
-            raise ConfigurationError(
-                "shard_trainer shards the model over trainer ranks: set trainer_ranks to 2 or more"
-            )
-        self.seed = seed
-        self.trainer_device = trainer_device
-        self.trainer_ranks = trainer_ranks
-        self.shard_trainer = shard_trainer
+        self.placement = TrainerPlacement(seed, trainer_device, trainer_ranks, shard_trainer)
+        """Where the trainer runs (a `ConfigurationError` here for ranks that cannot be)."""
         self.sessions: dict[str, ModelSession] = {}
         """Registered models by run folder."""
         self._sampling_token = token or secrets.token_urlsafe(32)
+        """What clients send as their API key: the gateway's sampling token (given, or generated here)."""
         self.gateway = Gateway(
             host=host,
             port=port,
@@ -149,21 +96,13 @@ class LocalBackend:
             limits=limits,
         )
         """The OpenAI-compatible door to the server, for any client; rollouts sample through it."""
-        self._engine: _Engine | None = None  # started by the first register
+        self._engine: Engine | None = None  # started by the first register
         self._broken: str | None = None  # why the engine can no longer be trusted; the next register rebuilds it
         self._starting = asyncio.Lock()
-        # Every trainer call runs on this one thread. Spread over a pool's threads, torch's
-        # allocations land in several glibc malloc arenas that never share freed memory: measured
-        # here, peak RSS grew to 13.6 GB over three steps instead of holding at 6.3 GB.
-        self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-trainer")
-
-    async def _on_trainer_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._trainer_thread, functools.partial(fn, *args, **kwargs)
-        )
+        self._trainer_thread = TrainerThread()
 
     @property
-    def engine(self) -> _Engine:
+    def engine(self) -> Engine:
         if self._engine is None:
             raise AgentRLError("the backend has no server yet; register a model first")
         return self._engine
@@ -192,7 +131,7 @@ class LocalBackend:
 
     def endpoint(self, model: TrainableModel) -> InferenceEndpoint:
         """The gateway's address and token, and how to tell that the server died."""
-        return InferenceEndpoint(self.gateway.base_url, self._client_key, death_notice=self.server.death_notice)
+        return InferenceEndpoint(self.gateway.base_url, self._sampling_token, death_notice=self.server.death_notice)
 
     async def open_session(self, model: TrainableModel) -> str:
         self.session(model)  # registered, or an error naming the fix
@@ -202,11 +141,6 @@ class LocalBackend:
         self, model: TrainableModel, session_id: str
     ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         return self.gateway.sessions.close(session_id)
-
-    @property
-    def _client_key(self) -> str:
-        """What clients send as their API key: the gateway's sampling token (given, or generated here)."""
-        return self._sampling_token
 
     @property
     def base_url(self) -> str:
@@ -219,7 +153,7 @@ class LocalBackend:
         a local judge through litellm's hosted_vllm route, so the adapter never judges its own work."""
         from agentrl.model import Model
 
-        return Model(name="base", base_url=self.base_url, api_key=self._client_key, litellm_provider="hosted_vllm")
+        return Model(name="base", base_url=self.base_url, api_key=self._sampling_token, litellm_provider="hosted_vllm")
 
     async def register(self, model: TrainableModel) -> int:
         """Lock the run folder, resume `model` from its latest valid checkpoint (or create step 0), serve it.
@@ -247,87 +181,32 @@ class LocalBackend:
         self.sessions[key] = session
         return session.step
 
-    async def _start_engine(self, model: TrainableModel) -> _Engine:
+    async def _start_engine(self, model: TrainableModel) -> Engine:
         """The server, gateway and trainer for `model`'s base model (started by the first register)."""
         if self._engine is not None:
-            engine = self._engine
-            if model.base_model != engine.base_model:
-                raise ConfigurationError(
-                    f"this backend serves base model {engine.base_model!r}; model {model.name!r} asks for "
-                    f"{model.base_model!r}. Models of one backend share one base model: use another LocalBackend"
-                )
-            if model.lora.rank > engine.server.max_lora_rank:
-                raise ConfigurationError(
-                    f"model {model.name!r} has LoRA rank {model.lora.rank}, above the server's max_lora_rank "
-                    f"{engine.server.max_lora_rank} (set by the first model registered); register the model with "
-                    "the largest rank first"
-                )
-            return engine
-        model_path = await self._on_trainer_thread(resolve_base_model, model.base_model)
-        vocab_size = await self._on_trainer_thread(_vocab_size, model_path)
-        server = ServerReplicas(model_path, RunFolder(model.run_dir).logs, model.server, max_lora_rank=model.lora.rank)
-        # On a CPU the server spends its start importing, one core at a time: the trainer loads meanwhile
-        # (~6 s of a 2-core float32 machine's ~40 s start). On a GPU vLLM sizes its memory from what is
-        # free as it starts, so there the trainer loads first.
-        starting = None if server.gpu else asyncio.ensure_future(server.start())
-        trainer: AdapterTrainer
-        try:
-            if self.trainer_ranks > 1:
-                trainer = await self._on_trainer_thread(
-                    TrainerRanks,
-                    model_path,
-                    ranks=self.trainer_ranks,
-                    seed=self.seed,
-                    device=self.trainer_device,
-                    sharded=self.shard_trainer,
-                )
-            else:
-                trainer = await self._on_trainer_thread(Trainer, model_path, seed=self.seed, device=self.trainer_device)
-        except BaseException:
-            if starting is not None:
-                starting.cancel()
-                await asyncio.gather(starting, return_exceptions=True)
-                await asyncio.to_thread(server.stop)
-            raise
-        self._engine = _Engine(model.base_model, model_path, server, trainer, vocab_size)
-        await (starting if starting is not None else server.start())
+            self._engine.check_fits(model)
+            return self._engine
+        self._engine = engine = await start_engine(model, self.placement, self._trainer_thread)
         await self.gateway.start()
+        server = engine.server
         self.gateway.connect(server.gateway_replicas(), drop_seed=not server.gpu, context=model.server.max_model_len)
-        return self._engine
+        return engine
 
-    async def _open_session(self, model: TrainableModel, engine: _Engine, lock: RunLock) -> ModelSession:
+    async def _open_session(self, model: TrainableModel, engine: Engine, lock: RunLock) -> ModelSession:
         adapter = "default" if not self.sessions else f"model{len(self.sessions)}"
-        await self._on_trainer_thread(engine.trainer.add_adapter, adapter, model.lora)
+        await self._trainer_thread.run(engine.trainer.add_adapter, adapter, model.lora)
         store = CheckpointStore(model.run_dir)
         store.sweep_staging()
-        session = ModelSession(model, adapter, store, lock)
-        session.step = await self._on_trainer_thread(self._resume, session)
+        session = ModelSession(model, adapter, store, lock, engine.trainer, engine.server, self._trainer_thread)
+        session.step = await self._trainer_thread.run(session.resume)
         if wandb_requested(model.wandb):
             config = model.model_dump(mode="json", include={"base_model", "lora", "server"})
             session.wandb = await asyncio.to_thread(
                 WandbMetrics, model.run_dir, project=model.project, name=model.name, config=config
             )
-        await engine.server.load_adapter(session.served_name(), store.path(session.step))
-        session.served.append(session.step)
+        await session.serve_current()
         logger.info("serving %s from %s at %s", session.served_name(), store.path(session.step), self.gateway.base_url)
         return session
-
-    def _resume(self, session: ModelSession) -> int:
-        """Load the newest checkpoint that validates; move the ones that do not aside. Runs on the trainer thread."""
-        store, trainer = session.store, self.trainer
-        steps = store.steps()
-        for step in reversed(steps):
-            try:
-                store.info(step)
-                trainer.load(session.adapter, store.path(step))
-                return step
-            except CheckpointError as error:
-                aside = store.move_aside(step, str(error))
-                logger.warning("checkpoint %d is corrupt and was moved aside to %s: %s", step, aside, error)
-        if steps:
-            logger.warning("no valid checkpoint left in %s: starting again from an untrained adapter", store.root)
-        store.save(0, functools.partial(trainer.save, session.adapter), {"metrics": {}})
-        return 0
 
     async def get_step(self, model: TrainableModel) -> int:
         return self.session(model).step
@@ -344,7 +223,7 @@ class LocalBackend:
         if bad := sorted(k for k, v in (step_metrics or {}).items() if not math.isfinite(v)):
             raise ConfigurationError(f"step_metrics {bad} are not finite numbers; record only finite values")
         session = self.session(model)
-        async with session.busy:
+        async with session.busy, self._keeps_breakage():
             return await self._train(session, groups, config, dict(step_metrics or {}))
 
     async def _train(
@@ -365,7 +244,9 @@ class LocalBackend:
             )
         if screened.trainable:
             async with self._updating(session):
-                outcome = await self._on_trainer_thread(trainer.train_step, session.adapter, screened.trainable, config)
+                outcome = await self._trainer_thread.run(
+                    trainer.train_step, session.adapter, screened.trainable, config
+                )
         else:
             outcome = StepOutcome(updated=False)
         reason = None
@@ -384,7 +265,7 @@ class LocalBackend:
                 reason,
             )
         metrics = {**step_metrics, **outcome.metrics, **screened.metrics()}
-        result = await self._commit(session, StepOutcome(outcome.updated, metrics), split="train", groups=list(groups))
+        result = await session.commit(StepOutcome(outcome.updated, metrics), split="train", groups=list(groups))
         return dataclasses.replace(result, skip_reason=reason, last_judge_error=screened.last_judge_error)
 
     @property
@@ -392,7 +273,7 @@ class LocalBackend:
         """Whether the trainer trains on a GPU the servers sample on (the default on a GPU host): then the
         servers sleep while a step trains, and nothing samples meanwhile (no pipelining on one GPU).
         The servers take cuda:0 up to their device count; trainer ranks above them have their own."""
-        device = self.trainer_device or "cuda:0"
+        device = self.placement.device or "cuda:0"
         if not device.startswith("cuda"):
             return False
         index = int(device.partition(":")[2] or 0)
@@ -410,7 +291,7 @@ class LocalBackend:
             if self.shares_a_device:
                 await self.server.wake_up()
         except Exception as error:
-            await self._roll_back(session, session.step, f"the update failed before it was saved ({error})")
+            await session.roll_back(session.step, f"the update failed before it was saved ({error})")
             if self.shares_a_device:
                 with contextlib.suppress(Exception):  # best effort: the error below says what went wrong
                     await self.server.wake_up()
@@ -422,138 +303,26 @@ class LocalBackend:
         """Supervised steps on demonstrations (their assistant messages are the targets), then one checkpoint."""
         session = self.session(model)
         check_token_ids(((f"demonstration {i}", h) for i, h in enumerate(histories)), self.engine.vocab_size)
-        async with session.busy:
-            metrics: dict[str, float] = {}
-            starts = range(0, len(histories), config.batch_size)
-            progress = tqdm(total=config.epochs * len(starts), desc="sft", unit="batch")
-            try:
-                async with self._updating(session):
-                    for epoch in range(config.epochs):
-                        for start in starts:
-                            outcome = await self._on_trainer_thread(
-                                self.trainer.sft_step,
-                                session.adapter,
-                                histories[start : start + config.batch_size],
-                                learning_rate=config.learning_rate,
-                                micro_batch_tokens=config.micro_batch_tokens,
-                                shared_prefix=config.shared_prefix,
-                            )
-                            metrics = {**outcome.metrics, "epoch": float(epoch)}
-                            progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)
-                            progress.update(1)
-            finally:
-                progress.close()
-            return await self._commit(session, StepOutcome(bool(metrics), metrics), split="sft", groups=[])
+        async with session.busy, self._keeps_breakage():
+            async with self._updating(session):
+                outcome = await self._trainer_thread.run(train_sft, self.trainer, session.adapter, histories, config)
+            return await session.commit(outcome, split="sft", groups=[])
 
-    async def _commit(
-        self, session: ModelSession, outcome: StepOutcome, *, split: str, groups: list[TrajectoryGroup]
-    ) -> TrainResult:
-        """Checkpoint the model's adapter as its next step and serve it; or record a skipped step.
-
-        If the save or the switch fails, the adapter goes back to the last served checkpoint (an
-        unserved new checkpoint is moved aside, not deleted, and unloaded from every replica that took
-        it) and the error says so: the step did not happen, and calling train again applies exactly one
-        step. Once the new checkpoint is served the step is committed: a failure to record its metrics
-        is reported in `TrainResult.record_error`, never raised (a retry would apply a second step).
-        """
-        store, server = session.store, self.server
-        metrics = dict(outcome.metrics)
-        if not outcome.updated:
-            recording = self._record(session, groups, metrics, step=session.step, split=split, skipped=True)
-            record_error = await self._record_committed(recording, session.step)
-            return TrainResult(step=session.step, metrics=metrics, skipped=True, record_error=record_error)
-        new_step, old_step = session.step + 1, session.step
-        started = time.perf_counter()
-        save = functools.partial(self.trainer.save, session.adapter)
+    @contextlib.asynccontextmanager
+    async def _keeps_breakage(self) -> AsyncIterator[None]:
+        """Keep why the backend broke (a rollback that failed), so every later call says so until a register rebuilds it."""
         try:
-            await self._on_trainer_thread(store.save, new_step, save, {"metrics": metrics})
-        except Exception as error:
-            why = f"saving checkpoint {new_step} failed ({type(error).__name__}: {error})"
-            await self._roll_back(session, old_step, why)
-            raise CheckpointError(
-                f"saving checkpoint {new_step} to {store.path(new_step)} failed: {type(error).__name__}: {error}. The "
-                f"step was rolled back (the trainer is at checkpoint {old_step} again, still served): free disk space "
-                "or fix the folder, then call train again"
-            ) from error
-        metrics["save_s"] = time.perf_counter() - started
-        started = time.perf_counter()
-        try:
-            await server.load_adapter(session.served_name(new_step), store.path(new_step))
-        except Exception as error:
-            why = f"the server could not load checkpoint {new_step} ({type(error).__name__}: {error})"
-            aside = store.move_aside(new_step, why)
-            await self._roll_back(session, old_step, why)
-            raise ServerError(
-                f"{why}. The step was rolled back: the unserved checkpoint was moved aside to {aside}, the trainer is "
-                f"at checkpoint {old_step} again and {session.served_name(old_step)} is still what a rollout gets. "
-                "Call train again once the server answers; if it died, register the model again (the backend "
-                "then restarts its server and trainer from the checkpoints on disk)"
-            ) from error
-        session.served.append(new_step)
-        while len(session.served) > SERVED_ADAPTERS:
-            retired = session.served.pop(0)
-            try:
-                await server.unload_adapter(session.served_name(retired))
-            except ServerError as error:  # the new adapter serves; an old one only holds a slot
-                logger.warning("could not unload %s: %s", session.served_name(retired), error)
-        metrics["swap_s"] = time.perf_counter() - started
-        session.step = new_step
-        recording = self._record(session, groups, metrics, step=new_step, split=split, skipped=False)
-        record_error = await self._record_committed(recording, new_step)
-        return TrainResult(step=new_step, metrics=metrics, record_error=record_error)
-
-    @staticmethod
-    async def _record_committed(recording: Awaitable[None], step: int) -> str | None:
-        """Await the record of a step that already happened; a failure is returned (and logged), never raised."""
-        try:
-            await recording
-        except Exception as error:  # noqa: BLE001 - the step is committed and served whatever went wrong here
-            message = f"step {step} is done, but recording its metrics failed: {type(error).__name__}: {error}"
-            logger.error("%s", message)
-            return message
-        return None
-
-    async def _roll_back(self, session: ModelSession, step: int, why: str) -> None:
-        """Put the model's adapter and optimizer back to checkpoint `step` after a failed update or commit; if
-        that fails too, the backend is broken (`BackendBrokenError`) until the next register rebuilds it."""
-        try:
-            await self._on_trainer_thread(self.trainer.load, session.adapter, session.store.path(step))
-        except Exception as error:
-            self._broken = (
-                f"{why}, and restoring the trainer from checkpoint {step} failed too ({type(error).__name__}: "
-                f"{error}), so the trainer no longer matches the disk. Register the model again: the backend then "
-                f"rebuilds its server and trainer and resumes every model from its checkpoints on disk (this one at "
-                f"{step})"
-            )
-            raise BackendBrokenError(self._broken) from error
-        logger.warning("%s; the trainer was restored to checkpoint %d", why, step)
-
-    async def _record(
-        self,
-        session: ModelSession,
-        groups: list[TrajectoryGroup],
-        metrics: dict[str, float],
-        *,
-        step: int,
-        split: str,
-        skipped: bool | None = None,
-    ) -> None:
-        """One step's record in the run folder (and in W&B when it is on)."""
-        named = with_art_names(metrics, groups)
-        if groups:  # the trajectories' own metrics (e.g. independent_reward beside a judge's reward), averaged
-            for key, value in summarize([t for g in groups for t in g.trajectories]).items():
-                named.setdefault(key, value)
-        record = named if skipped is None else {"skipped": skipped, **named}
-        await asyncio.to_thread(record_step, session.model.run_dir, step, split, groups, record)
-        if session.wandb is not None:
-            await asyncio.to_thread(session.wandb.log, step, split, record)
+            yield
+        except BackendBrokenError as error:
+            self._broken = str(error)
+            raise
 
     async def log(self, model: TrainableModel, groups: list[TrajectoryGroup], split: str) -> dict[str, float]:
         """Record evaluation groups at the current step: metrics line, trajectories, transcript, plot."""
         check_safe_name(split, "split")  # it names files in the run folder: no path may come through it
         session = self.session(model)
         metrics = summarize([t for g in groups for t in g.trajectories])
-        await self._record(session, groups, metrics, step=session.step, split=split)
+        await session.record(groups, metrics, step=session.step, split=split)
         return metrics
 
     async def delete_checkpoints(self, model: TrainableModel, *, keep_last: int, best_by: str | None) -> list[int]:
@@ -605,8 +374,7 @@ class LocalBackend:
             await self.gateway.stop()
         engine, self._engine = self._engine, None
         if engine is not None:
-            await asyncio.to_thread(engine.server.stop)
-            await asyncio.to_thread(engine.trainer.close)
+            await engine.stop()
 
     async def _release_sessions(self) -> None:
         for session in self.sessions.values():
@@ -619,18 +387,10 @@ class LocalBackend:
         """Stop the gateway and the server, finish W&B runs and release the run folders."""
         await self._stop_engine()
         await self._release_sessions()
-        self._trainer_thread.shutdown(wait=False)
+        self._trainer_thread.shutdown()
 
     async def __aenter__(self) -> LocalBackend:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _vocab_size(model_path: str) -> int:
-    """Rows of the model's token embedding: the ids its server can sample."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_path)
-    return int(config.get_text_config().vocab_size)

@@ -15,7 +15,7 @@ from agentrl.runs import RunInfo, resolve_run
 from agentrl.stop_signals import handle_stop_signals
 
 if TYPE_CHECKING:
-    from agentrl.backend.server import VLLMServer
+    from agentrl.backend.serving.server import VLLMServer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train LLM agents with reinforcement learning.")
 
@@ -61,7 +61,7 @@ def fmt(value: float | None) -> str:
 
 def base_model_server(info: RunInfo, step: int, log_path: Path) -> VLLMServer:
     """A (not yet started) vLLM server of the base model that checkpoint `step` was trained on, able to load it."""
-    from agentrl.backend.server import VLLMServer
+    from agentrl.backend.serving.server import VLLMServer
     from agentrl.config import ServerConfig
 
     adapter = CheckpointStore(info.path).adapter_config(step)

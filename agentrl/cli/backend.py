@@ -49,7 +49,7 @@ def backend_serve(
     RUNS/backend.token; it opens every route. Rollouts get a sampling token (AGENTRL_SAMPLING_TOKEN, or
     derived from the admin token) that opens /v1 only. The base models, server settings and LoRA rank
     are the operator's: clients choose within them. Ctrl-C stops it."""
-    from agentrl.backend.service import OperatorPolicy, serve_backend
+    from agentrl.backend.remote.service import OperatorPolicy, serve_backend
     from agentrl.config import ServerConfig
 
     try:

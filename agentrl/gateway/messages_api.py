@@ -51,7 +51,7 @@ def _tool_result_text(block: dict[str, Any], where: str) -> str:
     return f"Error: {text}" if block.get("is_error") and not text.startswith("Error") else text
 
 
-def messages_from_anthropic(messages: Any, system: Any = None) -> list[dict[str, Any]]:
+def messages_from_anthropic(messages: Any, system: Any = None) -> list[dict[str, Any]]:  # noqa: C901 - over the limit when the rule came on; split it when next changed
     """Chat messages from a Messages request's `system` and `messages`."""
     chat: list[dict[str, Any]] = []
     if system:

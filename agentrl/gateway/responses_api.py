@@ -13,7 +13,6 @@ takes them, with their logprobs, from the gateway's store by that id).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -21,7 +20,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.gateway.chunks import ServerSentEvents
 from agentrl.gateway.limits import RequestRefused
 from agentrl.gateway.translate import chat_choice, stamped
 
@@ -54,7 +52,7 @@ def _text_of(content: Any, where: str) -> str:
     return "".join(texts)
 
 
-def messages_from_input(items: Any) -> Thread:
+def messages_from_input(items: Any) -> Thread:  # noqa: C901 - over the limit when the rule came on; split it when next changed
     """Chat messages from a Responses `input` (a string or a list of items); an assistant message and the
     function calls after it become one assistant turn, as the model sampled them."""
     if isinstance(items, str):
@@ -128,7 +126,7 @@ def _chat_tool_choice(choice: Any) -> Any:
     raise _refuse(f"tool_choice {choice!r} is not supported: use auto, none, required or a function")
 
 
-def chat_request(body: dict[str, Any], thread_of: Callable[[str], Thread | None]) -> tuple[dict[str, Any], Thread]:
+def chat_request(body: dict[str, Any], thread_of: Callable[[str], Thread | None]) -> tuple[dict[str, Any], Thread]:  # noqa: C901 - over the limit when the rule came on; split it when next changed
     """The chat-completions body for a Responses request, and its conversation without `instructions`
     (what a later response continues). `thread_of` finds the thread of a `previous_response_id`."""
     unknown = set(body) - IGNORED_FIELDS - {
@@ -193,7 +191,7 @@ def _tool_call_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _message_item(item_id: str, text: str, logprobs: list[dict[str, Any]], status: str) -> dict[str, Any]:
+def message_item(item_id: str, text: str, logprobs: list[dict[str, Any]], status: str) -> dict[str, Any]:
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": [part]}
 
@@ -210,7 +208,7 @@ def response_object(
     ]
     output = []
     if message.get("content") or not message.get("tool_calls"):
-        output.append(_message_item(f"msg_{response_id[5:]}", message.get("content") or "", logprobs, "completed"))
+        output.append(message_item(f"msg_{response_id[5:]}", message.get("content") or "", logprobs, "completed"))
     output += _tool_call_items(message)
     truncated = choice.get("finish_reason") == "length"
     usage = chat_answer.get("usage") or {}
@@ -274,22 +272,6 @@ def thread_after(thread: Thread, chat_answer: dict[str, Any]) -> Thread:
     return [*thread, turn]
 
 
-class CompletedResponse(ServerSentEvents):
-    """The final Responses object of a Responses event stream (its `response.completed` or
-    `response.incomplete` event), fed raw bytes: how capture reads a streamed response."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.response: dict[str, Any] = {}
-
-    def add(self, event: dict[str, Any]) -> None:
-        if event.get("type") in ("response.completed", "response.incomplete"):
-            self.response, self.done = event.get("response") or {}, True
-
-    def answer(self) -> dict[str, Any]:
-        return self.response
-
-
 class ResponseThreads:
     """The conversations of recent responses by id, for `previous_response_id` (oldest out first)."""
 
@@ -307,140 +289,3 @@ class ResponseThreads:
     def get(self, response_id: str) -> Thread | None:
         with self._lock:
             return self._by_id.get(response_id)
-
-
-class ResponseEvents:
-    """A streamed chat completion told as Responses server-sent events, chunk by chunk."""
-
-    def __init__(self, body: dict[str, Any], response_id: str) -> None:
-        self.body, self.response_id = body, response_id
-        self.sequence = 0
-        self.text_item: str | None = None
-        self.text: list[str] = []
-        self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> its output item
-        self.next_output = 0
-        self.text_output = 0
-
-    def _event(self, kind: str, **fields: Any) -> bytes:
-        data = {"type": kind, "sequence_number": self.sequence, **fields}
-        self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-
-    def start(self, model: str | None, stamps: dict[str, Any]) -> list[bytes]:
-        """The opening events: the response, in progress, with no output yet."""
-        answer: dict[str, Any] = {"choices": [], "model": model}
-        shell = {**response_object(self.body, self.response_id, answer, status="in_progress"), **stamps}
-        shell["output"], shell["usage"] = [], None
-        return [self._event("response.created", response=shell), self._event("response.in_progress", response=shell)]
-
-    def add(self, chunk: dict[str, Any]) -> list[bytes]:
-        events = []
-        for choice in chunk.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                if self.text_item is None:
-                    self.text_item, self.text_output = f"msg_{self.response_id[5:]}", self.next_output
-                    self.next_output += 1
-                    events.append(
-                        self._event(
-                            "response.output_item.added",
-                            output_index=self.text_output,
-                            item={**_message_item(self.text_item, "", [], "in_progress"), "content": []},
-                        )
-                    )
-                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                    events.append(
-                        self._event(
-                            "response.content_part.added",
-                            item_id=self.text_item,
-                            output_index=self.text_output,
-                            content_index=0,
-                            part=part,
-                        )
-                    )
-                self.text.append(delta["content"])
-                events.append(
-                    self._event(
-                        "response.output_text.delta",
-                        item_id=self.text_item,
-                        output_index=self.text_output,
-                        content_index=0,
-                        delta=delta["content"],
-                        logprobs=[],
-                    )
-                )
-            for call in delta.get("tool_calls") or []:
-                events += self._call_delta(call)
-        return events
-
-    def _call_delta(self, call: dict[str, Any]) -> list[bytes]:
-        index, function = call.get("index", 0), call.get("function") or {}
-        item = self.calls.get(index)
-        events = []
-        if item is None:
-            call_id = call.get("id") or f"call_{uuid.uuid4().hex}"
-            item = {
-                "type": "function_call",
-                "id": f"fc_{call_id}",
-                "call_id": call_id,
-                "name": function.get("name") or "",
-                "arguments": "",
-                "status": "in_progress",
-                "output_index": self.next_output,
-            }
-            self.calls[index] = item
-            self.next_output += 1
-            events.append(
-                self._event("response.output_item.added", output_index=item["output_index"], item=self._public(item))
-            )
-        if function.get("arguments"):
-            item["arguments"] += function["arguments"]
-            events.append(
-                self._event(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=item["output_index"],
-                    delta=function["arguments"],
-                )
-            )
-        return events
-
-    @staticmethod
-    def _public(item: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in item.items() if k != "output_index"}
-
-    def finish(self, chat_answer: dict[str, Any]) -> list[bytes]:
-        """The closing events, from the whole answer joined from the stream (the gateway's stamps on it)."""
-        events = []
-        final = response_object(self.body, self.response_id, chat_answer)
-        if self.text_item is not None:
-            text = "".join(self.text)
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            where = {"item_id": self.text_item, "output_index": self.text_output, "content_index": 0}
-            events.append(self._event("response.output_text.done", **where, text=text, logprobs=[]))
-            events.append(self._event("response.content_part.done", **where, part=part))
-            item = _message_item(self.text_item, text, [], "completed")
-            events.append(self._event("response.output_item.done", output_index=self.text_output, item=item))
-        for item in self.calls.values():
-            item["status"] = "completed"
-            events.append(
-                self._event(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=item["output_index"],
-                    name=item["name"],
-                    arguments=item["arguments"],
-                )
-            )
-            events.append(
-                self._event("response.output_item.done", output_index=item["output_index"], item=self._public(item))
-            )
-        # The final object lists the items in the order the stream announced them.
-        streamed = [(self.text_output, o) for o in final["output"] if o["type"] == "message" and self.text_item]
-        streamed += [(item["output_index"], self._public(item)) for item in self.calls.values()]
-        final["output"] = [o for _, o in sorted(streamed, key=lambda pair: pair[0])] or final["output"]
-        kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
-        events.append(self._event(kind, response=final))
-        return events

@@ -17,10 +17,11 @@ import uvicorn
 from starlette.routing import BaseRoute
 
 from agentrl.errors import ConfigurationError, ServerError
-from agentrl.gateway.app import Replica, Upstream, create_gateway_app
+from agentrl.gateway.app import create_gateway_app
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.sessions import SessionLog
 from agentrl.gateway.store import SampledStore
+from agentrl.gateway.upstream import Replica, Upstream
 
 
 def is_loopback(host: str) -> bool:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from agentrl.errors import JudgeError
-from agentrl.model import Model
+from agentrl.model import JudgeModel
 
 # litellm downloads a model price list at import unless told to use its bundled copy; judging
 # needs no prices, and a machine without internet would wait for the download to time out.
@@ -32,8 +32,6 @@ import litellm.exceptions  # noqa: E402
 
 logger = logging.getLogger(__name__)
 AnswerT = TypeVar("AnswerT", bound=BaseModel)
-JudgeModel = str | Model
-"""A litellm model id ("openai/o4-mini", "hosted_vllm/qwen", "ollama/qwen2.5") or an agentrl Model."""
 
 
 class InvalidJudgeAnswer(ValueError):

@@ -34,8 +34,9 @@ from agentrl.judges.agreement import (
     pairwise_accuracy,
     rank_flip_rate,
 )
-from agentrl.judges.call import JudgeLimiter, JudgeModel, litellm_params
+from agentrl.judges.call import JudgeLimiter, litellm_params
 from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler
+from agentrl.model import JudgeModel
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 

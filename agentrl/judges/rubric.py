@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from agentrl.errors import JudgeError
 from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit
-from agentrl.judges.call import JudgeLimiter, JudgeModel, structured_judge_call
+from agentrl.judges.call import JudgeLimiter, structured_judge_call
+from agentrl.model import JudgeModel
 from agentrl.trajectory import Trajectory
 
 if TYPE_CHECKING:

@@ -12,6 +12,7 @@ normalises by tokens (DAPO) or by a constant (Dr. GRPO).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -60,6 +61,20 @@ def importance_ratio(
     return ((log_ratio_BT + seq_log_ratio_B1) / 2).exp()  # geometric_average: sqrt(token ratio * sequence ratio)
 
 
+@functools.singledispatch
+def token_loss(
+    cfg: object,
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+) -> TokenLoss:
+    """The per-token policy loss the loss config `cfg` names: each loss function below registers for its
+    config type, so the configs in `agentrl.config.LossConfig` are the one list of losses."""
+    raise TypeError(f"no policy loss is registered for {type(cfg).__name__}; register one with @token_loss.register")
+
+
+@token_loss.register
 def importance_sampling_loss(
     cfg: ImportanceSamplingLoss,
     logprobs_BT: torch.Tensor,
@@ -71,6 +86,7 @@ def importance_sampling_loss(
     return TokenLoss(-ratio_BT * advantages_BT, torch.zeros_like(mask_BT, dtype=torch.bool))
 
 
+@token_loss.register
 def ppo_loss(
     cfg: PPOLoss,
     logprobs_BT: torch.Tensor,
@@ -85,6 +101,7 @@ def ppo_loss(
     return TokenLoss(-torch.minimum(unclipped_BT, clipped_BT), clipped_BT < unclipped_BT)
 
 
+@token_loss.register
 def cispo_loss(
     cfg: CISPOLoss,
     logprobs_BT: torch.Tensor,
@@ -99,6 +116,7 @@ def cispo_loss(
     return TokenLoss(-weight_BT * advantages_BT * logprobs_BT, is_clipped_BT)
 
 
+@token_loss.register
 def dro_loss(
     cfg: DROLoss,
     logprobs_BT: torch.Tensor,
@@ -111,6 +129,7 @@ def dro_loss(
     return TokenLoss(-objective_BT, torch.zeros_like(mask_BT, dtype=torch.bool))
 
 
+@token_loss.register
 def gspo_loss(
     cfg: GSPOLoss,
     logprobs_BT: torch.Tensor,
@@ -122,16 +141,6 @@ def gspo_loss(
     unclipped_BT = seq_ratio_BT * advantages_BT
     clipped_BT = seq_ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * advantages_BT
     return TokenLoss(-torch.minimum(unclipped_BT, clipped_BT), clipped_BT < unclipped_BT)
-
-
-PolicyLossFn = Callable[..., TokenLoss]
-POLICY_LOSSES: dict[str, PolicyLossFn] = {
-    "importance_sampling": importance_sampling_loss,
-    "ppo": ppo_loss,
-    "cispo": cispo_loss,
-    "dro": dro_loss,
-    "gspo": gspo_loss,
-}
 
 
 # --- KL(policy || reference) per token, from samples of the policy (Schulman, "Approximating KL") ---
@@ -202,8 +211,8 @@ def policy_loss(
     """
     mask_BT = mask_BT.to(logprobs_BT.dtype)
     old_logprobs_BT = logprobs_BT.detach() if truncated_importance_sampling > 0 else sampler_logprobs_BT
-    token_loss = POLICY_LOSSES[loss_cfg.name](loss_cfg, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
-    loss_BT = token_loss.loss_BT
+    per_token = token_loss(loss_cfg, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    loss_BT = per_token.loss_BT
     if truncated_importance_sampling > 0:
         tis_weight_BT = masked_log_ratio(logprobs_BT.detach(), sampler_logprobs_BT, mask_BT).exp()
         loss_BT = loss_BT * tis_weight_BT.clamp(max=truncated_importance_sampling)
@@ -215,5 +224,5 @@ def policy_loss(
         loss_BT = loss_BT + kl_coef * kl_BT
         kl_sum = kl_BT.detach().sum()
     loss = (loss_BT * mask_BT).sum() / denominator
-    num_clipped = (token_loss.clipped_BT & mask_BT.bool()).sum()
+    num_clipped = (per_token.clipped_BT & mask_BT.bool()).sum()
     return LossOutput(loss=loss, num_clipped=num_clipped, kl_sum=kl_sum)

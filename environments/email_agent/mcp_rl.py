@@ -18,16 +18,15 @@ import json
 import sys
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import agentrl
+from agentrl import JudgeModel
 from agentrl.mcp import COMPLETE_TASK_TOOL, MCPRLConfig, MCPRLReport, MCPTask, MCPToolbox, StdioServer, train_mcp_rl
 
 from .data import Question
-from .env import EmailEnvironment, answer_is_correct, demonstration
-
-if TYPE_CHECKING:
-    from agentrl.judges.call import JudgeModel
+from .env import EmailEnvironment, demonstration
+from .grading import answer_is_correct
 
 SYSTEM_PROMPT = (
     "You are an email assistant with tools to search and read the user's inbox. Do the user's task with "

@@ -1,7 +1,6 @@
 """Train the email agent: measure tool use, warm-start with demonstrations if needed, then RL.
 
-python -m agentrl_environments.email_agent.train [--preset cpu|gpu] [--steps N] [--model ...] [--reward match|judge|ruler]
-agentrl train email [--preset cpu|gpu] [--steps N] [--reward match|judge|ruler] [--judge MODEL]
+.venv/bin/agentrl train email [--preset cpu|gpu] [--steps N] [--model ...] [--reward match|judge|ruler]
 
 Training rewards: `match` (the answer contains the fact, normalised), `judge` (an LLM judge decides
 whether a free-text answer gives the fact; same shaping otherwise), `ruler` (RULER ranks each group;
@@ -12,13 +11,10 @@ evaluation always uses `match`, so runs with different training rewards compare 
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import agentrl
-from agentrl.stop_signals import handle_stop_signals
+from agentrl import AfterEach, JudgeModel
 
 from ..training import (
     RunSummary,
@@ -30,10 +26,6 @@ from ..training import (
     with_overrides,
 )
 from .env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
-
-if TYPE_CHECKING:
-    from agentrl.gather import AfterEach
-    from agentrl.judges.call import JudgeModel
 
 
 async def warm_start(model: agentrl.TrainableModel, env: EmailEnvironment, examples: int) -> None:
@@ -124,24 +116,3 @@ COMMANDS = agentrl.EnvironmentCommands(
     run=run, evaluate_run=evaluate_run, default_name="email-agent", rewards=REWARDS, judged_rewards=("judge", "ruler")
 )
 """What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--base-path", default=agentrl.DEFAULT_BASE_PATH)
-    parser.add_argument("--reward", choices=REWARDS, default="match")
-    parser.add_argument(
-        "--judge", default=None, help="litellm model id, or run:NAME (agentrl judge train; default: the base model)"
-    )
-    args = parser.parse_args()
-    handle_stop_signals()
-    asyncio.run(
-        run(args.preset, args.steps, args.model, base_path=args.base_path, reward=args.reward, judge=args.judge)
-    )
-
-
-if __name__ == "__main__":
-    main()

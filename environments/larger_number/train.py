@@ -1,17 +1,13 @@
 """README's main job: train the packaged model on the larger-number task and compare held-out reward.
 
-python -m agentrl_environments.larger_number.train [--steps 20]
-agentrl train larger-number
+.venv/bin/agentrl train larger-number [--steps 20]
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 from collections.abc import Iterator
 
 import agentrl
-from agentrl.stop_signals import handle_stop_signals
 
 from ..training import RunSummary, evaluate_base_and_checkpoint, step_batch, train_and_evaluate
 from .task import evaluate, rollout, scenarios
@@ -62,30 +58,3 @@ async def evaluate_run(
 
 COMMANDS = agentrl.EnvironmentCommands(run=run, evaluate_run=evaluate_run, default_name="main-job", rewards=())
 """What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
-    parser.add_argument("--name", default="main-job")
-    parser.add_argument("--base-path", default=agentrl.DEFAULT_BASE_PATH)
-    parser.add_argument(
-        "--max-steps-off-policy",
-        type=int,
-        default=None,
-        help="train pipelined: rollouts sample up to this many steps ahead of the trainer (default: synchronous)",
-    )
-    args = parser.parse_args()
-    handle_stop_signals()
-    asyncio.run(
-        run(
-            steps=args.steps,
-            name=args.name,
-            base_path=args.base_path,
-            max_steps_off_policy=args.max_steps_off_policy,
-        )
-    )
-
-
-if __name__ == "__main__":
-    main()

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import agentrl
+from agentrl import AfterEach, JudgeModel
 from agentrl.judges import DEFAULT_RUBRIC
 from agentrl.judges.audit import DEFAULT_AUDIT
 from agentrl.judges.rubric import audit_rubrics
 
 from ..training import judge_for
 from .tasks import DATA, InstructionTask, checked_pass_rate
-
-if TYPE_CHECKING:
-    from agentrl.gather import AfterEach
-    from agentrl.judges.call import JudgeModel
 
 JUDGE_PARAMS = {"max_tokens": 768}
 """The judge writes a rationale per rubric; a small local judge needs room to finish its JSON."""

@@ -1,7 +1,6 @@
 """Train instruction following with a judge as the only reward.
 
-python -m agentrl_environments.rubric.train [--preset cpu|gpu] [--steps N] [--reward rubric|ruler|ruler-generic] [--judge MODEL] [--tasks FILE]
-agentrl train rubric [--reward ...] [--judge MODEL] [--tasks FILE]
+.venv/bin/agentrl train rubric [--preset cpu|gpu] [--steps N] [--reward rubric|ruler|ruler-generic] [--judge MODEL] [--tasks FILE]
 
 Rewards: `rubric` (one judge call per answer checks all its rubrics; reward = pass rate), `ruler`
 (RULER ranks each group, given the task's rubrics as its rubric), `ruler-generic` (RULER with its
@@ -14,12 +13,9 @@ exact prompt it trained against; the code-checked pass rate (`independent_reward
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 from collections.abc import Iterator
 
 import agentrl
-from agentrl.stop_signals import handle_stop_signals
 
 from ..training import (
     RunSummary,
@@ -115,35 +111,3 @@ COMMANDS = agentrl.EnvironmentCommands(
     run=run, evaluate_run=evaluate_run, default_name="rubric", rewards=REWARDS, judged_rewards=REWARDS, takes_tasks=True
 )
 """What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--name", default="rubric")
-    parser.add_argument("--base-path", default=agentrl.DEFAULT_BASE_PATH)
-    parser.add_argument("--reward", choices=REWARDS, default="rubric")
-    parser.add_argument(
-        "--judge", default=None, help="litellm model id, or run:NAME (agentrl judge train; default: the base model)"
-    )
-    parser.add_argument("--tasks", default=None, help="your JSONL of {task_id, prompt, rubrics} (default: shipped)")
-    args = parser.parse_args()
-    handle_stop_signals()
-    asyncio.run(
-        run(
-            args.preset,
-            args.steps,
-            args.model,
-            name=args.name,
-            base_path=args.base_path,
-            reward=args.reward,
-            judge=args.judge,
-            tasks=args.tasks,
-        )
-    )
-
-
-if __name__ == "__main__":
-    main()

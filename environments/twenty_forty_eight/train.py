@@ -1,17 +1,13 @@
 """Train an agent to play 2048.
 
-python -m agentrl_environments.twenty_forty_eight.train [--preset cpu|gpu] [--steps N] [--model ...]
-agentrl train 2048 [--preset cpu|gpu] [--steps N]
+.venv/bin/agentrl train 2048 [--preset cpu|gpu] [--steps N] [--model ...]
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 from collections.abc import Iterator
 
 import agentrl
-from agentrl.stop_signals import handle_stop_signals
 
 from ..training import (
     RunSummary,
@@ -67,18 +63,3 @@ async def evaluate_run(
 
 COMMANDS = agentrl.EnvironmentCommands(run=run, evaluate_run=evaluate_run, default_name="2048-agent", rewards=())
 """What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--model", default=None, help="base model (default: the preset's)")
-    parser.add_argument("--base-path", default=agentrl.DEFAULT_BASE_PATH)
-    args = parser.parse_args()
-    handle_stop_signals()
-    asyncio.run(run(args.preset, args.steps, args.model, base_path=args.base_path))
-
-
-if __name__ == "__main__":
-    main()

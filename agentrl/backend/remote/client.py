@@ -19,8 +19,8 @@ import httpx
 from pydantic import BaseModel
 
 import agentrl.errors
-from agentrl.backend.protocol import InferenceEndpoint
-from agentrl.backend.wire import (
+from agentrl.backend.endpoint import InferenceEndpoint
+from agentrl.backend.remote.wire import (
     REGISTERED_FIELDS,
     SERVICE_HEADER,
     TOKEN_ENV,

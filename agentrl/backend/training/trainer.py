@@ -1,140 +1,45 @@
 """One GRPO step with torch + peft: advantages, tokens, micro-batched loss, one optimizer step.
 
-The base model is frozen in bf16; the LoRA weights (and AdamW's state) are fp32; compute runs
-under bf16 autocast, on CPU as on GPU (on a CPU without native bf16, all in float32: `precision`),
-with LoRA fused into addmms in the activations' dtype (`lora_forward`), logits
-only at loss positions, a chunk at a time (`logprobs`), and on a CPU matmul attention for short
-sequences (`attention`). Micro-batches are sized by a token budget and gradients
-accumulate across them, so memory is bounded whatever the number and length of trajectories.
-The loss is divided by a denominator computed once for the whole step, so accumulation gives the
-same update as one big batch. Under `torch.distributed` (see `agentrl.backend.ranks`) each rank
-takes its share of the step's sequences by token count, and the ranks' gradients are summed once
-before the optimizer step, so M ranks apply the update one rank would.
+The base model is frozen in bf16 and the LoRA weights (and AdamW's state) are fp32; compute runs under
+bf16 autocast, on CPU as on GPU (all float32 on a CPU without native bf16: `precision`), with LoRA
+fused into addmms (`lora_forward`), logits only at loss positions (`logprobs`), and on a CPU matmul
+attention for short sequences (`attention`). Gradients accumulate over token-budgeted micro-batches
+(`micro_batches`), the loss divided by one denominator for the whole step, so accumulation gives the
+update one big batch would; ranks under `torch.distributed` (`ranks`) sum their gradients once
+before the optimizer step (`gradients`), so M ranks apply the update one rank would.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from agentrl.backend.adapter_files import read_adapter_weights, read_optimizer_state, write_adapter_files
-from agentrl.backend.attention import use_cpu_attention
-from agentrl.backend.logprobs import takes_tree_mask, token_logprobs
-from agentrl.backend.lora_forward import fuse_lora_layers
 from agentrl.backend.precision import bf16_is_native
-from agentrl.backend.sharding import clip_sharded_gradients, is_sharded, like, shard_decoder_layers, whole
+from agentrl.backend.training import sharding
+from agentrl.backend.training.adapter_files import read_adapter_weights, read_optimizer_state, write_adapter_files
+from agentrl.backend.training.adapter_trainer import StepOutcome
+from agentrl.backend.training.attention import use_cpu_attention
+from agentrl.backend.training.gradients import Adapter, apply_gradients, read_sums, sum_across_ranks
+from agentrl.backend.training.logprobs import takes_tree_mask, token_logprobs
+from agentrl.backend.training.lora_forward import fuse_lora_layers
+from agentrl.backend.training.micro_batches import MicroBatches, RankPlace, collate_rows, plan_step
 from agentrl.config import LoRAConfig, TrainConfig
-from agentrl.errors import ConfigurationError, TrainingError
+from agentrl.errors import ConfigurationError
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.losses import loss_denominator, policy_loss
-from agentrl.rl.packing import PackedBatch, pack, pack_rows
-from agentrl.rl.tokenize import (
-    TokenBatch,
-    TokenizedSequence,
-    collate,
-    plan_micro_batches,
-    split_by_tokens,
-    tokenize_groups,
-    tokenize_history,
-)
+from agentrl.rl.tokenize import TokenizedSequence, collate, tokenize_groups, tokenize_history
 from agentrl.trajectory import History, TrajectoryGroup, reward_stats
 
-PACKING_MIN_SAVING = 0.1
-"""`TrainConfig.shared_prefix=None` packs a step when that computes at least this share fewer tokens."""
-
-
-def release_freed_memory() -> None:
-    """Hand memory that torch freed back to the OS (glibc keeps it otherwise; Linux only).
-
-    Between steps a trainer needs only its weights, yet glibc holds on to the step's peak: measured
-    here, a trainer process sat at 6.8-7.3 GB after training, and with a second process doing the
-    same (a notebook beside the test suite) the machine ran down to 1 GB free.
-    """
-    if sys.platform == "linux":
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def default_micro_batch_tokens(device: torch.device) -> int:
-    """Tokens per micro-batch when the config leaves it open: 2,048 on a CPU, where activations that
-    stay in cache made steps fastest (measured on 2 cores: 2,048 beat 1,024, 3,072 and 4,096), and
-    16,384 on a GPU, which needs large matmuls to be busy."""
-    return 2048 if device.type == "cpu" else 16384
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What a training step did: whether it updated the weights, and its metrics."""
-
-    updated: bool
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
 SUM_NAMES = ("loss", "clipped", "kl_penalty", "entropy", "sampler_minus_trainer", "sampler_minus_trainer_sq")
-
-
-def _read_sums(sums: dict[str, torch.Tensor]) -> dict[str, float]:
-    """The step's running sums as floats, read from the device in one transfer."""
-    return dict(zip(sums, torch.stack(list(sums.values())).float().tolist(), strict=True))
-
-
-def _abort_if_not_finite(what: str, value: float, detail: str) -> None:
-    if not math.isfinite(value):
-        raise TrainingError(
-            f"the step was aborted: its {what} is {value} ({detail}); nothing was applied or saved, the weights "
-            "and optimizer state are as before the step, and the next valid step trains normally. Look for "
-            "non-finite sampler logprobs in the trajectories, or lower the learning rate"
-        )
-
-
-@dataclass(frozen=True)
-class MicroBatches:
-    """A step's plan: this rank's micro-batches (rows of sequence indices; None: an idle pass), whether
-    rows are packed token trees, and the tokens all ranks' forward passes compute."""
-
-    batches: list[list[list[int]] | None]
-    packed: bool
-    forward_tokens: int
-
-
-@dataclass
-class Adapter:
-    """One model's LoRA adapter on the shared base: its trainable tensors and their AdamW state."""
-
-    parameters: list[torch.nn.Parameter]
-    optimizer: torch.optim.AdamW
-
-
-class AdapterTrainer(Protocol):
-    """What a backend asks of its trainer: `Trainer` in this process, or `TrainerRanks` over several."""
-
-    def add_adapter(self, name: str, lora: LoRAConfig) -> None: ...
-    def load(self, name: str, folder: Path) -> None: ...
-    def save(self, name: str, folder: Path) -> None: ...
-    def train_step(self, name: str, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepOutcome: ...
-    def sft_step(
-        self,
-        name: str,
-        histories: Sequence[History],
-        *,
-        learning_rate: float,
-        micro_batch_tokens: int | None,
-        shared_prefix: bool | None = None,
-    ) -> StepOutcome: ...
-    def logprobs_of(self, name: str, sequences: Any) -> list[list[float]]: ...
-    def adapter_weights(self, name: str, rank: int | None = ...) -> dict[str, torch.Tensor]: ...
-    def parameter_bytes(self) -> list[int]: ...
-    def close(self) -> None: ...
+"""The running sums of a GRPO step, added up over micro-batches (and ranks) before they become metrics."""
 
 
 class Trainer:
@@ -143,7 +48,7 @@ class Trainer:
     Several models of one base share its weights in memory: each is a named peft adapter, made
     active for the call that trains, saves or loads it. Made inside an initialised
     `torch.distributed` process group, it is one rank of several: it trains on its share of each
-    step's sequences and sums gradients with the other ranks (`agentrl.backend.ranks` runs them).
+    step's sequences and sums gradients with the other ranks (`agentrl.backend.training.ranks` runs them).
     """
 
     def __init__(self, model_path: str, *, seed: int = 0, device: str | None = None, sharded: bool = False) -> None:
@@ -157,7 +62,7 @@ class Trainer:
         if sharded and self.world_size == 1:
             raise ConfigurationError("a sharded trainer needs 2 or more ranks (LocalBackend(trainer_ranks=...))")
         self.sharded = sharded
-        """FSDP2: the decoder layers sharded over the ranks (see `agentrl.backend.sharding`), once the
+        """FSDP2: the decoder layers sharded over the ranks (see `agentrl.backend.training.sharding`), once the
         first adapter exists; the base stays on the CPU until then."""
         self.tokenizer: Any = AutoTokenizer.from_pretrained(model_path)  # a ChatTokenizer, and pad/eos ids
         self.bf16 = bf16_is_native(self.device.type)
@@ -197,7 +102,7 @@ class Trainer:
         if self.model is None:
             self.model = get_peft_model(self._base, peft_config, adapter_name=name)
             if self.sharded:
-                shard_decoder_layers(self._base, self.device, self.world_size)
+                sharding.shard_decoder_layers(self._base, self.device, self.world_size)
         else:
             self.model.add_adapter(name, peft_config)
         fuse_lora_layers(self.model)
@@ -230,11 +135,8 @@ class Trainer:
         adapter = self._activate(name)
         weights = self.adapter_weights(name)
         optimizer_state = adapter.optimizer.state_dict()
-        if self.sharded:  # new dicts: state_dict() shares its inner dicts with the live optimizer
-            optimizer_state["state"] = {
-                index: {key: value if key == "step" else whole(value).cpu() for key, value in moments.items()}
-                for index, moments in optimizer_state["state"].items()
-            }
+        if self.sharded:
+            optimizer_state = sharding.whole_optimizer_state(optimizer_state)
         if self.rank == 0:
             write_adapter_files(folder, weights, self.model.peft_config[name], optimizer_state)
 
@@ -249,13 +151,13 @@ class Trainer:
         if rank not in (None, self.rank):
             raise ValueError(f"this trainer is rank {self.rank} of {self.world_size}; it holds no rank {rank}")
         weights = get_peft_model_state_dict(self.model, adapter_name=name)
-        return {k: whole(v.detach()).cpu().clone() for k, v in weights.items()}
+        return {k: sharding.whole(v.detach()).cpu().clone() for k, v in weights.items()}
 
     def parameter_bytes(self) -> list[int]:
         """Bytes of weights this rank holds (its shards only, when sharded): what sharding saves. A list of
         one, as `TrainerRanks` gives one per rank."""
         tensors = {id(p): p for p in (self.model or self._base).parameters()}.values()
-        return [sum((p.to_local() if is_sharded(p) else p).nbytes for p in tensors)]
+        return [sum((p.to_local() if sharding.is_sharded(p) else p).nbytes for p in tensors)]
 
     def close(self) -> None:
         """Nothing to stop: the trainer lives in this process (`TrainerRanks.close` stops its processes)."""
@@ -278,14 +180,7 @@ class Trainer:
         weights = read_adapter_weights(folder, expected)
         optimizer_state = read_optimizer_state(folder, adapter.parameters)
         if self.sharded:  # each rank keeps its shard of the whole tensors it read
-            parameters = self._adapter_parameters_by_key(name)
-            with torch.no_grad():
-                for key, value in weights.items():
-                    parameters[key].copy_(like(value, parameters[key]))
-            for index, moments in optimizer_state["state"].items():
-                for key, value in moments.items():
-                    if key != "step":
-                        moments[key] = like(value, adapter.parameters[index])
+            sharding.load_shards(weights, self._adapter_parameters_by_key(name), optimizer_state, adapter.parameters)
         else:
             set_peft_model_state_dict(self.model, weights, adapter_name=name)
         adapter.optimizer.load_state_dict(optimizer_state)
@@ -332,8 +227,8 @@ class Trainer:
 
         train_started = time.perf_counter()
         sums_on_device, plan = self._accumulate_gradients(sequences, config, denominator)
-        metrics.update(self._sum_across_ranks(adapter, sums_on_device))
-        sums = _read_sums(sums_on_device)
+        metrics.update(sum_across_ranks(adapter, sums_on_device, self.world_size))
+        sums = read_sums(sums_on_device)
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
         grad_norm = self._apply_gradients(adapter, max_norm, loss=sums["loss"])
 
@@ -355,72 +250,20 @@ class Trainer:
         )
         return StepOutcome(updated=True, metrics=metrics)
 
-    def _sum_across_ranks(self, adapter: Adapter, sums: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Sum the ranks' gradients and running sums in place: DDP's all-reduce, done once per step.
-
-        Done by hand, not by wrapping the model in DistributedDataParallel: ranks run different
-        numbers of micro-batches (token-balanced shares), and the trainable tensors change with the
-        active adapter, neither of which DDP's per-backward hooks allow. One flat tensor, one call.
-        Returns the time it took (the ranks' coordination cost) as a metric; nothing alone.
-        """
-        if self.world_size == 1:
-            return {}
-        started = time.perf_counter()
-        whole_parameters = [p for p in adapter.parameters if not is_sharded(p)]  # shards were summed in backward
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in whole_parameters]
-        flat = torch.cat([g.reshape(-1).float() for g in grads] + [torch.stack(list(sums.values())).float()])
-        dist.all_reduce(flat)
-        offset = 0
-        for parameter, grad in zip(whole_parameters, grads, strict=True):
-            parameter.grad = flat[offset : offset + grad.numel()].view_as(parameter).to(parameter.dtype)
-            offset += grad.numel()
-        for name, total in zip(list(sums), flat[offset:], strict=True):
-            sums[name] = total
-        return {"trainer_ranks": float(self.world_size), "allreduce_s": time.perf_counter() - started}
-
     def _micro_batches(
         self, sequences: list[TokenizedSequence], max_tokens: int | None, *, shared_prefix: bool | None = False
     ) -> MicroBatches:
-        """This rank's micro-batches, each a list of rows of indices into `sequences`. A row is one
-        sequence, or a group's sequences packed as a token tree (`shared_prefix`: True, False, or None
-        for where that saves tokens).
-        Alone a rank takes every row; among ranks, its share by token count. Sharded, padded with
-        `None` (an idle pass) up to the most any rank has, since sharded ranks gather each layer
-        together in every pass. `max_tokens` None: the device's default (see `TrainConfig.micro_batch_tokens`)."""
-        if max_tokens is None:
-            max_tokens = default_micro_batch_tokens(self.device)
-        rows, sizes = [[i] for i in range(len(sequences))], [len(s) for s in sequences]
-        packed, can_pack = False, takes_tree_mask(self.model)
+        """This rank's plan (see `plan_step`), packing a group's sequences as a token tree where
+        `shared_prefix` asks (True), or where that saves tokens (None) and the attention takes a mask."""
+        can_pack = takes_tree_mask(self.model)
         if shared_prefix and not can_pack:
             raise ConfigurationError(
                 "TrainConfig(shared_prefix=True) needs an attention implementation that takes a mask (sdpa or "
                 f"eager); this model uses {self.model.get_base_model().config._attn_implementation!r}. "
                 "Leave shared_prefix=None (packs where it can) or set it False"
             )
-        if shared_prefix is not False and can_pack:
-            tree_rows, tree_sizes = pack_rows(
-                [s.input_ids_T for s in sequences], [s.group_index for s in sequences], max_tokens
-            )
-            if shared_prefix or sum(tree_sizes) <= (1 - PACKING_MIN_SAVING) * sum(sizes):
-                rows, sizes, packed = tree_rows, tree_sizes, True
-        share = split_by_tokens(sizes, self.world_size)[self.rank] if self.world_size > 1 else range(len(sizes))
-        planned = plan_micro_batches([sizes[i] for i in share], max_tokens)
-        batches: list[list[list[int]] | None] = [[rows[share[i]] for i in batch] for batch in planned]
-        if self.sharded:
-            most = torch.tensor(len(batches), device=self.device)
-            dist.all_reduce(most, op=dist.ReduceOp.MAX)
-            batches += [None] * (int(most) - len(batches))
-        return MicroBatches(batches, packed, sum(sizes))
-
-    def _collate(
-        self, sequences: list[TokenizedSequence], rows: list[list[int]], packed: bool
-    ) -> tuple[TokenBatch, PackedBatch | None]:
-        """One micro-batch on the device: its sequences padded (targets, masks, advantages), and where
-        the plan packed them, the token trees the forward pass computes instead."""
-        batch = collate([sequences[i] for row in rows for i in row], self.pad_token_id).to(self.device)
-        if not packed:
-            return batch, None
-        return batch, pack([[sequences[i].input_ids_T for i in row] for row in rows], self.pad_token_id).to(self.device)
+        place = RankPlace(self.device, self.rank, self.world_size, self.sharded)
+        return plan_step(sequences, max_tokens, place, pack_groups=shared_prefix if can_pack else False)
 
     def _idle_pass(self, *, with_reference: bool) -> None:
         """A forward and backward that adds nothing to any gradient: a sharded rank with fewer
@@ -436,24 +279,7 @@ class Trainer:
         (hidden_BTH.float().sum() * 0.0).backward()
 
     def _apply_gradients(self, adapter: Adapter, max_norm: float, *, loss: float) -> float:
-        """Clip and apply the accumulated gradients, unless the loss or gradient norm is not finite.
-
-        A NaN that reached AdamW would turn every adapter weight (and its moments) into NaN, to be
-        saved, served and resumed from. So a non-finite step is dropped whole: gradients cleared,
-        weights and optimizer state untouched, `TrainingError` raised.
-        """
-        try:
-            _abort_if_not_finite("loss", loss, "summed over the step's micro-batches")
-            if self.sharded:
-                grad_norm = clip_sharded_gradients(adapter.parameters, max_norm)
-            else:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(adapter.parameters, max_norm))
-            _abort_if_not_finite("gradient norm", grad_norm, f"loss {loss:.4g}")
-            adapter.optimizer.step()
-            return grad_norm
-        finally:
-            adapter.optimizer.zero_grad(set_to_none=True)
-            release_freed_memory()
+        return apply_gradients(adapter, max_norm, loss=loss, sharded=self.sharded)
 
     def _accumulate_gradients(
         self, sequences: list[TokenizedSequence], config: TrainConfig, denominator: float
@@ -471,7 +297,7 @@ class Trainer:
                 self._idle_pass(with_reference=config.kl_coef > 0)
                 bar.update(1)
                 continue
-            batch, packed = self._collate(sequences, rows, plan.packed)
+            batch, packed = collate_rows(sequences, rows, plan.packed, self.pad_token_id, self.device)
             mask_BT = batch.loss_mask_BT[:, 1:]
             sampler_logprobs_BT = batch.sampler_logprobs_BT[:, 1:]
             ref_logprobs_BT = None
@@ -535,14 +361,14 @@ class Trainer:
             if rows is None:
                 self._idle_pass(with_reference=False)
                 continue
-            batch, packed = self._collate(sequences, rows, plan.packed)
+            batch, packed = collate_rows(sequences, rows, plan.packed, self.pad_token_id, self.device)
             with self._autocast():
                 logprobs_BT, _ = token_logprobs(self.model, batch, packed)
             nll = -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens
             torch.autograd.backward(nll)
             nll_sum += nll.detach()
         sums = {"nll": nll_sum}
-        self._sum_across_ranks(adapter, sums)
+        sum_across_ranks(adapter, sums, self.world_size)
         total_nll = float(sums["nll"])
         grad_norm = self._apply_gradients(adapter, 1.0, loss=total_nll)
         return StepOutcome(

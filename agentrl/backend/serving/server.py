@@ -17,7 +17,6 @@ import atexit
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 
 from agentrl.backend.precision import bf16_is_native
+from agentrl.backend.processes import die_with_parent, free_port
 from agentrl.config import ServerConfig
 from agentrl.errors import ServerError
 from agentrl_vllm.server_guard import SERVER_KEY_ENV
@@ -44,14 +44,6 @@ def server_dtype(dtype: str, *, gpu: bool) -> str:
     if dtype != "auto":
         return dtype
     return "bfloat16" if bf16_is_native("cuda" if gpu else "cpu") else "float32"
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 CPU_BLOCK_SIZE = 32
@@ -154,19 +146,6 @@ def server_env(config: ServerConfig, *, gpu: bool, api_key: str) -> dict[str, st
     return env
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the parent dies, even by SIGKILL (Linux only).
-
-    The signal follows the thread that started the child, so start the server from a long-lived
-    thread (the event loop's), never from a short-lived worker thread.
-    """
-    if sys.platform == "linux":
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def tail(path: Path, lines: int = 40) -> str:
     """The last lines of a log file ('' if it does not exist)."""
     try:
@@ -219,7 +198,7 @@ class VLLMServer:
                 stderr=subprocess.STDOUT,
                 env={**server_env(self.config, gpu=self.gpu, api_key=self.api_key), **self.placement},
                 start_new_session=True,  # its own process group: stop() ends the engine workers too
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         atexit.register(self.stop)
         await self._wait_healthy()

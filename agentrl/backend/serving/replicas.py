@@ -16,23 +16,13 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from agentrl.backend.server import VLLMServer, cuda_available
+from agentrl.backend.processes import split_contiguous
+from agentrl.backend.serving.server import VLLMServer, cuda_available
 from agentrl.config import ServerConfig
 from agentrl.errors import ConfigurationError, ServerError
-from agentrl.gateway.app import Replica
+from agentrl.gateway.upstream import Replica
 
 logger = logging.getLogger(__name__)
-
-
-def split_contiguous(items: list[int], parts: int) -> list[list[int]]:
-    """`items` in `parts` contiguous runs whose lengths differ by at most one."""
-    size, extra = divmod(len(items), parts)
-    runs, start = [], 0
-    for index in range(parts):
-        end = start + size + (index < extra)
-        runs.append(items[start:end])
-        start = end
-    return runs
 
 
 def placements(config: ServerConfig, *, gpu: bool, cpus: list[int], gpu_count: int) -> list[dict[str, str]]:

@@ -86,3 +86,30 @@ def clip_sharded_gradients(parameters: list[torch.nn.Parameter], max_norm: float
             if parameter.grad is not None:
                 parameter.grad.mul_(scale)
     return norm
+
+
+def whole_optimizer_state(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """A sharded adapter's AdamW state with whole moments on the CPU, as a checkpoint holds them (new
+    dicts: `state_dict()` shares its inner dicts with the live optimizer)."""
+    moments_by_index = optimizer_state["state"].items()
+    state = {
+        i: {k: v if k == "step" else whole(v).cpu() for k, v in moments.items()} for i, moments in moments_by_index
+    }
+    return {**optimizer_state, "state": state}
+
+
+def load_shards(
+    weights: dict[str, torch.Tensor],
+    parameters_by_key: dict[str, torch.nn.Parameter],
+    optimizer_state: dict[str, Any],
+    parameters: list[torch.nn.Parameter],
+) -> None:
+    """Keep this rank's shard of whole checkpoint tensors: `weights` copied into the adapter's parameters
+    (by checkpoint key), and the AdamW moments of `optimizer_state` cut like `parameters`, in place."""
+    with torch.no_grad():
+        for key, value in weights.items():
+            parameters_by_key[key].copy_(like(value, parameters_by_key[key]))
+    for index, moments in optimizer_state["state"].items():
+        for key, value in moments.items():
+            if key != "step":
+                moments[key] = like(value, parameters[index])

@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentrl.backend.local import LocalBackend
-from agentrl.backend.wire import (
+from agentrl.backend.remote.wire import (
     REGISTERED_FIELDS,
     SAMPLING_TOKEN_ENV,
     SERVICE_HEADER,

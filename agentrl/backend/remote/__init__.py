@@ -1,0 +1,1 @@
+"""A backend on another machine: `RemoteBackend` (the client), the service that serves a `LocalBackend`, and their wire format."""

