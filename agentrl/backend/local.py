@@ -20,7 +20,7 @@ import logging
 import math
 import secrets
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.endpoint import InferenceEndpoint
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from agentrl.trajectory import History, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class LocalBackend:
