@@ -15,7 +15,7 @@ gpu=""
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && gpu=1
 # What this set-up installed from: a change to any of it (or a broken .venv) installs again.
 stamp=.venv/agentrl-setup.stamp
-wanted="$(cat pyproject.toml "$0" | sha256sum | cut -c1-64) extras=${extras} gpu=${gpu}"
+wanted="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-64) extras=${extras} gpu=${gpu}"
 if [ "$(cat "$stamp" 2>/dev/null)" = "$wanted" ] && .venv/bin/python -c 'import agentrl' 2>/dev/null; then
     echo "[setup] ready: .venv already set up from this pyproject.toml (delete $stamp to install again)"
     exit 0
