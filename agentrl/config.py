@@ -118,7 +118,8 @@ class TrainConfig(BaseModel):
     # batching
     micro_batch_tokens: int | None = Field(default=None, gt=0)
     """Tokens per forward/backward pass (padded); bounds memory whatever the group sizes. None: 2,048
-    on a CPU (the fastest measured on 2 cores: activations stay in cache), 16,384 on a GPU."""
+    on a CPU (the fastest measured on 2 cores: activations stay in cache), 16,384 on a GPU, halved for
+    the rest of the run each time a step runs out of GPU memory (a set size that does not fit raises)."""
     shared_prefix: bool | None = None
     """Compute a group's shared prefix (its prompt, and any turns its rollouts share) once: each
     group's sequences packed as a token tree under a tree-shaped mask (`agentrl.rl.packing`), the

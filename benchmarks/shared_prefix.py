@@ -124,7 +124,9 @@ def agreement(trainer: Trainer, groups: list[agentrl.TrajectoryGroup], config: a
     results = []
     for shared in (False, True):
         adapter.optimizer.zero_grad(set_to_none=True)
-        sums, _ = trainer._accumulate_gradients(sequences, config.model_copy(update={"shared_prefix": shared}), 100.0)
+        sums, _ = trainer._accumulate_gradients(
+            sequences, config.model_copy(update={"shared_prefix": shared}), 100.0, trainer.micro_batch_tokens
+        )
         results.append((float(sums["loss"]), torch.cat([p.grad.flatten() for p in adapter.parameters])))
     adapter.optimizer.zero_grad(set_to_none=True)
     (plain_loss, plain_grad), (packed_loss, packed_grad) = results

@@ -134,7 +134,9 @@ def branching_sequences(seed: int, *, vocab: int = 40_000) -> list[TokenizedSequ
 def gradients_and_metrics(trainer: Trainer, sequences, config: agentrl.TrainConfig):
     adapter = trainer._activate("default")
     adapter.optimizer.zero_grad(set_to_none=True)
-    sums, plan = trainer._accumulate_gradients(sequences, config, denominator=100.0)
+    sums, plan = trainer._accumulate_gradients(
+        sequences, config, 100.0, config.micro_batch_tokens or trainer.micro_batch_tokens
+    )
     grads = [p.grad.detach().clone() for p in adapter.parameters]
     adapter.optimizer.zero_grad(set_to_none=True)
     return {k: float(v) for k, v in sums.items()}, grads, plan

@@ -154,7 +154,7 @@ def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path, 
             agentrl.TrainConfig(kl_coef=0.1, loss="cispo", truncated_importance_sampling=2.0),
         ]
         for config in configs:
-            sums, plan = trainer._accumulate_gradients(sequences, config, denominator=5.0)
+            sums, plan = trainer._accumulate_gradients(sequences, config, 5.0, trainer.micro_batch_tokens)
             assert plan.packed  # the two share a prefix: the packed path's tensors are checked too
             assert {t.device.type for t in sums.values()} == {"meta"}
             assert all(
@@ -162,3 +162,49 @@ def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path, 
             )
     finally:
         fx_config.meta_nonzero_assume_all_nonzero = previous
+
+
+def test_a_micro_batch_that_runs_out_of_gpu_memory_is_halved_and_the_step_is_the_same(trainer, tokenizer, monkeypatch):
+    """Out of memory in a step's second micro-batch (raised here as a full GPU raises it) drops the
+    partial gradients, halves the default micro-batch for good and gives the update a step at the halved
+    size gives; with a size the config set it raises, naming the setting, and leaves no gradients."""
+    import copy
+
+    from agentrl.backend.training import trainer as trainer_module
+    from agentrl.errors import TrainingError
+    from tests.helpers import synthetic_groups
+
+    adapter = trainer._activate("default")
+    weights = [p.detach().clone() for p in adapter.parameters]
+    optimizer_state = copy.deepcopy(adapter.optimizer.state_dict())
+    groups = synthetic_groups(tokenizer, seed=5, size=4)  # ~450 tokens: two micro-batches of 256, more of 128
+    monkeypatch.setattr(trainer, "micro_batch_tokens", 256)
+    monkeypatch.setattr(trainer_module, "SMALLEST_MICRO_BATCH", 64)
+    calls = []
+    real_token_logprobs = trainer_module.token_logprobs
+
+    def full_on_second_micro_batch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.32 GiB.")
+        return real_token_logprobs(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "token_logprobs", full_on_second_micro_batch)
+    halved = trainer.train_step("default", groups, agentrl.TrainConfig(learning_rate=1e-3)).metrics
+    assert len(calls) > 2 and halved["micro_batch_tokens"] == trainer.micro_batch_tokens == 128
+    after_halving = [p.detach().clone() for p in adapter.parameters]
+
+    with torch.no_grad():
+        for parameter, weight in zip(adapter.parameters, weights, strict=True):
+            parameter.copy_(weight)
+    adapter.optimizer.load_state_dict(optimizer_state)
+    direct = trainer.train_step("default", groups, agentrl.TrainConfig(learning_rate=1e-3, micro_batch_tokens=128))
+    assert direct.metrics["loss"] == pytest.approx(halved["loss"], rel=1e-6)
+    for parameter, expected in zip(adapter.parameters, after_halving, strict=True):
+        assert torch.allclose(parameter, expected, rtol=1e-5, atol=1e-7)
+    assert not torch.equal(after_halving[1], weights[1])  # the step did move the adapter
+
+    calls.clear()
+    with pytest.raises(TrainingError, match=r"micro-batch of 256 tokens ran out of memory.*micro_batch_tokens=.*128"):
+        trainer.train_step("default", groups, agentrl.TrainConfig(micro_batch_tokens=256))
+    assert all(p.grad is None for p in adapter.parameters)

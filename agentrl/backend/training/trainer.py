@@ -12,11 +12,12 @@ before the optimizer step (`gradients`), so M ranks apply the update one rank wo
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -30,13 +31,24 @@ from agentrl.backend.training.attention import use_cpu_attention
 from agentrl.backend.training.gradients import Adapter, apply_gradients, read_sums, sum_across_ranks
 from agentrl.backend.training.logprobs import takes_tree_mask, token_logprobs
 from agentrl.backend.training.lora_forward import fuse_lora_layers
-from agentrl.backend.training.micro_batches import MicroBatches, RankPlace, collate_rows, plan_step
+from agentrl.backend.training.micro_batches import (
+    MicroBatches,
+    RankPlace,
+    collate_rows,
+    default_micro_batch_tokens,
+    plan_step,
+)
 from agentrl.config import LoRAConfig, TrainConfig
-from agentrl.errors import ConfigurationError
+from agentrl.errors import ConfigurationError, TrainingError
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.losses import loss_denominator, policy_loss
 from agentrl.rl.tokenize import TokenizedSequence, collate, tokenize_groups, tokenize_history
 from agentrl.trajectory import History, TrajectoryGroup, reward_stats
+
+logger = logging.getLogger(__name__)
+_Passes = TypeVar("_Passes")
+SMALLEST_MICRO_BATCH = 1024
+"""Tokens per micro-batch below which running out of memory is an error, not a reason to halve again."""
 
 SUM_NAMES = ("loss", "clipped", "kl_penalty", "entropy", "sampler_minus_trainer", "sampler_minus_trainer_sq")
 """The running sums of a GRPO step, added up over micro-batches (and ranks) before they become metrics."""
@@ -76,6 +88,9 @@ class Trainer:
         self.adapters: dict[str, Adapter] = {}
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
+        self.micro_batch_tokens = default_micro_batch_tokens(self.device)
+        """Tokens per micro-batch where the config leaves it open: the device's default, halved for good
+        each time a step runs out of GPU memory (`_within_memory`)."""
 
     def add_adapter(self, name: str, lora: LoRAConfig) -> None:
         """A fresh adapter (the same for the same seed) with its own optimizer; `name` must suit a
@@ -226,7 +241,11 @@ class Trainer:
             group["weight_decay"] = config.weight_decay
 
         train_started = time.perf_counter()
-        sums_on_device, plan = self._accumulate_gradients(sequences, config, denominator)
+        sums_on_device, plan = self._within_memory(
+            adapter,
+            config.micro_batch_tokens,
+            lambda max_tokens: self._accumulate_gradients(sequences, config, denominator, max_tokens),
+        )
         metrics.update(sum_across_ranks(adapter, sums_on_device, self.world_size))
         sums = read_sums(sums_on_device)
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
@@ -240,6 +259,7 @@ class Trainer:
             forward_tokens=float(plan.forward_tokens),
             shared_prefix=float(plan.packed),
             num_sequences=float(len(sequences)),
+            micro_batch_tokens=float(config.micro_batch_tokens or self.micro_batch_tokens),
             clip_fraction=sums["clipped"] / n,
             entropy=sums["entropy"] / n,
             kl_sampler_trainer=sums["sampler_minus_trainer"] / n,
@@ -281,15 +301,44 @@ class Trainer:
     def _apply_gradients(self, adapter: Adapter, max_norm: float, *, loss: float) -> float:
         return apply_gradients(adapter, max_norm, loss=loss, sharded=self.sharded)
 
+    def _within_memory(self, adapter: Adapter, requested: int | None, passes: Callable[[int], _Passes]) -> _Passes:
+        """`passes(max_tokens)`: a step's forward and backward passes. Where the default micro-batch does
+        not fit the GPU's memory, halve it, drop the partial gradients and run the passes again, keeping
+        the smaller size for later steps (a larger base model than the default was sized for). A size the
+        config set is the user's to change: running out of memory with it raises, naming it."""
+        while True:
+            max_tokens = requested or self.micro_batch_tokens
+            try:
+                return passes(max_tokens)
+            except torch.OutOfMemoryError as error:
+                smaller = max_tokens // 2
+                if requested is not None or self.world_size > 1 or smaller < SMALLEST_MICRO_BATCH:
+                    adapter.optimizer.zero_grad(set_to_none=True)
+                    raise TrainingError(
+                        f"a micro-batch of {max_tokens} tokens ran out of memory on {self.device}; set "
+                        f"TrainConfig(micro_batch_tokens=...) lower (e.g. {smaller}), or use a smaller base "
+                        f"model or shorter rollouts ({error})"
+                    ) from error
+            adapter.optimizer.zero_grad(set_to_none=True)  # the failed attempt's partial gradients
+            torch.cuda.empty_cache()
+            logger.warning(
+                "a micro-batch of %d tokens ran out of memory on %s: %d tokens per micro-batch from now on "
+                "(TrainConfig.micro_batch_tokens sets it)",
+                max_tokens,
+                self.device,
+                smaller,
+            )
+            self.micro_batch_tokens = smaller
+
     def _accumulate_gradients(
-        self, sequences: list[TokenizedSequence], config: TrainConfig, denominator: float
+        self, sequences: list[TokenizedSequence], config: TrainConfig, denominator: float, max_tokens: int
     ) -> tuple[dict[str, torch.Tensor], MicroBatches]:
-        """Forward and backward over micro-batches. Returns the step's running sums (tensors on the
-        device), and the plan it followed."""
+        """Forward and backward over micro-batches of at most `max_tokens` tokens. Returns the step's
+        running sums (tensors on the device), and the plan it followed."""
         sums = {name: torch.zeros((), device=self.device) for name in SUM_NAMES}
         self.model.train()
         autocast = self._autocast()
-        plan = self._micro_batches(sequences, config.micro_batch_tokens, shared_prefix=config.shared_prefix)
+        plan = self._micro_batches(sequences, max_tokens, shared_prefix=config.shared_prefix)
         # Rank 0's bar: micro-batches done and the running loss (one small device read per micro-batch).
         bar = tqdm(total=len(plan.batches), desc="train step", unit="micro-batch", leave=False, disable=self.rank != 0)
         for rows in plan.batches:
@@ -354,19 +403,24 @@ class Trainer:
         for group in adapter.optimizer.param_groups:
             group["lr"] = learning_rate
         tokenize_s = time.perf_counter() - started
-        self.model.train()
-        nll_sum = torch.zeros((), device=self.device)
-        plan = self._micro_batches(sequences, micro_batch_tokens, shared_prefix=shared_prefix)
-        for rows in plan.batches:
-            if rows is None:
-                self._idle_pass(with_reference=False)
-                continue
-            batch, packed = collate_rows(sequences, rows, plan.packed, self.pad_token_id, self.device)
-            with self._autocast():
-                logprobs_BT, _ = token_logprobs(self.model, batch, packed)
-            nll = -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens
-            torch.autograd.backward(nll)
-            nll_sum += nll.detach()
+
+        def passes(max_tokens: int) -> tuple[torch.Tensor, MicroBatches]:
+            self.model.train()
+            nll_sum = torch.zeros((), device=self.device)
+            plan = self._micro_batches(sequences, max_tokens, shared_prefix=shared_prefix)
+            for rows in plan.batches:
+                if rows is None:
+                    self._idle_pass(with_reference=False)
+                    continue
+                batch, packed = collate_rows(sequences, rows, plan.packed, self.pad_token_id, self.device)
+                with self._autocast():
+                    logprobs_BT, _ = token_logprobs(self.model, batch, packed)
+                nll = -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens
+                torch.autograd.backward(nll)
+                nll_sum += nll.detach()
+            return nll_sum, plan
+
+        nll_sum, plan = self._within_memory(adapter, micro_batch_tokens, passes)
         sums = {"nll": nll_sum}
         sum_across_ranks(adapter, sums, self.world_size)
         total_nll = float(sums["nll"])
