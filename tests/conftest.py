@@ -25,6 +25,29 @@ def tokenizer(base_model_path):
 
 
 @pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory, base_model_path):
+    """A tiny random Llama (2 layers, width 64) with the packaged tokenizer: the trainer's code paths in a second."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(base_model_path)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 async def served_model(tmp_path_factory):
     """The packaged model registered with a real LocalBackend (vLLM on loopback + the trainer), for the session."""
     import agentrl

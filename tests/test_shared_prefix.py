@@ -62,27 +62,6 @@ def test_padding_rows_never_attend_across_and_never_to_nothing():
 # --- equality: a tiny random Llama in float32, every loss ---
 
 
-@pytest.fixture(scope="module")
-def tiny_model_path(tmp_path_factory, base_model_path):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(base_model_path)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def perturbed_trainer(model_path: str) -> Trainer:
     trainer = Trainer(model_path, seed=0)
     trainer.add_adapter("default", agentrl.LoRAConfig())

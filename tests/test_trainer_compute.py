@@ -164,7 +164,9 @@ def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path, 
         fx_config.meta_nonzero_assume_all_nonzero = previous
 
 
-def test_a_micro_batch_that_runs_out_of_gpu_memory_is_halved_and_the_step_is_the_same(trainer, tokenizer, monkeypatch):
+def test_a_micro_batch_that_runs_out_of_gpu_memory_is_halved_and_the_step_is_the_same(
+    tiny_model_path, tokenizer, monkeypatch
+):
     """Out of memory in a step's second micro-batch (raised here as a full GPU raises it) drops the
     partial gradients, halves the default micro-batch for good and gives the update a step at the halved
     size gives; with a size the config set it raises, naming the setting, and leaves no gradients."""
@@ -174,11 +176,13 @@ def test_a_micro_batch_that_runs_out_of_gpu_memory_is_halved_and_the_step_is_the
     from agentrl.errors import TrainingError
     from tests.helpers import synthetic_groups
 
+    trainer = trainer_module.Trainer(tiny_model_path, seed=0)
+    trainer.add_adapter("default", agentrl.LoRAConfig())
     adapter = trainer._activate("default")
     weights = [p.detach().clone() for p in adapter.parameters]
     optimizer_state = copy.deepcopy(adapter.optimizer.state_dict())
     groups = synthetic_groups(tokenizer, seed=5, size=4)  # ~450 tokens: two micro-batches of 256, more of 128
-    monkeypatch.setattr(trainer, "micro_batch_tokens", 256)
+    trainer.micro_batch_tokens = 256
     monkeypatch.setattr(trainer_module, "SMALLEST_MICRO_BATCH", 64)
     calls = []
     real_token_logprobs = trainer_module.token_logprobs
@@ -202,7 +206,7 @@ def test_a_micro_batch_that_runs_out_of_gpu_memory_is_halved_and_the_step_is_the
     assert direct.metrics["loss"] == pytest.approx(halved["loss"], rel=1e-6)
     for parameter, expected in zip(adapter.parameters, after_halving, strict=True):
         assert torch.allclose(parameter, expected, rtol=1e-5, atol=1e-7)
-    assert not torch.equal(after_halving[1], weights[1])  # the step did move the adapter
+    assert any(not torch.equal(moved, weight) for moved, weight in zip(after_halving, weights, strict=True))
 
     calls.clear()
     with pytest.raises(TrainingError, match=r"micro-batch of 256 tokens ran out of memory.*micro_batch_tokens=.*128"):
