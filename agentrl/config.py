@@ -108,7 +108,9 @@ class TrainConfig(BaseModel):
     normalization_constant: int = Field(default=1024, gt=0)
     """Tokens per sequence assumed by "constant" normalisation (e.g. the generation budget)."""
     kl_coef: float = Field(default=0.0, ge=0)
-    """Weight of the KL penalty to the base model (LoRA disabled); 0 = off (no reference pass)."""
+    """Weight of the KL penalty to the base model (LoRA disabled); 0 = off (no reference pass). In bf16
+    (GPUs, CPUs with native bf16) the policy and reference passes round differently: while the adapter
+    is still near its base, the penalty's gradient is mostly that rounding noise (measured: README "Scaling")."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """Estimator of KL(policy || base) per token (Schulman's k1/k2/k3)."""
     truncated_importance_sampling: float = Field(default=0.0, ge=0)
