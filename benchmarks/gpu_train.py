@@ -1,14 +1,15 @@
 """GRPO training on a GPU: step time, tokens/s, model FLOP utilisation and peak memory, shared prefix or not.
 
-    python -m benchmarks.gpu_train [--models smollm2-135m,qwen2.5-1.5b,qwen2.5-3b] [--steps 3]
+    python -m benchmarks.gpu_train [--models smollm2-135m,qwen2.5-1.5b,qwen2.5-3b,qwen2.5-7b] [--steps 3]
 
 Needs no hub: each model is built from its architecture with random weights (they cost what trained
 weights cost to compute) and saved with the packaged model's tokenizer, whose ids lie below every
 vocabulary here. The step: 8 groups x 8 rollouts, each a 768-token prompt (a system prompt with tool
 schemas, a question) shared by its group and a 256-token answer: 65,536 tokens, the step that
 README's "Scaling" section modelled. Each model trains that step unshared and with the shared prefix
-(`TrainConfig.shared_prefix`), alternating, after one warm-up step each way; the loss and gradients
-both ways from the same weights are compared first. Model FLOP utilisation counts 4 x the decoder's
+(`TrainConfig.shared_prefix`), alternating, after one warm-up step each way (where the default
+micro-batch does not fit, the trainer halves it then); then the loss and gradients both ways from the
+same weights are compared, with `kl_coef=0.1` (README "Scaling" says what that shows in bf16). Model FLOP utilisation counts 4 x the decoder's
 linear weights per computed token plus 4 x the head per loss token (LoRA: no base weight gradients)
 against this GPU's bf16 matmul rate at the model's MLP shape, measured in the same run.
 
@@ -206,7 +207,7 @@ def table(results: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="smollm2-135m,qwen2.5-1.5b,qwen2.5-3b")
+    parser.add_argument("--models", default="smollm2-135m,qwen2.5-1.5b,qwen2.5-3b,qwen2.5-7b")
     parser.add_argument("--steps", type=int, default=3, help="timed steps each way after one warm-up")
     parser.add_argument("--out", type=Path, default=GPU_RESULTS)
     parser.add_argument(
