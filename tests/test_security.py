@@ -498,9 +498,10 @@ async def test_capture_records_the_adapter_only_inside_the_block_and_from_a_lone
 
 
 async def test_a_failure_after_the_update_rolls_back_and_a_committed_step_is_reported(
-    base_model_path, tokenizer, tmp_path
+    tiny_model_path, tokenizer, tmp_path
 ):
-    """The real trainer and checkpoints; the server is the seam (waking after a step exists on a GPU only)."""
+    """The real trainer (on the tiny model: the step's outcome is what counts) and checkpoints; the server
+    is the seam (waking after a step exists on a GPU only)."""
     import functools
 
     import torch
@@ -534,9 +535,9 @@ async def test_a_failure_after_the_update_rolls_back_and_a_committed_step_is_rep
             return None
 
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
-    backend, trainer, server = LocalBackend(trainer_device="cuda:0"), Trainer(base_model_path), GPUServer()
+    backend, trainer, server = LocalBackend(trainer_device="cuda:0"), Trainer(tiny_model_path), GPUServer()
     trainer.add_adapter("default", agentrl.LoRAConfig())
-    backend._engine = Engine(model.base_model, base_model_path, server, trainer, vocab_size=49152)  # type: ignore[arg-type]
+    backend._engine = Engine(model.base_model, tiny_model_path, server, trainer, vocab_size=49152)  # type: ignore[arg-type]
     store, lock = CheckpointStore(model.run_dir), RunLock(model.run_dir)
     lock.acquire()
     store.save(0, functools.partial(trainer.save, "default"), {"metrics": {}})
