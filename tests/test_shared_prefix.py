@@ -267,6 +267,6 @@ def test_auto_keeps_unshared_sequences_unpacked(tiny_trainer):
         TokenizedSequence(ids, [True] * 20, [-10.0] * 20, 1.0 if g % 2 else -1.0, g)
         for g, ids in enumerate([[rng.randrange(100, 4000) for _ in range(20)] for _ in range(4)])
     ]
-    plan = tiny_trainer._micro_batches(sequences, None, shared_prefix=None)
+    plan = tiny_trainer._micro_batches(sequences, tiny_trainer.micro_batch_tokens, shared_prefix=None)
     assert not plan.packed and plan.forward_tokens == 80
     assert all(len(row) == 1 for batch in plan.batches for row in batch)

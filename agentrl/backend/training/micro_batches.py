@@ -28,11 +28,13 @@ def default_micro_batch_tokens(device: torch.device) -> int:
 @dataclass(frozen=True)
 class MicroBatches:
     """A step's plan: this rank's micro-batches (rows of sequence indices; None: an idle pass), whether
-    rows are packed token trees, and the tokens all ranks' forward passes compute."""
+    rows are packed token trees, the tokens all ranks' forward passes compute, and the token budget
+    each micro-batch kept to."""
 
     batches: list[list[list[int]] | None]
     packed: bool
     forward_tokens: int
+    max_tokens: int
 
 
 @dataclass(frozen=True)
@@ -46,16 +48,14 @@ class RankPlace:
 
 
 def plan_step(
-    sequences: list[TokenizedSequence], max_tokens: int | None, place: RankPlace, *, pack_groups: bool | None
+    sequences: list[TokenizedSequence], max_tokens: int, place: RankPlace, *, pack_groups: bool | None
 ) -> MicroBatches:
     """This rank's micro-batches, each a list of rows of indices into `sequences`. A row is one
     sequence, or a group's sequences packed as a token tree (`pack_groups`: True, False, or None for
     where that saves at least `PACKING_MIN_SAVING` of the tokens).
     Alone a rank takes every row; among ranks, its share by token count. Sharded, padded with `None`
     (an idle pass) up to the most any rank has, since sharded ranks gather each layer together in
-    every pass. `max_tokens` None: the device's default (see `TrainConfig.micro_batch_tokens`)."""
-    if max_tokens is None:
-        max_tokens = default_micro_batch_tokens(place.device)
+    every pass."""
     rows, sizes = [[i] for i in range(len(sequences))], [len(s) for s in sequences]
     packed = False
     if pack_groups is not False:
@@ -71,7 +71,7 @@ def plan_step(
         most = torch.tensor(len(batches), device=place.device)
         dist.all_reduce(most, op=dist.ReduceOp.MAX)
         batches += [None] * (int(most) - len(batches))
-    return MicroBatches(batches, packed, sum(sizes))
+    return MicroBatches(batches, packed, sum(sizes), max_tokens)
 
 
 def collate_rows(

@@ -259,7 +259,7 @@ class Trainer:
             forward_tokens=float(plan.forward_tokens),
             shared_prefix=float(plan.packed),
             num_sequences=float(len(sequences)),
-            micro_batch_tokens=float(config.micro_batch_tokens or self.micro_batch_tokens),
+            micro_batch_tokens=float(plan.max_tokens),
             clip_fraction=sums["clipped"] / n,
             entropy=sums["entropy"] / n,
             kl_sampler_trainer=sums["sampler_minus_trainer"] / n,
@@ -271,7 +271,7 @@ class Trainer:
         return StepOutcome(updated=True, metrics=metrics)
 
     def _micro_batches(
-        self, sequences: list[TokenizedSequence], max_tokens: int | None, *, shared_prefix: bool | None = False
+        self, sequences: list[TokenizedSequence], max_tokens: int, *, shared_prefix: bool | None = False
     ) -> MicroBatches:
         """This rank's plan (see `plan_step`), packing a group's sequences as a token tree where
         `shared_prefix` asks (True), or where that saves tokens (None) and the attention takes a mask."""
@@ -311,15 +311,14 @@ class Trainer:
             try:
                 return passes(max_tokens)
             except torch.OutOfMemoryError as error:
+                adapter.optimizer.zero_grad(set_to_none=True)  # the failed attempt's partial gradients
                 smaller = max_tokens // 2
                 if requested is not None or self.world_size > 1 or smaller < SMALLEST_MICRO_BATCH:
-                    adapter.optimizer.zero_grad(set_to_none=True)
                     raise TrainingError(
                         f"a micro-batch of {max_tokens} tokens ran out of memory on {self.device}; set "
                         f"TrainConfig(micro_batch_tokens=...) lower (e.g. {smaller}), or use a smaller base "
                         f"model or shorter rollouts ({error})"
                     ) from error
-            adapter.optimizer.zero_grad(set_to_none=True)  # the failed attempt's partial gradients
             torch.cuda.empty_cache()
             logger.warning(
                 "a micro-batch of %d tokens ran out of memory on %s: %d tokens per micro-batch from now on "
