@@ -97,6 +97,16 @@ def test_the_cycle_check_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+MAX_MODULE_LINES = 400
+"""A module longer than this holds more than one job: split it by job, not by line count."""
+
+
+def test_no_module_in_agentrl_is_over_the_line_limit():
+    lengths = {str(p.relative_to(PACKAGE.parent)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert len(lengths) > 100  # the whole package was read
+    assert {path: n for path, n in lengths.items() if n > MAX_MODULE_LINES} == {}
+
+
 def test_the_library_never_imports_the_recipes():
     for path in PACKAGE.rglob("*.py"):
         imported = runtime_imports(path)

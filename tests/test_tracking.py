@@ -33,8 +33,10 @@ def test_summarize_averages_reward_and_metrics():
     assert summary["reward_mean"] == 0.5 and summary["turns"] == 1.5 and summary["num_trajectories"] == 2
 
 
-def test_plot_with_no_metrics_yet(tmp_path):
-    assert plot_rewards(tmp_path).exists()
+def test_plot_with_no_metrics_yet_is_an_empty_chart_not_an_error(tmp_path):
+    path = plot_rewards(tmp_path)  # a run folder before its first step: no metrics.jsonl
+    assert path == tmp_path / "reward.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "metrics.jsonl").exists() and not list(tmp_path.rglob("*.tmp"))
 
 
 def test_transcript_shows_additional_histories_and_exceptions():

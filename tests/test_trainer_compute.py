@@ -172,6 +172,7 @@ def test_a_micro_batch_that_runs_out_of_gpu_memory_is_halved_and_the_step_is_the
     size gives; with a size the config set it raises, naming the setting, and leaves no gradients."""
     import copy
 
+    from agentrl.backend.training import memory
     from agentrl.backend.training import trainer as trainer_module
     from agentrl.errors import TrainingError
     from tests.helpers import synthetic_groups
@@ -183,7 +184,7 @@ def test_a_micro_batch_that_runs_out_of_gpu_memory_is_halved_and_the_step_is_the
     optimizer_state = copy.deepcopy(adapter.optimizer.state_dict())
     groups = synthetic_groups(tokenizer, seed=5, size=4)  # ~450 tokens: two micro-batches of 256, more of 128
     trainer.micro_batch_tokens = 256
-    monkeypatch.setattr(trainer_module, "SMALLEST_MICRO_BATCH", 64)
+    monkeypatch.setattr(memory, "SMALLEST_MICRO_BATCH", 64)
     calls = []
     real_token_logprobs = trainer_module.token_logprobs
 

@@ -5,14 +5,15 @@ bf16 autocast, on CPU as on GPU (all float32 on a CPU without native bf16: `prec
 fused into addmms (`lora_forward`), logits only at loss positions (`logprobs`), and on a CPU matmul
 attention for short sequences (`attention`). Gradients accumulate over token-budgeted micro-batches
 (`micro_batches`), the loss divided by one denominator for the whole step, so accumulation gives the
-update one big batch would; ranks under `torch.distributed` (`ranks`) sum their gradients once
-before the optimizer step (`gradients`), so M ranks apply the update one rank would.
+update one big batch would (`grpo_loss`: each micro-batch's loss and the step's running sums), halved
+where a step outgrows the GPU (`memory`); ranks under `torch.distributed` (`ranks`) sum their
+gradients once before the optimizer step (`gradients`), so M ranks apply the update one rank would.
+Checkpoints: `adapter_state` (the live adapter) over `adapter_files` (the files).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -25,12 +26,14 @@ from tqdm.auto import tqdm
 
 from agentrl.backend.precision import bf16_is_native
 from agentrl.backend.training import sharding
-from agentrl.backend.training.adapter_files import read_adapter_weights, read_optimizer_state, write_adapter_files
+from agentrl.backend.training.adapter_state import load_adapter, parameters_by_key, save_adapter, whole_weights
 from agentrl.backend.training.adapter_trainer import StepOutcome
 from agentrl.backend.training.attention import use_cpu_attention
 from agentrl.backend.training.gradients import Adapter, apply_gradients, read_sums, sum_across_ranks
+from agentrl.backend.training.grpo_loss import GRPOLoss, loss_metrics
 from agentrl.backend.training.logprobs import takes_tree_mask, token_logprobs
 from agentrl.backend.training.lora_forward import fuse_lora_layers
+from agentrl.backend.training.memory import within_memory
 from agentrl.backend.training.micro_batches import (
     MicroBatches,
     RankPlace,
@@ -39,19 +42,13 @@ from agentrl.backend.training.micro_batches import (
     plan_step,
 )
 from agentrl.config import LoRAConfig, TrainConfig
-from agentrl.errors import ConfigurationError, TrainingError
+from agentrl.errors import ConfigurationError
 from agentrl.rl.advantages import compute_group_advantages
-from agentrl.rl.losses import loss_denominator, policy_loss
-from agentrl.rl.tokenize import TokenizedSequence, collate, tokenize_groups, tokenize_history
+from agentrl.rl.losses import loss_denominator
+from agentrl.rl.tokenize import TokenBatch, TokenizedSequence, collate, tokenize_groups, tokenize_history
 from agentrl.trajectory import History, TrajectoryGroup, reward_stats
 
-logger = logging.getLogger(__name__)
 _Passes = TypeVar("_Passes")
-SMALLEST_MICRO_BATCH = 1024
-"""Tokens per micro-batch below which running out of memory is an error, not a reason to halve again."""
-
-SUM_NAMES = ("loss", "clipped", "kl_penalty", "entropy", "sampler_minus_trainer", "sampler_minus_trainer_sq")
-"""The running sums of a GRPO step, added up over micro-batches (and ranks) before they become metrics."""
 
 
 class Trainer:
@@ -121,7 +118,7 @@ class Trainer:
         else:
             self.model.add_adapter(name, peft_config)
         fuse_lora_layers(self.model)
-        parameters = list(self._adapter_parameters_by_key(name).values())
+        parameters = list(parameters_by_key(self.model, name).values())
         self.adapters[name] = Adapter(parameters, torch.optim.AdamW(parameters, lr=1e-5))
 
     def _activate(self, name: str) -> Adapter:
@@ -144,29 +141,15 @@ class Trainer:
 
     def save(self, name: str, folder: Path) -> None:
         """Write adapter `name` (peft's format, which vLLM loads) and its optimizer state into `folder`.
-
-        Sharded, every rank must call it (the whole tensors are gathered) and rank 0 writes.
-        """
-        adapter = self._activate(name)
-        weights = self.adapter_weights(name)
-        optimizer_state = adapter.optimizer.state_dict()
-        if self.sharded:
-            optimizer_state = sharding.whole_optimizer_state(optimizer_state)
-        if self.rank == 0:
-            write_adapter_files(folder, weights, self.model.peft_config[name], optimizer_state)
+        Sharded, every rank must call it (the whole tensors are gathered) and rank 0 writes."""
+        save_adapter(self.model, name, self._activate(name), folder, sharded=self.sharded, writes=self.rank == 0)
 
     def adapter_weights(self, name: str, rank: int | None = None) -> dict[str, torch.Tensor]:
         """A copy of adapter `name`'s whole weights, keyed as in its checkpoint (peft's names), as this
-        trainer holds them (`rank`: None or this trainer's own).
-
-        Sharded, the shards are gathered: every rank must call it.
-        """
-        from peft import get_peft_model_state_dict
-
+        trainer holds them (`rank`: None or this trainer's own). Sharded, every rank must call it."""
         if rank not in (None, self.rank):
             raise ValueError(f"this trainer is rank {self.rank} of {self.world_size}; it holds no rank {rank}")
-        weights = get_peft_model_state_dict(self.model, adapter_name=name)
-        return {k: sharding.whole(v.detach()).cpu().clone() for k, v in weights.items()}
+        return whole_weights(self.model, name)
 
     def parameter_bytes(self) -> list[int]:
         """Bytes of weights this rank holds (its shards only, when sharded): what sharding saves. A list of
@@ -177,28 +160,10 @@ class Trainer:
     def close(self) -> None:
         """Nothing to stop: the trainer lives in this process (`TrainerRanks.close` stops its processes)."""
 
-    def _adapter_parameters_by_key(self, name: str) -> dict[str, torch.nn.Parameter]:
-        """Adapter `name`'s parameters under their checkpoint keys (peft drops the adapter's name)."""
-        marker = f".{name}."
-        return {n.replace(marker, ".", 1): p for n, p in self.model.named_parameters() if "lora_" in n and marker in n}
-
     def load(self, name: str, folder: Path) -> None:
-        """Restore the adapter and optimizer state saved by `save`, after checking both.
-
-        Raises `CheckpointError` (and changes nothing) when a file is missing, unreadable, shaped
-        unlike this model's adapter, or holds non-finite weights.
-        """
-        from peft import get_peft_model_state_dict, set_peft_model_state_dict
-
-        adapter = self._activate(name)
-        expected = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
-        weights = read_adapter_weights(folder, expected)
-        optimizer_state = read_optimizer_state(folder, adapter.parameters)
-        if self.sharded:  # each rank keeps its shard of the whole tensors it read
-            sharding.load_shards(weights, self._adapter_parameters_by_key(name), optimizer_state, adapter.parameters)
-        else:
-            set_peft_model_state_dict(self.model, weights, adapter_name=name)
-        adapter.optimizer.load_state_dict(optimizer_state)
+        """Restore the adapter and optimizer state saved by `save`, after checking both: `CheckpointError`
+        (and nothing changed) for a missing, unreadable, misshapen or non-finite file."""
+        load_adapter(self.model, name, self._activate(name), folder, sharded=self.sharded)
 
     # --- the step ---
 
@@ -251,20 +216,14 @@ class Trainer:
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
         grad_norm = self._apply_gradients(adapter, max_norm, loss=sums["loss"])
 
-        n = max(num_loss_tokens, 1)
+        metrics.update(loss_metrics(sums, num_loss_tokens))
         metrics.update(
-            loss=sums["loss"],
             trained_tokens=float(num_loss_tokens),
             total_tokens=float(sum(len(s) for s in sequences)),
             forward_tokens=float(plan.forward_tokens),
             shared_prefix=float(plan.packed),
             num_sequences=float(len(sequences)),
             micro_batch_tokens=float(plan.max_tokens),
-            clip_fraction=sums["clipped"] / n,
-            entropy=sums["entropy"] / n,
-            kl_sampler_trainer=sums["sampler_minus_trainer"] / n,
-            kl_sampler_trainer_sq=0.5 * sums["sampler_minus_trainer_sq"] / n,
-            kl_penalty=sums["kl_penalty"] / n,
             grad_norm=grad_norm,
             train_s=time.perf_counter() - train_started,
         )
@@ -302,83 +261,72 @@ class Trainer:
         return apply_gradients(adapter, max_norm, loss=loss, sharded=self.sharded)
 
     def _within_memory(self, adapter: Adapter, requested: int | None, passes: Callable[[int], _Passes]) -> _Passes:
-        """`passes(max_tokens)`: a step's forward and backward passes. Where the default micro-batch does
-        not fit the GPU's memory, halve it, drop the partial gradients and run the passes again, keeping
-        the smaller size for later steps (a larger base model than the default was sized for). A size the
-        config set is the user's to change: running out of memory with it raises, naming it."""
-        while True:
-            max_tokens = requested or self.micro_batch_tokens
-            try:
-                return passes(max_tokens)
-            except torch.OutOfMemoryError as error:
-                adapter.optimizer.zero_grad(set_to_none=True)  # the failed attempt's partial gradients
-                smaller = max_tokens // 2
-                if requested is not None or self.world_size > 1 or smaller < SMALLEST_MICRO_BATCH:
-                    raise TrainingError(
-                        f"a micro-batch of {max_tokens} tokens ran out of memory on {self.device}; set "
-                        f"TrainConfig(micro_batch_tokens=...) lower (e.g. {smaller}), or use a smaller base "
-                        f"model or shorter rollouts ({error})"
-                    ) from error
-            torch.cuda.empty_cache()
-            logger.warning(
-                "a micro-batch of %d tokens ran out of memory on %s: %d tokens per micro-batch from now on "
-                "(TrainConfig.micro_batch_tokens sets it)",
-                max_tokens,
-                self.device,
-                smaller,
-            )
-            self.micro_batch_tokens = smaller
+        """`passes` at the config's micro-batch size, or at the trainer's default, halved for good where a
+        step outgrows the GPU (see `memory`)."""
+        result, self.micro_batch_tokens = within_memory(
+            passes,
+            requested=requested,
+            default=self.micro_batch_tokens,
+            can_halve=self.world_size == 1,  # ranks must agree on one plan
+            device=self.device,
+            drop_gradients=lambda: adapter.optimizer.zero_grad(set_to_none=True),
+        )
+        return result
+
+    def _passes(
+        self,
+        sequences: list[TokenizedSequence],
+        max_tokens: int,
+        micro_batch_loss: Callable[[TokenBatch, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+        *,
+        shared_prefix: bool | None,
+        with_reference: bool,
+        desc: str,
+    ) -> tuple[torch.Tensor, MicroBatches]:
+        """Forward and backward over this rank's micro-batches of at most `max_tokens` tokens, each one's
+        loss from `micro_batch_loss(batch, logprobs_BT, entropy_N, ref_logprobs_BT)` (the base model's
+        logprobs where `with_reference`, else None). Returns the summed loss (on the device) and the plan."""
+        self.model.train()
+        loss_sum = torch.zeros((), device=self.device)
+        plan = self._micro_batches(sequences, max_tokens, shared_prefix=shared_prefix)
+        # Rank 0's bar: micro-batches done and the running loss (one small device read per micro-batch).
+        bar = tqdm(total=len(plan.batches), desc=desc, unit="micro-batch", leave=False, disable=self.rank != 0)
+        for rows in plan.batches:
+            if rows is None:
+                self._idle_pass(with_reference=with_reference)
+                bar.update(1)
+                continue
+            batch, packed = collate_rows(sequences, rows, plan.packed, self.pad_token_id, self.device)
+            ref_logprobs_BT = None
+            with self._autocast():
+                if with_reference:
+                    with torch.no_grad(), self.model.disable_adapter():
+                        ref_logprobs_BT, _ = token_logprobs(self.model, batch, packed)
+                logprobs_BT, entropy_N = token_logprobs(self.model, batch, packed)
+            loss = micro_batch_loss(batch, logprobs_BT, entropy_N, ref_logprobs_BT)
+            torch.autograd.backward(loss)
+            loss_sum += loss.detach()
+            if not bar.disable and self.device.type != "meta":  # a meta device has no values to show
+                bar.set_postfix(loss=f"{loss_sum.item():.4f}", refresh=False)
+            bar.update(1)
+        bar.close()
+        return loss_sum, plan
 
     def _accumulate_gradients(
         self, sequences: list[TokenizedSequence], config: TrainConfig, denominator: float, max_tokens: int
     ) -> tuple[dict[str, torch.Tensor], MicroBatches]:
-        """Forward and backward over micro-batches of at most `max_tokens` tokens. Returns the step's
+        """A GRPO step's passes over micro-batches of at most `max_tokens` tokens. Returns the step's
         running sums (tensors on the device), and the plan it followed."""
-        sums = {name: torch.zeros((), device=self.device) for name in SUM_NAMES}
-        self.model.train()
-        autocast = self._autocast()
-        plan = self._micro_batches(sequences, max_tokens, shared_prefix=config.shared_prefix)
-        # Rank 0's bar: micro-batches done and the running loss (one small device read per micro-batch).
-        bar = tqdm(total=len(plan.batches), desc="train step", unit="micro-batch", leave=False, disable=self.rank != 0)
-        for rows in plan.batches:
-            if rows is None:
-                self._idle_pass(with_reference=config.kl_coef > 0)
-                bar.update(1)
-                continue
-            batch, packed = collate_rows(sequences, rows, plan.packed, self.pad_token_id, self.device)
-            mask_BT = batch.loss_mask_BT[:, 1:]
-            sampler_logprobs_BT = batch.sampler_logprobs_BT[:, 1:]
-            ref_logprobs_BT = None
-            with autocast:
-                if config.kl_coef > 0:
-                    with torch.no_grad(), self.model.disable_adapter():
-                        ref_logprobs_BT, _ = token_logprobs(self.model, batch, packed)
-                logprobs_BT, entropy_N = token_logprobs(self.model, batch, packed)
-            out = policy_loss(
-                config.loss,
-                logprobs_BT,
-                sampler_logprobs_BT,
-                batch.advantages_BT[:, 1:],
-                mask_BT,
-                denominator=denominator,
-                ref_logprobs_BT=ref_logprobs_BT,
-                kl_coef=config.kl_coef,
-                kl_estimator=config.kl_estimator,
-                truncated_importance_sampling=config.truncated_importance_sampling,
-            )
-            torch.autograd.backward(out.loss)
-            gap_BT = (sampler_logprobs_BT - logprobs_BT.detach()) * mask_BT
-            sums["loss"] += out.loss.detach()
-            sums["clipped"] += out.num_clipped
-            sums["kl_penalty"] += out.kl_sum
-            sums["entropy"] += entropy_N.sum()
-            sums["sampler_minus_trainer"] += gap_BT.sum()
-            sums["sampler_minus_trainer_sq"] += gap_BT.square().sum()
-            if not bar.disable and self.device.type != "meta":  # a meta device has no values to show
-                bar.set_postfix(loss=f"{sums['loss'].item():.4f}", refresh=False)
-            bar.update(1)
-        bar.close()
-        return sums, plan
+        loss = GRPOLoss(config, denominator, self.device)
+        loss.sums["loss"], plan = self._passes(
+            sequences,
+            max_tokens,
+            loss,
+            shared_prefix=config.shared_prefix,
+            with_reference=config.kl_coef > 0,
+            desc="train step",
+        )
+        return loss.sums, plan
 
     def sft_step(
         self,
@@ -403,21 +351,13 @@ class Trainer:
             group["lr"] = learning_rate
         tokenize_s = time.perf_counter() - started
 
+        def nll(batch: TokenBatch, logprobs_BT: torch.Tensor, *_: torch.Tensor | None) -> torch.Tensor:
+            return -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens
+
         def passes(max_tokens: int) -> tuple[torch.Tensor, MicroBatches]:
-            self.model.train()
-            nll_sum = torch.zeros((), device=self.device)
-            plan = self._micro_batches(sequences, max_tokens, shared_prefix=shared_prefix)
-            for rows in plan.batches:
-                if rows is None:
-                    self._idle_pass(with_reference=False)
-                    continue
-                batch, packed = collate_rows(sequences, rows, plan.packed, self.pad_token_id, self.device)
-                with self._autocast():
-                    logprobs_BT, _ = token_logprobs(self.model, batch, packed)
-                nll = -(logprobs_BT * batch.loss_mask_BT[:, 1:]).sum() / num_loss_tokens
-                torch.autograd.backward(nll)
-                nll_sum += nll.detach()
-            return nll_sum, plan
+            return self._passes(
+                sequences, max_tokens, nll, shared_prefix=shared_prefix, with_reference=False, desc="sft step"
+            )
 
         nll_sum, plan = self._within_memory(adapter, micro_batch_tokens, passes)
         sums = {"nll": nll_sum}
