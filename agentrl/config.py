@@ -116,6 +116,16 @@ class TrainConfig(BaseModel):
     truncated_importance_sampling: float = Field(default=0.0, ge=0)
     """Cap C of the sampler->trainer importance weight min(p_trainer/p_sampler, C); 0 = off.
     When on, the trainer's own detached logprobs are the loss's old policy."""
+    mismatch_token_mask: tuple[float, float] | None = None
+    """(low, high), e.g. (0.5, 2.0): a loss token whose ratio p_trainer/p_sampler lies outside it carries
+    no loss (IcePop). For a few tokens the sampler and trainer disagree on wildly (a quantized or
+    differently fused sampler, MoE routing): they are dropped, not down-weighted as the cap of
+    `truncated_importance_sampling` does. The share masked: metric `token_mask_fraction`."""
+    mismatch_sequence_mask: tuple[float, float] | None = None
+    """(low, high), e.g. (0.9, 1.1): a sequence whose geometric-mean ratio (the exp of its tokens' mean
+    log ratio) lies outside it carries no loss at all. For mismatch spread over a whole answer (long
+    multi-turn rollouts, a stale sampler) that no single token shows; the geometric mean keeps long
+    and short answers comparable. The share of loss tokens masked: metric `sequence_mask_fraction`."""
 
     # batching
     micro_batch_tokens: int | None = Field(default=None, gt=0)
@@ -131,6 +141,16 @@ class TrainConfig(BaseModel):
     (always when they dropped all of them); below it the step trains and reports the failures."""
     allow_training_without_logprobs: bool = False
     """Skip (and count) trajectories whose assistant turns lack sampled token ids, instead of failing."""
+
+    @field_validator("mismatch_token_mask", "mismatch_sequence_mask")
+    @classmethod
+    def _bounds_around_one(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not 0 < value[0] < 1 < value[1]:
+            raise ValueError(
+                f"mismatch mask bounds {value} must be (low, high) with 0 < low < 1 < high, as ratios "
+                "p_trainer/p_sampler: e.g. (0.5, 2.0) for tokens, (0.9, 1.1) for sequences"
+            )
+        return value
 
     @field_validator("loss", mode="before")
     @classmethod

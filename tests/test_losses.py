@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrl.config import CISPOLoss, DROLoss, GSPOLoss, ImportanceSamplingLoss, PPOLoss
-from agentrl.rl.losses import KL_ESTIMATORS, loss_denominator, policy_loss
+from agentrl.rl.losses import KL_ESTIMATORS, loss_denominator, mismatch_masks, policy_loss
 
 RATIOS = [1.5, 0.5, 1.1, 0.7]
 ADVANTAGES = [1.0, 1.0, -1.0, -1.0]
@@ -187,6 +187,60 @@ def test_truncated_importance_sampling_by_hand():
     weights = [1.2, 0.5, 1.1, 0.7]
     assert out.loss.item() == pytest.approx(-sum(w * a for w, a in zip(weights, ADVANTAGES)) / 4)
     assert grad == pytest.approx([-w * a / 4 for w, a in zip(weights, ADVANTAGES)])
+
+
+def test_token_mismatch_mask_by_hand():
+    # Ratios [1.5, 0.5, 1.1, 0.7] against bounds (0.6, 1.4): token 0 (1.5) and token 1 (0.5) are out.
+    # With importance sampling the kept tokens' loss is -(1.1 * -1 + 0.7 * -1) / 4 (the denominator stays 4)
+    # and the masked tokens get no gradient.
+    out, grad = run(ImportanceSamplingLoss(), token_mask_bounds=(0.6, 1.4))
+    assert out.loss.item() == pytest.approx((1.1 + 0.7) / 4)
+    assert grad == pytest.approx([0.0, 0.0, 1.1 / 4, 0.7 / 4])
+    assert out.num_token_masked.item() == 2 and out.num_sequence_masked.item() == 0
+    out, _ = run(ImportanceSamplingLoss(), token_mask_bounds=(0.5, 1.5))  # the bounds themselves are kept
+    assert out.num_token_masked.item() == 0
+
+
+def test_sequence_mismatch_mask_by_hand_uses_the_geometric_mean_and_ignores_padding():
+    # Sequence 0: ratios [2, 0.5] -> geometric mean 1: kept by (0.9, 1.1) though each token is far off.
+    # Sequence 1: ratios [1.2, 1.2] -> 1.2: masked whole. A padding position with ratio 100 counts for nothing.
+    trainer_p = [[1.0, 0.25, 0.5], [0.6, 0.6, 1.0]]
+    sampler_p = [[0.5, 0.5, 0.005], [0.5, 0.5, 0.01]]
+    logprobs_BT = torch.tensor(trainer_p, dtype=torch.float64).log().requires_grad_()
+    sampler_BT = torch.tensor(sampler_p, dtype=torch.float64).log()
+    mask_BT = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    masks = mismatch_masks(logprobs_BT.detach(), sampler_BT, mask_BT, token_bounds=None, sequence_bounds=(0.9, 1.1))
+    assert masks.sequence_masked_BT.tolist() == [[False, False, False], [True, True, False]]
+    assert masks.token_masked_BT.sum().item() == 0
+    both = mismatch_masks(
+        logprobs_BT.detach(), sampler_BT, mask_BT, token_bounds=(0.6, 1.4), sequence_bounds=(0.9, 1.1)
+    )
+    assert both.token_masked_BT.tolist() == [[True, True, False], [False, False, False]]
+    assert both.keep_BT.tolist() == [[False, False, True], [False, False, True]]  # padding is kept: its mask is 0
+    advantages_BT = torch.ones(2, 3, dtype=torch.float64)
+    out = policy_loss(
+        ImportanceSamplingLoss(),
+        logprobs_BT,
+        sampler_BT,
+        advantages_BT,
+        mask_BT,
+        denominator=4.0,
+        sequence_mask_bounds=(0.9, 1.1),
+    )
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(-(2.0 + 0.5) / 4)  # sequence 0's tokens only
+    assert logprobs_BT.grad[1].tolist() == [0.0, 0.0, 0.0] and out.num_sequence_masked.item() == 2
+
+
+def test_mismatch_mask_bounds_must_straddle_one():
+    from pydantic import ValidationError
+
+    from agentrl.config import TrainConfig
+
+    assert TrainConfig(mismatch_token_mask=(0.5, 2.0)).mismatch_token_mask == (0.5, 2.0)
+    for bad in [(2.0, 0.5), (0.0, 2.0), (1.0, 2.0), (0.5, 1.0)]:
+        with pytest.raises(ValidationError, match=r"0 < low < 1 < high.*e\.g\. \(0\.5, 2\.0\)"):
+            TrainConfig(mismatch_sequence_mask=bad)
 
 
 def test_normalisation_tokens_versus_constant():

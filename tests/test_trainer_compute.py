@@ -4,6 +4,8 @@ without an attention mask against each sequence alone. Real packaged model, no s
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -213,3 +215,56 @@ def test_a_micro_batch_that_runs_out_of_gpu_memory_is_halved_and_the_step_is_the
     with pytest.raises(TrainingError, match=r"micro-batch of 256 tokens ran out of memory.*micro_batch_tokens=.*128"):
         trainer.train_step("default", groups, agentrl.TrainConfig(micro_batch_tokens=256))
     assert all(p.grad is None for p in adapter.parameters)
+
+
+def test_a_step_reports_the_sampler_trainer_gap_and_the_tokens_each_mismatch_mask_left_out(tiny_model_path, tokenizer):
+    """Sampler logprobs set to the trainer's own plus planted offsets: the step's mismatch metrics are
+    those offsets' mean, largest and share over the threshold, and each mask leaves out the tokens and
+    sequences its bounds name (IcePop (0.5, 2.0): |offset| > ln 2; sequences: mean offset beyond ln 1.1)."""
+    from agentrl.backend.training.grpo_loss import MISMATCH_THRESHOLD
+    from agentrl.backend.training.trainer import Trainer
+    from agentrl.rl.tokenize import tokenize_groups
+    from tests.helpers import make_choice, synthetic_groups
+
+    trainer = Trainer(tiny_model_path, seed=0)
+    trainer.add_adapter("default", agentrl.LoRAConfig())
+    groups = synthetic_groups(tokenizer, seed=11, size=4, max_words=12)
+    sequences = tokenize_groups(groups, [[1.0] * 4] * len(groups), trainer.tokenizer).sequences
+    trainer_logprobs = trainer.logprobs_of("default", sequences)  # loss tokens, in the trajectories' order
+    token_offsets = [0.0, 1.0, -0.05, -1.0, 0.3]  # sampler minus trainer, cycled over each answer's tokens
+    offsets, replanted = [], []
+    for group, answers in zip(groups, [trainer_logprobs[i : i + 4] for i in range(0, len(trainer_logprobs), 4)]):
+        trajectories = []
+        for index, (trajectory, lps) in enumerate(zip(group.trajectories, answers)):
+            choice = trajectory.messages_and_choices[1]
+            shift = 0.15 if index == 0 else 0.0  # each group's first answer is off as a whole
+            planted = [token_offsets[i % len(token_offsets)] + shift for i in range(len(lps))]
+            offsets.append(planted)
+            sampled = [lp + o for lp, o in zip(lps, planted)]
+            trajectories.append(
+                trajectory.model_copy(
+                    update={
+                        "messages_and_choices": [
+                            trajectory.messages_and_choices[0],
+                            make_choice(choice.token_ids, sampled, content=choice.message.content),
+                        ]
+                    }
+                )
+            )
+        replanted.append(agentrl.TrajectoryGroup(trajectories))
+    flat_offsets = [o for answer in offsets for o in answer]
+    n = len(flat_offsets)
+    config = agentrl.TrainConfig(
+        learning_rate=1e-3, mismatch_token_mask=(0.5, 2.0), mismatch_sequence_mask=(1 / 1.1, 1.1)
+    )
+    metrics = trainer.train_step("default", replanted, config).metrics
+    assert metrics["mismatch_abs_mean"] == pytest.approx(sum(abs(o) for o in flat_offsets) / n, abs=1e-4)
+    assert metrics["mismatch_abs_max"] == pytest.approx(max(abs(o) for o in flat_offsets), abs=1e-4)
+    assert metrics["mismatch_over_threshold"] == pytest.approx(
+        sum(abs(o) > MISMATCH_THRESHOLD for o in flat_offsets) / n
+    )
+    # The ratio p_trainer / p_sampler is exp(-offset).
+    assert metrics["token_mask_fraction"] == pytest.approx(sum(abs(o) > math.log(2) for o in flat_offsets) / n)
+    off_sequences = [answer for answer in offsets if abs(sum(answer) / len(answer)) > math.log(1.1)]
+    assert 0 < len(off_sequences) < len(offsets)  # the planted offsets put some sequences out, not all
+    assert metrics["sequence_mask_fraction"] == pytest.approx(sum(len(a) for a in off_sequences) / n)

@@ -6,13 +6,14 @@ that carry loss (sampled assistant tokens) and 0 elsewhere. `advantages_BT` repe
 trajectory's advantage over its tokens.
 
 Each policy loss returns the per-token loss (before normalisation) and which tokens its clipping
-touched. `policy_loss` adds the optional KL penalty and truncated importance sampling, then
-normalises by tokens (DAPO) or by a constant (Dr. GRPO).
+touched. `policy_loss` adds the optional KL penalty, truncated importance sampling and the
+sampler/trainer mismatch masks, then normalises by tokens (DAPO) or by a constant (Dr. GRPO).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -180,6 +181,44 @@ def loss_denominator(
 
 
 @dataclass(frozen=True)
+class MismatchMasks:
+    """Which loss tokens the off-policy masks leave out: by their own ratio, by their sequence's."""
+
+    token_masked_BT: torch.Tensor  # bool
+    sequence_masked_BT: torch.Tensor  # bool
+
+    @property
+    def keep_BT(self) -> torch.Tensor:
+        return ~(self.token_masked_BT | self.sequence_masked_BT)
+
+
+def mismatch_masks(
+    logprobs_BT: torch.Tensor,
+    sampler_logprobs_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    token_bounds: tuple[float, float] | None,
+    sequence_bounds: tuple[float, float] | None,
+) -> MismatchMasks:
+    """The loss tokens whose ratio p_trainer/p_sampler lies outside `token_bounds` (IcePop), and those of
+    sequences whose geometric-mean ratio lies outside `sequence_bounds`; None: that mask is off. Each
+    row of `_BT` is one sequence; the trainer's logprobs are taken as they are (pass them detached)."""
+    log_ratio_BT = masked_log_ratio(logprobs_BT, sampler_logprobs_BT, mask_BT)
+    on_BT = mask_BT.bool()
+    none_BT = torch.zeros_like(on_BT)
+    token_masked_BT = none_BT
+    if token_bounds is not None:
+        low, high = math.log(token_bounds[0]), math.log(token_bounds[1])
+        token_masked_BT = on_BT & ((log_ratio_BT < low) | (log_ratio_BT > high))
+    sequence_masked_BT = none_BT
+    if sequence_bounds is not None:
+        low, high = math.log(sequence_bounds[0]), math.log(sequence_bounds[1])
+        seq_log_ratio_B1 = log_ratio_BT.sum(dim=1, keepdim=True) / mask_BT.sum(dim=1, keepdim=True).clamp(min=1)
+        sequence_masked_BT = on_BT & ((seq_log_ratio_B1 < low) | (seq_log_ratio_B1 > high))
+    return MismatchMasks(token_masked_BT, sequence_masked_BT)
+
+
+@dataclass(frozen=True)
 class LossOutput:
     """A micro-batch's share of the step loss, and sums for the step's metrics."""
 
@@ -188,6 +227,8 @@ class LossOutput:
     loss: torch.Tensor  # scalar, already divided by the step's denominator
     num_clipped: torch.Tensor  # scalar: loss tokens where clipping changed the objective
     kl_sum: torch.Tensor  # scalar: summed KL penalty estimate over loss tokens (0 when off)
+    num_token_masked: torch.Tensor  # scalar: loss tokens the token mismatch mask left out
+    num_sequence_masked: torch.Tensor  # scalar: loss tokens the sequence mismatch mask left out
 
 
 def policy_loss(
@@ -202,14 +243,26 @@ def policy_loss(
     kl_coef: float = 0.0,
     kl_estimator: Literal["k1", "k2", "k3"] = "k3",
     truncated_importance_sampling: float = 0.0,
+    token_mask_bounds: tuple[float, float] | None = None,
+    sequence_mask_bounds: tuple[float, float] | None = None,
 ) -> LossOutput:
     """The full per-micro-batch loss: policy loss, optional TIS and KL penalty, normalised.
 
     With `truncated_importance_sampling` = C > 0 the old policy is the trainer itself (detached)
     and each token is weighted by min(p_trainer / p_sampler, C), correcting sampler/trainer
-    mismatch without letting rare tokens blow up the update.
+    mismatch without letting rare tokens blow up the update. The mismatch masks (`mismatch_masks`)
+    leave tokens out of the loss instead; the denominator stays the step's, so a masked token
+    counts as a token with zero loss.
     """
+    masks = mismatch_masks(
+        logprobs_BT.detach(),
+        sampler_logprobs_BT,
+        mask_BT,
+        token_bounds=token_mask_bounds,
+        sequence_bounds=sequence_mask_bounds,
+    )
     mask_BT = mask_BT.to(logprobs_BT.dtype)
+    kept_BT = mask_BT * masks.keep_BT.to(mask_BT.dtype)
     old_logprobs_BT = logprobs_BT.detach() if truncated_importance_sampling > 0 else sampler_logprobs_BT
     per_token = token_loss(loss_cfg, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     loss_BT = per_token.loss_BT
@@ -220,9 +273,15 @@ def policy_loss(
     if kl_coef > 0:
         if ref_logprobs_BT is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs_BT (the base model's logprobs)")
-        kl_BT = KL_ESTIMATORS[kl_estimator](logprobs_BT, ref_logprobs_BT) * mask_BT
+        kl_BT = KL_ESTIMATORS[kl_estimator](logprobs_BT, ref_logprobs_BT) * kept_BT
         loss_BT = loss_BT + kl_coef * kl_BT
         kl_sum = kl_BT.detach().sum()
-    loss = (loss_BT * mask_BT).sum() / denominator
-    num_clipped = (per_token.clipped_BT & mask_BT.bool()).sum()
-    return LossOutput(loss=loss, num_clipped=num_clipped, kl_sum=kl_sum)
+    loss = (loss_BT * kept_BT).sum() / denominator
+    num_clipped = (per_token.clipped_BT & kept_BT.bool()).sum()
+    return LossOutput(
+        loss=loss,
+        num_clipped=num_clipped,
+        kl_sum=kl_sum,
+        num_token_masked=masks.token_masked_BT.sum(),
+        num_sequence_masked=masks.sequence_masked_BT.sum(),
+    )

@@ -40,8 +40,11 @@ def read_sums(sums: dict[str, torch.Tensor]) -> dict[str, float]:
     return dict(zip(sums, torch.stack(list(sums.values())).float().tolist(), strict=True))
 
 
-def sum_across_ranks(adapter: Adapter, sums: dict[str, torch.Tensor], world_size: int) -> dict[str, float]:
-    """Sum the ranks' gradients and running sums in place: DDP's all-reduce, done once per step.
+def sum_across_ranks(
+    adapter: Adapter, sums: dict[str, torch.Tensor], world_size: int, *, maxima: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """Sum the ranks' gradients and running sums in place (the `maxima` among them: the largest of the
+    ranks' values): DDP's all-reduce, done once per step.
 
     Done by hand, not by wrapping the model in DistributedDataParallel: ranks run different
     numbers of micro-batches (token-balanced shares), and the trainable tensors change with the
@@ -53,14 +56,19 @@ def sum_across_ranks(adapter: Adapter, sums: dict[str, torch.Tensor], world_size
     started = time.perf_counter()
     whole_parameters = [p for p in adapter.parameters if not is_sharded(p)]  # shards were summed in backward
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in whole_parameters]
-    flat = torch.cat([g.reshape(-1).float() for g in grads] + [torch.stack(list(sums.values())).float()])
+    summed = [name for name in sums if name not in maxima]
+    flat = torch.cat([g.reshape(-1).float() for g in grads] + [torch.stack([sums[n] for n in summed]).float()])
     dist.all_reduce(flat)
     offset = 0
     for parameter, grad in zip(whole_parameters, grads, strict=True):
         parameter.grad = flat[offset : offset + grad.numel()].view_as(parameter).to(parameter.dtype)
         offset += grad.numel()
-    for name, total in zip(list(sums), flat[offset:], strict=True):
+    for name, total in zip(summed, flat[offset:], strict=True):
         sums[name] = total
+    if maxima:
+        largest = torch.stack([sums[n] for n in maxima]).float()
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        sums.update(zip(maxima, largest, strict=True))
     return {"trainer_ranks": float(world_size), "allreduce_s": time.perf_counter() - started}
 
 

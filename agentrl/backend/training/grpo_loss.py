@@ -15,14 +15,30 @@ from agentrl.config import TrainConfig
 from agentrl.rl.losses import policy_loss
 from agentrl.rl.tokenize import TokenBatch
 
-SUM_NAMES = ("loss", "clipped", "kl_penalty", "entropy", "sampler_minus_trainer", "sampler_minus_trainer_sq")
+SUM_NAMES = (
+    "loss",
+    "clipped",
+    "kl_penalty",
+    "entropy",
+    "sampler_minus_trainer",
+    "sampler_minus_trainer_sq",
+    "mismatch_abs",
+    "mismatch_over",
+    "token_masked",
+    "sequence_masked",
+)
 """The running sums of a GRPO step, added up over micro-batches (and ranks) before they become metrics."""
+MAX_NAMES = ("mismatch_abs_max",)
+"""The step's running maxima: the largest over micro-batches (and ranks)."""
+MISMATCH_THRESHOLD = 0.2
+"""|log p_sampler - log p_trainer| above which a token counts in `mismatch_over_threshold` (a ratio
+outside about [0.82, 1.22]): bf16 rounding alone stays well under it."""
 
 
 @dataclass
 class GRPOLoss:
     """The policy loss of each micro-batch in turn (divided by the step's `denominator`), adding to
-    `sums` all but the loss itself, which the passes add up."""
+    `sums` all but the loss itself, which the passes add up, and keeping the `MAX_NAMES` maxima."""
 
     config: TrainConfig
     denominator: float
@@ -30,7 +46,7 @@ class GRPOLoss:
     sums: dict[str, torch.Tensor] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.sums = {name: torch.zeros((), device=self.device) for name in SUM_NAMES}
+        self.sums = {name: torch.zeros((), device=self.device) for name in SUM_NAMES + MAX_NAMES}
 
     def __call__(
         self,
@@ -52,8 +68,16 @@ class GRPOLoss:
             kl_coef=self.config.kl_coef,
             kl_estimator=self.config.kl_estimator,
             truncated_importance_sampling=self.config.truncated_importance_sampling,
+            token_mask_bounds=self.config.mismatch_token_mask,
+            sequence_mask_bounds=self.config.mismatch_sequence_mask,
         )
         gap_BT = (sampler_logprobs_BT - logprobs_BT.detach()) * mask_BT
+        abs_gap_BT = gap_BT.abs()
+        self.sums["mismatch_abs"] += abs_gap_BT.sum()
+        self.sums["mismatch_over"] += (abs_gap_BT > MISMATCH_THRESHOLD).sum()
+        self.sums["mismatch_abs_max"] = torch.maximum(self.sums["mismatch_abs_max"], abs_gap_BT.max())
+        self.sums["token_masked"] += out.num_token_masked
+        self.sums["sequence_masked"] += out.num_sequence_masked
         self.sums["clipped"] += out.num_clipped
         self.sums["kl_penalty"] += out.kl_sum
         self.sums["entropy"] += entropy_N.sum()
@@ -64,7 +88,9 @@ class GRPOLoss:
 
 def loss_metrics(sums: dict[str, float], num_loss_tokens: int) -> dict[str, float]:
     """The step's summed loss, and per trained token: the share of clipped tokens, entropy, the
-    sampler-minus-trainer logprob gap (k1) and its k2 estimate, and the KL penalty."""
+    sampler-minus-trainer logprob gap (k1 and k2 KL estimates; its mean and largest absolute value and
+    the share of tokens over `MISMATCH_THRESHOLD`), the KL penalty, and the shares the mismatch masks
+    left out."""
     n = max(num_loss_tokens, 1)
     return {
         "loss": sums["loss"],
@@ -72,5 +98,10 @@ def loss_metrics(sums: dict[str, float], num_loss_tokens: int) -> dict[str, floa
         "entropy": sums["entropy"] / n,
         "kl_sampler_trainer": sums["sampler_minus_trainer"] / n,
         "kl_sampler_trainer_sq": 0.5 * sums["sampler_minus_trainer_sq"] / n,
+        "mismatch_abs_mean": sums["mismatch_abs"] / n,
+        "mismatch_abs_max": sums["mismatch_abs_max"],
+        "mismatch_over_threshold": sums["mismatch_over"] / n,
+        "token_mask_fraction": sums["token_masked"] / n,
+        "sequence_mask_fraction": sums["sequence_masked"] / n,
         "kl_penalty": sums["kl_penalty"] / n,
     }

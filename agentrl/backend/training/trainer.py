@@ -30,7 +30,7 @@ from agentrl.backend.training.adapter_state import load_adapter, parameters_by_k
 from agentrl.backend.training.adapter_trainer import StepOutcome
 from agentrl.backend.training.attention import use_cpu_attention
 from agentrl.backend.training.gradients import Adapter, apply_gradients, read_sums, sum_across_ranks
-from agentrl.backend.training.grpo_loss import GRPOLoss, loss_metrics
+from agentrl.backend.training.grpo_loss import MAX_NAMES, GRPOLoss, loss_metrics
 from agentrl.backend.training.logprobs import takes_tree_mask, token_logprobs
 from agentrl.backend.training.lora_forward import fuse_lora_layers
 from agentrl.backend.training.memory import within_memory
@@ -211,7 +211,7 @@ class Trainer:
             config.micro_batch_tokens,
             lambda max_tokens: self._accumulate_gradients(sequences, config, denominator, max_tokens),
         )
-        metrics.update(sum_across_ranks(adapter, sums_on_device, self.world_size))
+        metrics.update(sum_across_ranks(adapter, sums_on_device, self.world_size, maxima=MAX_NAMES))
         sums = read_sums(sums_on_device)
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
         grad_norm = self._apply_gradients(adapter, max_norm, loss=sums["loss"])
