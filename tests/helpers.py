@@ -225,3 +225,47 @@ def wandb_history(run_dir: Path) -> dict[str, list[dict]]:
                     {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
                 )
     return runs
+
+
+async def alternating_reward_groups(served_model: Any, *, size: int = 4) -> list[agentrl.TrajectoryGroup]:
+    """Real rollouts on the session's server (`size` groups of `size`), with rewards alternating 0/1 so
+    every group carries a signal."""
+    from agentrl_environments.larger_number.task import rollout, scenarios
+
+    groups = await agentrl.gather_trajectory_groups(
+        [
+            agentrl.TrajectoryGroup(rollout(served_model, s) for _ in range(size))
+            for s in scenarios("train", size, seed=11)
+        ],
+        show_progress=False,
+    )
+    return [
+        agentrl.TrajectoryGroup([t.model_copy(update={"reward": float(i % 2)}) for i, t in enumerate(g.trajectories)])
+        for g in groups
+    ]
+
+
+def model_on_a_server_seam(tiny_model_path: str, tmp_path: Any, server: Any, *, trainer_device: str) -> Any:
+    """A model registered by hand on a LocalBackend whose trainer, checkpoints and step transaction are
+    real (the tiny model) and whose inference server is `server`, a seam the test controls. Returns the
+    model's session (its trainer, store and lock)."""
+    import functools
+
+    from agentrl.backend.checkpoints import CheckpointStore
+    from agentrl.backend.engine import Engine
+    from agentrl.backend.local import LocalBackend
+    from agentrl.backend.run_lock import RunLock
+    from agentrl.backend.session import ModelSession
+    from agentrl.backend.training.trainer import Trainer
+
+    model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
+    backend, trainer = LocalBackend(trainer_device=trainer_device), Trainer(tiny_model_path)
+    trainer.add_adapter("default", agentrl.LoRAConfig())
+    backend._engine = Engine(model.base_model, tiny_model_path, server, trainer, vocab_size=49152)
+    store, lock = CheckpointStore(model.run_dir), RunLock(model.run_dir)
+    lock.acquire()
+    store.save(0, functools.partial(trainer.save, "default"), {"metrics": {}})
+    session = ModelSession(model, "default", store, lock, trainer, server, backend._trainer_thread)
+    backend.sessions[str(model.run_dir.resolve())] = session
+    model._backend = backend
+    return session

@@ -502,18 +502,10 @@ async def test_a_failure_after_the_update_rolls_back_and_a_committed_step_is_rep
 ):
     """The real trainer (on the tiny model: the step's outcome is what counts) and checkpoints; the server
     is the seam (waking after a step exists on a GPU only)."""
-    import functools
-
     import torch
 
-    from agentrl.backend.checkpoints import CheckpointStore
-    from agentrl.backend.engine import Engine
-    from agentrl.backend.local import LocalBackend
-    from agentrl.backend.run_lock import RunLock
-    from agentrl.backend.session import ModelSession
     from agentrl.backend.training.adapter_files import OPTIMIZER_FILE
-    from agentrl.backend.training.trainer import Trainer
-    from tests.helpers import synthetic_groups
+    from tests.helpers import model_on_a_server_seam, synthetic_groups
 
     class GPUServer:
         """The servers of a GPU host: asleep while the trainer trains; waking can fail."""
@@ -534,16 +526,9 @@ async def test_a_failure_after_the_update_rolls_back_and_a_committed_step_is_rep
         def death_notice(self) -> None:
             return None
 
-    model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
-    backend, trainer, server = LocalBackend(trainer_device="cuda:0"), Trainer(tiny_model_path), GPUServer()
-    trainer.add_adapter("default", agentrl.LoRAConfig())
-    backend._engine = Engine(model.base_model, tiny_model_path, server, trainer, vocab_size=49152)  # type: ignore[arg-type]
-    store, lock = CheckpointStore(model.run_dir), RunLock(model.run_dir)
-    lock.acquire()
-    store.save(0, functools.partial(trainer.save, "default"), {"metrics": {}})
-    session = ModelSession(model, "default", store, lock, trainer, server, backend._trainer_thread)
-    backend.sessions[str(model.run_dir.resolve())] = session
-    model._backend = backend
+    server = GPUServer()
+    session = model_on_a_server_seam(tiny_model_path, tmp_path, server, trainer_device="cuda:0")
+    model, trainer, store, lock = session.model, session.trainer, session.store, session.lock
     before = trainer.adapter_weights("default")
     groups = synthetic_groups(tokenizer, seed=0, size=2, max_words=8)  # small: the step's outcome is what counts
     config = agentrl.TrainConfig(learning_rate=1e-3)

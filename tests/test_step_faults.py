@@ -14,6 +14,7 @@ import torch
 import agentrl
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.processes import free_port
+from tests.helpers import alternating_reward_groups
 
 NAN = math.nan
 
@@ -48,17 +49,7 @@ def assert_same_state(before: dict, after: dict) -> None:
 
 @pytest.fixture
 async def real_groups(served_model) -> list[agentrl.TrajectoryGroup]:
-    """Real rollouts on the session's server, with rewards alternating 0/1 so every group carries a signal."""
-    from agentrl_environments.larger_number.task import rollout, scenarios
-
-    groups = await agentrl.gather_trajectory_groups(
-        [agentrl.TrajectoryGroup(rollout(served_model, s) for _ in range(4)) for s in scenarios("train", 4, seed=11)],
-        show_progress=False,
-    )
-    return [
-        agentrl.TrajectoryGroup([t.model_copy(update={"reward": float(i % 2)}) for i, t in enumerate(g.trajectories)])
-        for g in groups
-    ]
+    return await alternating_reward_groups(served_model)
 
 
 def poisoned(groups: list[agentrl.TrajectoryGroup]) -> list[agentrl.TrajectoryGroup]:

@@ -29,6 +29,7 @@ from agentrl.backend.run_lock import RunLock
 from agentrl.backend.serving.replicas import ServerReplicas
 from agentrl.backend.session import ModelSession, TrainerThread
 from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome, train_sft
+from agentrl.backend.training.step_input import StepInput
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError, BackendBrokenError, ConfigurationError
 from agentrl.files import check_safe_name
@@ -264,7 +265,10 @@ class LocalBackend:
                 reason,
             )
         metrics = {**step_metrics, **outcome.metrics, **screened.metrics()}
-        result = await session.commit(StepOutcome(outcome.updated, metrics), split="train", groups=list(groups))
+        trained_on = StepInput(screened.trainable, config, outcome.conditions) if outcome.updated else None
+        result = await session.commit(
+            StepOutcome(outcome.updated, metrics), split="train", groups=list(groups), step_input=trained_on
+        )
         return dataclasses.replace(result, skip_reason=reason, last_judge_error=screened.last_judge_error)
 
     @property

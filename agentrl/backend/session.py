@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.errors import BackendBrokenError, CheckpointError, ServerError
 from agentrl.model import TrainResult, served_name
 from agentrl.tracking import record_step, summarize, with_art_names
@@ -102,8 +103,16 @@ class ModelSession:
         await self.server.load_adapter(self.served_name(), self.store.path(self.step))
         self.served.append(self.step)
 
-    async def commit(self, outcome: StepOutcome, *, split: str, groups: list[TrajectoryGroup]) -> TrainResult:
-        """Checkpoint the adapter as the next step and serve it; or record a skipped step.
+    async def commit(
+        self,
+        outcome: StepOutcome,
+        *,
+        split: str,
+        groups: list[TrajectoryGroup],
+        step_input: StepInput | None = None,
+    ) -> TrainResult:
+        """Checkpoint the adapter as the next step (with `step_input`, what it trained on, for a replay)
+        and serve it; or record a skipped step.
 
         If the save or the switch fails, the adapter goes back to the last served checkpoint (an
         unserved new checkpoint is moved aside, not deleted, and unloaded from every replica that took
@@ -117,19 +126,27 @@ class ModelSession:
             record_error = await _record_committed(recording, self.step)
             return TrainResult(step=self.step, metrics=metrics, skipped=True, record_error=record_error)
         new_step, old_step = self.step + 1, self.step
-        metrics["save_s"] = await self._save(new_step, old_step, metrics)
+        metrics["save_s"] = await self._save(new_step, old_step, metrics, step_input)
         metrics["swap_s"] = await self._swap(new_step, old_step)
         self.step = new_step
         recording = self.record(groups, metrics, step=new_step, split=split, skipped=False)
         record_error = await _record_committed(recording, new_step)
         return TrainResult(step=new_step, metrics=metrics, record_error=record_error)
 
-    async def _save(self, new_step: int, old_step: int, metrics: dict[str, float]) -> float:
-        """Write checkpoint `new_step` with the step's metrics (rolled back on failure); returns the seconds it took."""
+    async def _save(
+        self, new_step: int, old_step: int, metrics: dict[str, float], step_input: StepInput | None
+    ) -> float:
+        """Write checkpoint `new_step` with the step's metrics and input (rolled back on failure); returns
+        the seconds it took. The input's compressed size is the metric `step_input_bytes`."""
         started, store = time.perf_counter(), self.store
+
+        def write(folder: Path) -> None:
+            self.trainer.save(self.adapter, folder)
+            if step_input is not None:
+                metrics["step_input_bytes"] = float(write_step_input(folder, step_input))
+
         try:
-            save = functools.partial(self.trainer.save, self.adapter)
-            await self.thread.run(store.save, new_step, save, {"metrics": dict(metrics)})
+            await self.thread.run(store.save, new_step, write, {"metrics": dict(metrics)})
         except Exception as error:
             await self.roll_back(old_step, f"saving checkpoint {new_step} failed ({type(error).__name__}: {error})")
             raise CheckpointError(

@@ -1,4 +1,5 @@
-"""`agentrl runs`, `show` and `serve`: read run folders and serve a checkpoint, never writing to a run."""
+"""`agentrl runs`, `show`, `replay` and `serve`: read run folders, train a recorded step again in memory,
+and serve a checkpoint, never writing to a run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import typer
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.cli.app import app, base_model_server, fmt, resolve_run_option
+from agentrl.errors import CheckpointError
 from agentrl.model import served_name
 from agentrl.run_folder import DEFAULT_BASE_PATH
 from agentrl.runs import find_runs
@@ -56,6 +58,32 @@ def show(
     if audited:
         typer.echo(f"judge audit plot: {(info.path / 'judge.png').resolve()}")
     typer.echo(f"transcripts: {(info.path / 'transcripts').resolve()}")
+
+
+@app.command()
+def replay(
+    run: str = typer.Argument(..., help="PROJECT/NAME or a run folder"),
+    step: int = typer.Option(..., help="the step to train again (from checkpoint STEP-1 and its recorded input)"),
+    base_path: str = typer.Option(DEFAULT_BASE_PATH),
+) -> None:
+    """Train a recorded step again and compare the result with its checkpoint, byte for byte."""
+    from agentrl.backend.training.replay import replay_step
+
+    info = resolve_run_option(run, base_path)
+    try:
+        report = replay_step(info.path, step)
+    except CheckpointError as error:
+        raise typer.BadParameter(str(error)) from error
+    typer.echo(f"step {step} of {info.label}, recorded: sha256 {report.recorded_sha256}")
+    typer.echo(f"step {step} of {info.label}, replayed: sha256 {report.replayed_sha256}")
+    for name, (recorded, here) in report.differing_conditions.items():
+        typer.echo(f"  {name}: recorded {recorded}, here {here}")
+    if report.identical:
+        typer.echo("identical: the same adapter and optimizer state, byte for byte")
+        return
+    typer.echo(f"different: largest difference {report.largest_difference:.3g} in {report.largest_difference_in}")
+    if not report.differing_conditions:  # same conditions, different bytes: something is not deterministic
+        raise SystemExit(1)
 
 
 @app.command()

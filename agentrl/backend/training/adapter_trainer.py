@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm.auto import tqdm
 
@@ -22,10 +22,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """What a training step did: whether it updated the weights, and its metrics."""
+    """What a training step did: whether it updated the weights, its metrics, and (a GRPO step) the
+    conditions a bit-exact replay of it needs (`step_input.training_conditions`)."""
 
     updated: bool
     metrics: dict[str, float] = field(default_factory=dict)
+    conditions: dict[str, Any] = field(default_factory=dict)
 
 
 class AdapterTrainer(Protocol):

@@ -41,6 +41,7 @@ from agentrl.backend.training.micro_batches import (
     default_micro_batch_tokens,
     plan_step,
 )
+from agentrl.backend.training.step_input import training_conditions
 from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import ConfigurationError
 from agentrl.rl.advantages import compute_group_advantages
@@ -227,7 +228,10 @@ class Trainer:
             grad_norm=grad_norm,
             train_s=time.perf_counter() - train_started,
         )
-        return StepOutcome(updated=True, metrics=metrics)
+        conditions = training_conditions(
+            micro_batch_tokens=plan.max_tokens, bf16=self.bf16, device=self.device.type, ranks=self.world_size
+        )
+        return StepOutcome(updated=True, metrics=metrics, conditions=conditions)
 
     def _micro_batches(
         self, sequences: list[TokenizedSequence], max_tokens: int, *, shared_prefix: bool | None = False

@@ -1,0 +1,81 @@
+"""A trained step's input, kept in its checkpoint, so the step can be trained again (`replay`).
+
+The groups the trainer was given (their exact sampled tokens, logprobs and rewards), the `TrainConfig`,
+and the conditions a bit-exact repeat needs (micro-batch size, threads, number format, device, torch,
+ranks): gzip-compressed JSON lines, written into the checkpoint's staging folder, so the input exists
+exactly when its checkpoint does and goes when retention deletes it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import TrainConfig
+from agentrl.errors import CheckpointError
+from agentrl.trajectory import Trajectory, TrajectoryGroup
+
+STEP_INPUT_FILE = "step_input.jsonl.gz"
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """What one GRPO step trained on, and under which conditions."""
+
+    groups: list[TrajectoryGroup]
+    config: TrainConfig
+    conditions: dict[str, Any]
+
+
+def training_conditions(*, micro_batch_tokens: int, bf16: bool, device: str, ranks: int) -> dict[str, Any]:
+    """What must be the same for a step to give the same bytes again: the micro-batch plan (the order
+    gradients are summed in), CPU threads (how each matmul splits its sums), the number format, the
+    device, torch's version and the number of ranks."""
+    import torch
+
+    return {
+        "micro_batch_tokens": micro_batch_tokens,
+        "threads": torch.get_num_threads(),
+        "bf16": bf16,
+        "device": device,
+        "torch": torch.__version__,
+        "ranks": ranks,
+    }
+
+
+def write_step_input(folder: Path, step_input: StepInput) -> int:
+    """Write `STEP_INPUT_FILE` into `folder` (a checkpoint being staged); returns its size in bytes."""
+    head = {"config": step_input.config.model_dump(mode="json"), "conditions": step_input.conditions}
+    lines = [json.dumps(head)] + [
+        json.dumps({"group": index, **trajectory.model_dump(mode="json")})
+        for index, group in enumerate(step_input.groups)
+        for trajectory in group.trajectories
+    ]
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as compressed:  # mtime 0: the same input, the same bytes
+        compressed.write(("\n".join(lines) + "\n").encode())
+    (folder / STEP_INPUT_FILE).write_bytes(buffer.getvalue())
+    return len(buffer.getvalue())
+
+
+def read_step_input(folder: Path) -> StepInput:
+    """The input recorded with a checkpoint; `CheckpointError` naming the file if it is missing or unreadable."""
+    path = folder / STEP_INPUT_FILE
+    if not path.exists():
+        raise CheckpointError(
+            f"{path} does not exist: this step's input was not recorded (a supervised step, the first "
+            "checkpoint, or a run from before agentrl recorded step inputs)"
+        )
+    try:
+        head, *rows = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
+        groups: dict[int, list[Trajectory]] = {}
+        for row in rows:
+            groups.setdefault(row.pop("group"), []).append(Trajectory.model_validate(row))
+        config = TrainConfig.model_validate(head["config"])
+    except Exception as error:  # noqa: BLE001 - gzip, JSON and validation errors alike: the file is damaged
+        raise CheckpointError(f"cannot read the step input {path}: {type(error).__name__}: {error}") from error
+    return StepInput([TrajectoryGroup(groups[k]) for k in sorted(groups)], config, dict(head["conditions"]))

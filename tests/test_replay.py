@@ -1,0 +1,96 @@
+"""A trained step records its input in its checkpoint, and `agentrl replay` trains it again from the
+checkpoint before: the same adapter and optimizer bytes under the same conditions, and where the bytes
+differ, the largest difference. The real trainer and step transaction on the tiny model (the fast tier)
+and on the packaged model behind the real server (slow)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+import agentrl
+from agentrl.backend.training.replay import replay_step
+from agentrl.backend.training.step_input import STEP_INPUT_FILE, read_step_input
+from agentrl.cli import app
+from tests.helpers import flat, model_on_a_server_seam, runner, synthetic_groups
+
+
+class AdapterSlots:
+    """The server seam of a CPU host: it takes adapters by name (the trainer and checkpoints are real)."""
+
+    devices, loaded = 0, []
+
+    async def load_adapter(self, name, path) -> None:
+        self.loaded.append(name)
+
+    async def unload_adapter(self, name) -> None: ...
+
+    def death_notice(self) -> None:
+        return None
+
+
+def trainable_on_tiny_model(tiny_model_path, tmp_path) -> agentrl.TrainableModel:
+    return model_on_a_server_seam(tiny_model_path, tmp_path, AdapterSlots(), trainer_device="cpu").model
+
+
+async def test_a_step_records_its_input_and_replays_to_the_same_bytes(tiny_model_path, tokenizer, tmp_path):
+    model = trainable_on_tiny_model(tiny_model_path, tmp_path)
+    config = agentrl.TrainConfig(learning_rate=1e-3, loss="cispo", kl_coef=0.05)
+    first = await model.train(synthetic_groups(tokenizer, seed=1, size=3, max_words=10), config)
+    second = await model.train(synthetic_groups(tokenizer, seed=2, size=3, max_words=10), config)
+    assert (first.step, second.step) == (1, 2)
+    recorded = model.run_dir / "checkpoints" / "0002" / STEP_INPUT_FILE
+    assert second.metrics["step_input_bytes"] == recorded.stat().st_size > 0
+    step_input = read_step_input(recorded.parent)
+    assert step_input.config == config and len(step_input.groups) == 3
+    assert step_input.conditions["micro_batch_tokens"] == 2048 and step_input.conditions["ranks"] == 1
+    assert not (model.run_dir / "checkpoints" / "0000" / STEP_INPUT_FILE).exists()  # nothing trained into step 0
+
+    report = replay_step(model.run_dir, 2)
+    assert report.identical and report.largest_difference == 0.0 and not report.differing_conditions
+    shown = runner.invoke(app, ["replay", str(model.run_dir), "--step", "1"])
+    assert shown.exit_code == 0, shown.output
+    assert "identical: the same adapter and optimizer state, byte for byte" in shown.output
+
+    # Recorded under other conditions (micro-batches of 64 tokens: the gradients summed in another order),
+    # the replay still trains what was recorded; against a checkpoint made otherwise the bytes differ, a
+    # little, and the command says where and fails (same conditions, different bytes).
+    lines = gzip.decompress(recorded.read_bytes()).decode().splitlines()
+    head = json.loads(lines[0])
+    head["conditions"]["micro_batch_tokens"] = 64
+    recorded.write_bytes(gzip.compress("\n".join([json.dumps(head), *lines[1:]]).encode()))
+    report = replay_step(model.run_dir, 2)
+    assert not report.identical and 0 < report.largest_difference < 1e-3
+    shown = runner.invoke(app, ["replay", str(model.run_dir), "--step", "2"])
+    assert shown.exit_code == 1 and "different: largest difference" in shown.output
+
+
+async def test_replay_says_what_is_missing(tiny_model_path, tokenizer, tmp_path):
+    model = trainable_on_tiny_model(tiny_model_path, tmp_path)
+    await model.train(synthetic_groups(tokenizer, seed=3, size=2, max_words=6), agentrl.TrainConfig())
+    for step, message in [
+        (0, "step 0 cannot be replayed"),
+        (4, "checkpoint 3 of .* is not there .*keep_last"),
+    ]:
+        with pytest.raises(agentrl.CheckpointError, match=message):
+            replay_step(model.run_dir, step)
+    (model.run_dir / "checkpoints" / "0001" / STEP_INPUT_FILE).write_bytes(b"not gzip")
+    shown = runner.invoke(app, ["replay", str(model.run_dir), "--step", "1"])
+    assert shown.exit_code != 0 and "cannot read the step input" in flat(shown.output)
+    (model.run_dir / "checkpoints" / "0001" / STEP_INPUT_FILE).unlink()
+    with pytest.raises(agentrl.CheckpointError, match="input was not recorded"):
+        replay_step(model.run_dir, 1)
+
+
+@pytest.mark.slow
+async def test_a_step_of_the_real_loop_replays_to_the_same_bytes(served_model, tokenizer):
+    """A step trained on rollouts from the real server, replayed in this process from its checkpoints."""
+    from tests.helpers import alternating_reward_groups
+
+    groups = await alternating_reward_groups(served_model, size=2)
+    result = await served_model.train(groups, agentrl.TrainConfig(learning_rate=1e-4))
+    assert not result.skipped
+    report = replay_step(served_model.run_dir, result.step)
+    assert report.identical, (report.largest_difference, report.largest_difference_in, report.differing_conditions)
