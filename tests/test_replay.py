@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import pytest
 
@@ -71,7 +72,7 @@ async def test_replay_says_what_is_missing(tiny_model_path, tokenizer, tmp_path)
     model = trainable_on_tiny_model(tiny_model_path, tmp_path)
     await model.train(synthetic_groups(tokenizer, seed=3, size=2, max_words=6), agentrl.TrainConfig())
     for step, message in [
-        (0, "step 0 cannot be replayed"),
+        (0, "step 0 cannot be trained again"),
         (4, "checkpoint 3 of .* is not there .*keep_last"),
     ]:
         with pytest.raises(agentrl.CheckpointError, match=message):
@@ -82,6 +83,42 @@ async def test_replay_says_what_is_missing(tiny_model_path, tokenizer, tmp_path)
     (model.run_dir / "checkpoints" / "0001" / STEP_INPUT_FILE).unlink()
     with pytest.raises(agentrl.CheckpointError, match="input was not recorded"):
         replay_step(model.run_dir, 1)
+
+
+async def test_whatif_with_the_same_config_repeats_the_steps_and_with_another_loss_differs(
+    tiny_model_path, tokenizer, tmp_path
+):
+    from agentrl.backend.training.whatif import what_if
+    from agentrl.tracking import read_metrics
+
+    model = trainable_on_tiny_model(tiny_model_path, tmp_path)
+    config = agentrl.TrainConfig(learning_rate=1e-3)
+    for seed in (4, 5, 6):
+        await model.train(synthetic_groups(tokenizer, seed=seed, size=3, max_words=10), config)
+    same = what_if(model.run_dir, first=2, steps=2, changes={}, out_dir=tmp_path / "p" / "same")
+    assert [s.step for s in same] == [2, 3] and all(s.identical for s in same)
+    assert all(s.changed == s.original for s in same)  # loss, KL, grad norm and update size, to the bit
+    assert same[0].changed["update_norm"] > 0
+
+    shown = runner.invoke(app, ["whatif", str(model.run_dir), "--from", "2", "--steps", "2", "--loss", "gspo",
+                                "--set", "learning_rate=0.0005", "--name", "gspo"])  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    other = tmp_path / "p" / "gspo"
+    assert [m["step"] for m in read_metrics(other)] == [2, 3]
+    assert read_step_input(other / "checkpoints" / "0003").config.loss.name == "gspo"
+    assert read_step_input(other / "checkpoints" / "0003").config.learning_rate == 0.0005
+    rows = [line.split() for line in shown.output.splitlines() if line.strip().startswith(("2 ", "3 "))]
+    assert [row[-1] for row in rows] == ["no", "no"]  # other bytes than the original steps
+    assert replay_step(other, 3).identical  # the what-if run is a run like any other: its steps replay
+
+    for args, message in [
+        (["--from", "2", "--name", "gspo"], "already holds a run"),
+        (["--from", "2", "--set", "learning_rate=-1", "--name", "bad"], "not a valid TrainConfig"),
+        (["--from", "2", "--set", "nonsense", "--name", "bad"], "write KEY=VALUE"),
+        (["--from", "3", "--steps", "2", "--name", "late"], "checkpoint 4 of .* is not there"),
+    ]:
+        shown = runner.invoke(app, ["whatif", str(model.run_dir), *args])
+        assert shown.exit_code != 0 and re.search(message, flat(shown.output)), (args, shown.output)
 
 
 @pytest.mark.slow

@@ -1,16 +1,19 @@
-"""`agentrl runs`, `show`, `replay` and `serve`: read run folders, train a recorded step again in memory,
-and serve a checkpoint, never writing to a run."""
+"""`agentrl runs`, `show`, `replay`, `whatif` and `serve`: read run folders, train recorded steps again (in
+memory, or into a new run), and serve a checkpoint, never writing to an existing run."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.cli.app import app, base_model_server, fmt, resolve_run_option
-from agentrl.errors import CheckpointError
+from agentrl.errors import CheckpointError, ConfigurationError
+from agentrl.files import check_safe_name
 from agentrl.model import served_name
 from agentrl.run_folder import DEFAULT_BASE_PATH
 from agentrl.runs import find_runs
@@ -84,6 +87,56 @@ def replay(
     typer.echo(f"different: largest difference {report.largest_difference:.3g} in {report.largest_difference_in}")
     if not report.differing_conditions:  # same conditions, different bytes: something is not deterministic
         raise SystemExit(1)
+
+
+def general(value: float | None) -> str:
+    """A metric of any size for a table: four significant digits, or "-" where none was recorded."""
+    return "-" if value is None else f"{value:.4g}"
+
+
+def parse_settings(settings: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` pairs as TrainConfig changes: VALUE read as JSON (numbers, true, lists), else as text."""
+    changes: dict[str, Any] = {}
+    for setting in settings:
+        key, equals, value = setting.partition("=")
+        if not equals or not key:
+            raise typer.BadParameter(f"--set {setting!r}: write KEY=VALUE, e.g. --set learning_rate=1e-4")
+        try:
+            changes[key] = json.loads(value)
+        except json.JSONDecodeError:
+            changes[key] = value
+    return changes
+
+
+SETTINGS_OPTION = typer.Option(None, "--set", help="KEY=VALUE: any other TrainConfig field changed (repeatable)")
+
+
+@app.command()
+def whatif(
+    run: str = typer.Argument(..., help="PROJECT/NAME or a run folder"),
+    first: int = typer.Option(..., "--from", help="the first step to train again (from checkpoint FROM-1)"),
+    steps: int = typer.Option(1, help="how many recorded steps to train again"),
+    loss: str | None = typer.Option(None, help="another policy loss (ppo, cispo, importance_sampling, dro, gspo)"),
+    settings: list[str] | None = SETTINGS_OPTION,
+    name: str | None = typer.Option(None, help="the new run's name (default: NAME-whatif-FROM)"),
+    base_path: str = typer.Option(DEFAULT_BASE_PATH),
+) -> None:
+    """Train recorded steps again under another TrainConfig, without sampling or judging, into a new run."""
+    from agentrl.backend.training.whatif import COMPARED, what_if
+
+    info = resolve_run_option(run, base_path)
+    changes = parse_settings(settings or []) | ({"loss": loss} if loss else {})
+    out_dir = info.path.parent / (name or f"{info.path.name}-whatif-{first}")
+    try:
+        check_safe_name(out_dir.name, "--name")
+        results = what_if(info.path, first=first, steps=steps, changes=changes, out_dir=out_dir)
+    except (CheckpointError, ConfigurationError) as error:
+        raise typer.BadParameter(str(error)) from error
+    typer.echo(f"{info.label} steps {first}-{first + steps - 1} again with {changes or 'no change'}: {out_dir}")
+    typer.echo(f"{'step':>5} " + " ".join(f"{name + ' (was -> now)':>34}" for name in COMPARED) + "  same bytes")
+    for result in results:
+        cells = [f"{general(result.original.get(k)):>15} -> {general(result.changed.get(k)):<15}" for k in COMPARED]
+        typer.echo(f"{result.step:>5} " + " ".join(cells) + f"  {'yes' if result.identical else 'no'}")
 
 
 @app.command()

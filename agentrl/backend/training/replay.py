@@ -10,17 +10,23 @@ the conditions that differ and the largest difference.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.training.adapter_files import ADAPTER_FILE, OPTIMIZER_FILE
 from agentrl.backend.training.step_input import StepInput, read_step_input
-from agentrl.config import LoRAConfig
+from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from agentrl.backend.training.adapter_trainer import StepOutcome
+    from agentrl.backend.training.trainer import Trainer
 
 REPLAY_ADAPTER = "replay"
 
@@ -76,50 +82,81 @@ def largest_difference(recorded: dict[str, torch.Tensor], replayed: dict[str, to
     return worst, where
 
 
+def checked_steps(store: CheckpointStore, first: int, last: int) -> list[StepInput]:
+    """The recorded inputs of steps `first`..`last`, after checking that checkpoints `first - 1`..`last`
+    are there; `CheckpointError` names what is missing."""
+    if first < 1:
+        raise CheckpointError(f"step {first} cannot be trained again: a step is trained from the checkpoint before it")
+    steps = store.steps()
+    for needed in range(first - 1, last + 1):
+        if needed not in steps:
+            raise CheckpointError(
+                f"checkpoint {needed} of {store.root.parent} is not there (it has {steps}): training steps {first} to "
+                f"{last} again needs checkpoints {first - 1} to {last}; keep them with a larger retention (keep_last)"
+            )
+    return [read_step_input(store.path(step)) for step in range(first, last + 1)]
+
+
+def trainer_at(store: CheckpointStore, step: int, *, device: str | None) -> Trainer:
+    """A fresh trainer on the run's base model with adapter `REPLAY_ADAPTER` at checkpoint `step`."""
+    from agentrl.backend.training.trainer import Trainer
+
+    adapter = store.adapter_config(step)
+    trainer = Trainer(adapter["base_model_name_or_path"], device=device)
+    lora = LoRAConfig(
+        rank=int(adapter["r"]),
+        alpha=int(adapter["lora_alpha"]),
+        dropout=float(adapter.get("lora_dropout") or 0.0),
+        target_modules=tuple(sorted(adapter["target_modules"])),
+    )
+    trainer.add_adapter(REPLAY_ADAPTER, lora)
+    trainer.load(REPLAY_ADAPTER, store.path(step))
+    return trainer
+
+
+def train_recorded(trainer: Trainer, step_input: StepInput, config: TrainConfig) -> StepOutcome:
+    """One step of `REPLAY_ADAPTER` on a recorded input under `config`, with its recorded micro-batch size."""
+    trainer.micro_batch_tokens = int(step_input.conditions["micro_batch_tokens"])
+    outcome = trainer.train_step(REPLAY_ADAPTER, step_input.groups, config)
+    if not outcome.updated:
+        raise CheckpointError("a recorded step input trained no update when trained again")
+    return outcome
+
+
+@contextmanager
+def recorded_threads(conditions: dict[str, Any]) -> Iterator[None]:
+    """CPU threads as the recorded step had them (how each matmul splits its sums), then as before."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(conditions.get("threads", threads)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def checkpoint_state(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return state_tensors(load_file(folder / ADAPTER_FILE), torch.load(folder / OPTIMIZER_FILE, weights_only=True))
+
+
+def trainer_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return state_tensors(
+        trainer.adapter_weights(REPLAY_ADAPTER), trainer.adapters[REPLAY_ADAPTER].optimizer.state_dict()
+    )
+
+
 def replay_step(run_dir: Path, step: int, *, device: str | None = None) -> ReplayReport:
     """Train step `step` of the run in `run_dir` again from checkpoint `step - 1` and its recorded input,
     and compare with checkpoint `step`. `CheckpointError` names what is missing."""
-    from safetensors.torch import load_file
-
-    from agentrl.backend.training.trainer import Trainer
-
     store = CheckpointStore(run_dir)
-    if step < 1:
-        raise CheckpointError(f"step {step} cannot be replayed: a step is trained from the checkpoint before it")
-    steps = store.steps()
-    for needed in (step - 1, step):
-        if needed not in steps:
-            raise CheckpointError(
-                f"checkpoint {needed} of {run_dir} is not there (it has {steps}): replaying step {step} needs "
-                f"checkpoints {step - 1} and {step}; keep them with a larger retention (keep_last)"
-            )
-    recorded_input: StepInput = read_step_input(store.path(step))
-    adapter = store.adapter_config(step)
+    (recorded_input,) = checked_steps(store, step, step)
     conditions = recorded_input.conditions
-    threads = torch.get_num_threads()
-    torch.set_num_threads(int(conditions.get("threads", threads)))  # how each matmul splits its sums
-    try:
-        trainer = Trainer(adapter["base_model_name_or_path"], device=device or conditions.get("device"))
-        lora = LoRAConfig(
-            rank=int(adapter["r"]),
-            alpha=int(adapter["lora_alpha"]),
-            dropout=float(adapter.get("lora_dropout") or 0.0),
-            target_modules=tuple(sorted(adapter["target_modules"])),
-        )
-        trainer.add_adapter(REPLAY_ADAPTER, lora)
-        trainer.load(REPLAY_ADAPTER, store.path(step - 1))
-        trainer.micro_batch_tokens = int(conditions["micro_batch_tokens"])
-        outcome = trainer.train_step(REPLAY_ADAPTER, recorded_input.groups, recorded_input.config)
-        if not outcome.updated:
-            raise CheckpointError(f"step {step}'s recorded input trained no update when replayed")
-        here = outcome.conditions
-        replayed = state_tensors(
-            trainer.adapter_weights(REPLAY_ADAPTER), trainer.adapters[REPLAY_ADAPTER].optimizer.state_dict()
-        )
-    finally:
-        torch.set_num_threads(threads)
-    folder = store.path(step)
-    recorded = state_tensors(load_file(folder / ADAPTER_FILE), torch.load(folder / OPTIMIZER_FILE, weights_only=True))
+    with recorded_threads(conditions):
+        trainer = trainer_at(store, step - 1, device=device or conditions.get("device"))
+        here = train_recorded(trainer, recorded_input, recorded_input.config).conditions
+        replayed = trainer_state(trainer)
+    recorded = checkpoint_state(store.path(step))
     worst, where = largest_difference(recorded, replayed)
     differing = {k: (v, here.get(k)) for k, v in conditions.items() if here.get(k) != v}
     return ReplayReport(step, state_sha256(recorded), state_sha256(replayed), worst, where, differing)
