@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 import agentrl
 from agentrl.backend.training.replay import replay_step
 from agentrl.backend.training.step_input import STEP_INPUT_FILE, read_step_input
+from agentrl.backend.training.trainer import Trainer
 from agentrl.cli import app
 from tests.helpers import flat, model_on_a_server_seam, runner, synthetic_groups
 
@@ -119,6 +121,48 @@ async def test_whatif_with_the_same_config_repeats_the_steps_and_with_another_lo
     ]:
         shown = runner.invoke(app, ["whatif", str(model.run_dir), *args])
         assert shown.exit_code != 0 and re.search(message, flat(shown.output)), (args, shown.output)
+
+
+async def test_a_deterministic_trainer_records_it_and_replay_trains_deterministically_then_restores(
+    tiny_model_path, tokenizer, tmp_path, monkeypatch
+):
+    """`LocalBackend(deterministic=True)`'s trainer: deterministic kernels (what a GPU replay needs; on an
+    H100 the default kernels replayed a step up to 7e-5 apart), recorded with each step, and replay
+    turns them on for its step and off again after."""
+    import torch
+
+    from agentrl.backend.engine import TrainerPlacement, _start_trainer
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded, so the teardown puts it back as it was
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        trainer = _start_trainer(tiny_model_path, TrainerPlacement(deterministic=True))
+        assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        trainer.add_adapter("default", agentrl.LoRAConfig())
+        outcome = trainer.train_step("default", synthetic_groups(tokenizer, seed=7, size=2), agentrl.TrainConfig())
+        assert outcome.conditions["deterministic"] is True
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+    model = trainable_on_tiny_model(tiny_model_path, tmp_path)
+    step_input = model.run_dir / "checkpoints" / "0001" / STEP_INPUT_FILE
+    await model.train(synthetic_groups(tokenizer, seed=8, size=2, max_words=6), agentrl.TrainConfig())
+    lines = gzip.decompress(step_input.read_bytes()).decode().splitlines()
+    head = json.loads(lines[0])
+    assert head["conditions"]["deterministic"] is False
+    head["conditions"]["deterministic"] = True  # as a deterministic trainer would have recorded it
+    step_input.write_bytes(gzip.compress("\n".join([json.dumps(head), *lines[1:]]).encode()))
+    seen = []
+    real_train_step = Trainer.train_step
+
+    def train_step(self, *args, **kwargs):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return real_train_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+    report = replay_step(model.run_dir, 1)
+    assert seen == [True] and not torch.are_deterministic_algorithms_enabled()
+    assert report.identical  # a CPU step's kernels are deterministic either way
 
 
 @pytest.mark.slow

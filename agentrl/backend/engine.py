@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from agentrl.backend.serving.replicas import ServerReplicas
 from agentrl.backend.training.ranks import TrainerRanks
+from agentrl.backend.training.step_input import use_deterministic_kernels
 from agentrl.backend.training.trainer import Trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.errors import ConfigurationError
@@ -23,12 +24,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TrainerPlacement:
     """Where the trainer runs: its device ("cuda:1", or None for the server's), how many `torch.distributed`
-    ranks, whether they shard the decoder layers (FSDP2), and the seed of a fresh adapter."""
+    ranks, whether they shard the decoder layers (FSDP2), the seed of a fresh adapter, and whether its
+    kernels are deterministic (what a bit-exact replay on a GPU needs)."""
 
     seed: int = 0
     device: str | None = None
     ranks: int = 1
     sharded: bool = False
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.ranks < 1:
@@ -100,8 +103,15 @@ def _start_trainer(model_path: str, placement: TrainerPlacement) -> AdapterTrain
     if placement.ranks > 1:
         ranks = placement.ranks
         return TrainerRanks(
-            model_path, ranks=ranks, seed=placement.seed, device=placement.device, sharded=placement.sharded
+            model_path,
+            ranks=ranks,
+            seed=placement.seed,
+            device=placement.device,
+            sharded=placement.sharded,
+            deterministic=placement.deterministic,
         )
+    if placement.deterministic:  # process-wide, before the trainer's first matmul (cuBLAS reads its setting then)
+        use_deterministic_kernels()
     return Trainer(model_path, seed=placement.seed, device=placement.device)
 
 

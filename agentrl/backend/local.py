@@ -60,7 +60,8 @@ class LocalBackend:
     `trainer_ranks` > 1 trains data-parallel in that many processes under `torch.distributed` (gloo
     on CPU, NCCL on GPUs from `trainer_device` up), each on its token-balanced share of a step;
     `shard_trainer` also shards the decoder layers over them (FSDP2), for a base model too large
-    for one device (one model per backend then).
+    for one device (one model per backend then). `deterministic` trains with kernels that give the
+    same bytes for the same input (slower on a GPU): a recorded step then replays bit for bit there.
     `host`, `port` and `token` say where its OpenAI-compatible gateway listens (by default a free
     port on loopback, with a token generated here: another user of a shared host can neither sample
     the adapters nor read their tokens). `admin_token` opens `routes` (a backend service's own);
@@ -74,6 +75,7 @@ class LocalBackend:
         trainer_device: str | None = None,
         trainer_ranks: int = 1,
         shard_trainer: bool = False,
+        deterministic: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
@@ -81,7 +83,7 @@ class LocalBackend:
         routes: Sequence[BaseRoute] = (),
         limits: GatewayLimits | None = None,
     ) -> None:
-        self.placement = TrainerPlacement(seed, trainer_device, trainer_ranks, shard_trainer)
+        self.placement = TrainerPlacement(seed, trainer_device, trainer_ranks, shard_trainer, deterministic)
         """Where the trainer runs (a `ConfigurationError` here for ranks that cannot be)."""
         self.sessions: dict[str, ModelSession] = {}
         """Registered models by run folder."""
@@ -257,13 +259,8 @@ class LocalBackend:
                 num_zero_variance=num_zero_variance,
                 num_skipped_trajectories=int(outcome.metrics.get("num_skipped_trajectories", 0)),
             )
-            logger.warning(
-                "%s: step %d skipped, the step counter stays at %d: %s",
-                session.model.name,
-                session.step + 1,
-                session.step,
-                reason,
-            )
+            name, step = session.model.name, session.step
+            logger.warning("%s: step %d skipped, the step counter stays at %d: %s", name, step + 1, step, reason)
         metrics = {**step_metrics, **outcome.metrics, **screened.metrics()}
         trained_on = StepInput(screened.trainable, config, outcome.conditions) if outcome.updated else None
         result = await session.commit(

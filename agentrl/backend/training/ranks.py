@@ -107,6 +107,7 @@ def serve_rank(
 ) -> None:
     """A rank's process: join the group, build its Trainer, then run the driver's calls until told to stop."""
     from agentrl.backend.processes import die_with_parent
+    from agentrl.backend.training.step_input import use_deterministic_kernels
     from agentrl.backend.training.trainer import Trainer
 
     die_with_parent()
@@ -121,6 +122,8 @@ def serve_rank(
         torch.distributed.init_process_group(
             backend, init_method=rendezvous, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
         )
+        if trainer_args.pop("deterministic", False):  # each rank's process, before its first matmul
+            use_deterministic_kernels()
         trainer = Trainer(**trainer_args, device=device)
         connection.send(("ok", os.getpid()))
         while True:
@@ -158,6 +161,7 @@ class TrainerRanks:
         seed: int = 0,
         device: str | None = None,
         sharded: bool = False,
+        deterministic: bool = False,
         startup_timeout_s: float = 600.0,
     ) -> None:
         if ranks < 2:
@@ -173,7 +177,7 @@ class TrainerRanks:
         self._processes: list[Any] = []
         self._broken: str | None = None
         self.sharded = sharded
-        trainer_args = {"model_path": model_path, "seed": seed, "sharded": sharded}
+        trainer_args = {"model_path": model_path, "seed": seed, "sharded": sharded, "deterministic": deterministic}
         for rank in range(ranks):
             ours, theirs = context.Pipe()
             process = context.Process(

@@ -20,7 +20,7 @@ import torch
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.training.adapter_files import ADAPTER_FILE, OPTIMIZER_FILE
-from agentrl.backend.training.step_input import StepInput, read_step_input
+from agentrl.backend.training.step_input import StepInput, read_step_input, use_deterministic_kernels
 from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import CheckpointError
 
@@ -124,14 +124,17 @@ def train_recorded(trainer: Trainer, step_input: StepInput, config: TrainConfig)
 
 
 @contextmanager
-def recorded_threads(conditions: dict[str, Any]) -> Iterator[None]:
-    """CPU threads as the recorded step had them (how each matmul splits its sums), then as before."""
-    threads = torch.get_num_threads()
+def recorded_conditions(conditions: dict[str, Any]) -> Iterator[None]:
+    """CPU threads (how each matmul splits its sums) and deterministic kernels as the recorded step had
+    them, then as before."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(int(conditions.get("threads", threads)))
+    use_deterministic_kernels(bool(conditions.get("deterministic", False)))
     try:
         yield
     finally:
         torch.set_num_threads(threads)
+        use_deterministic_kernels(deterministic)
 
 
 def checkpoint_state(folder: Path) -> dict[str, torch.Tensor]:
@@ -152,7 +155,7 @@ def replay_step(run_dir: Path, step: int, *, device: str | None = None) -> Repla
     store = CheckpointStore(run_dir)
     (recorded_input,) = checked_steps(store, step, step)
     conditions = recorded_input.conditions
-    with recorded_threads(conditions):
+    with recorded_conditions(conditions):
         trainer = trainer_at(store, step - 1, device=device or conditions.get("device"))
         here = train_recorded(trainer, recorded_input, recorded_input.config).conditions
         replayed = trainer_state(trainer)

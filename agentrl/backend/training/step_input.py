@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,18 +34,31 @@ class StepInput:
 
 def training_conditions(*, micro_batch_tokens: int, bf16: bool, device: str, ranks: int) -> dict[str, Any]:
     """What must be the same for a step to give the same bytes again: the micro-batch plan (the order
-    gradients are summed in), CPU threads (how each matmul splits its sums), the number format, the
-    device, torch's version and the number of ranks."""
+    gradients are summed in), CPU threads (how each matmul splits its sums), deterministic kernels (on a
+    GPU), the number format, the device, torch's version and the number of ranks."""
     import torch
 
     return {
         "micro_batch_tokens": micro_batch_tokens,
         "threads": torch.get_num_threads(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
         "bf16": bf16,
         "device": device,
         "torch": torch.__version__,
         "ranks": ranks,
     }
+
+
+def use_deterministic_kernels(on: bool = True) -> None:
+    """Kernels that give the same bytes for the same input, or (`on=False`) torch's faster defaults. On a
+    GPU the defaults are not: attention's backward and split-K matmuls add in an order that varies from
+    run to run (a replayed step differed by up to 7e-5 on an H100). cuBLAS also needs a fixed workspace,
+    set here unless already set; it must come before the process's first matmul on the GPU."""
+    import torch
+
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on)
 
 
 def write_step_input(folder: Path, step_input: StepInput) -> int:

@@ -23,7 +23,7 @@ from agentrl.backend.training.replay import (
     REPLAY_ADAPTER,
     checked_steps,
     checkpoint_state,
-    recorded_threads,
+    recorded_conditions,
     state_sha256,
     train_recorded,
     trainer_at,
@@ -77,7 +77,7 @@ def what_if(
     if out.steps() or (out_dir / "metrics.jsonl").exists():
         raise CheckpointError(f"{out_dir} already holds a run; runs are never overwritten: name another")
     results = []
-    with recorded_threads(inputs[0].conditions):
+    with recorded_conditions(inputs[0].conditions):
         trainer = trainer_at(store, first - 1, device=device or inputs[0].conditions.get("device"))
         origin = {"whatif_of": str(run_dir), "changes": changes}
         out.save(first - 1, lambda folder: _copy_checkpoint(store.path(first - 1), folder), {"metrics": {}, **origin})
