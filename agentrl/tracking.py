@@ -58,24 +58,33 @@ def best_step(run_dir: Path, metric: str, among: list[int]) -> int | None:
     return max(values, key=lambda s: values[s]) if values else None
 
 
-def write_trajectories(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup]) -> Path:
-    """Save a step's trajectories (one JSON line each, tagged with its group) and return the path."""
-    lines = [
+def trajectory_lines(groups: list[TrajectoryGroup]) -> list[str]:
+    """One JSON line per trajectory, tagged with its group's index: how groups are kept on disk."""
+    return [
         json.dumps({"group": g_index, **t.model_dump(mode="json")})
         for g_index, group in enumerate(groups)
         for t in group.trajectories
     ]
+
+
+def groups_from_rows(rows: list[dict[str, Any]]) -> list[TrajectoryGroup]:
+    """The groups `trajectory_lines` wrote, from their lines read as JSON."""
+    groups: dict[int, list[Trajectory]] = {}
+    for data in rows:
+        groups.setdefault(data.pop("group"), []).append(Trajectory.model_validate(data))
+    return [TrajectoryGroup(groups[k]) for k in sorted(groups)]
+
+
+def write_trajectories(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup]) -> Path:
+    """Save a step's trajectories (one JSON line each, tagged with its group) and return the path."""
     path = RunFolder(Path(run_dir)).trajectories(split, step)
-    write_text_atomic(path, "\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(trajectory_lines(groups)) + "\n")
     return path
 
 
 def load_trajectories(path: Path) -> list[TrajectoryGroup]:
     """The groups saved by `write_trajectories`."""
-    groups: dict[int, list[Trajectory]] = {}
-    for data in read_lines(path):
-        groups.setdefault(data.pop("group"), []).append(Trajectory.model_validate(data))
-    return [TrajectoryGroup(groups[k]) for k in sorted(groups)]
+    return groups_from_rows(read_lines(path))
 
 
 _STYLE = """

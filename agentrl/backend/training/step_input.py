@@ -18,7 +18,8 @@ from typing import Any
 
 from agentrl.config import TrainConfig
 from agentrl.errors import CheckpointError
-from agentrl.trajectory import Trajectory, TrajectoryGroup
+from agentrl.tracking import groups_from_rows, trajectory_lines
+from agentrl.trajectory import TrajectoryGroup
 
 STEP_INPUT_FILE = "step_input.jsonl.gz"
 
@@ -64,11 +65,7 @@ def use_deterministic_kernels(on: bool = True) -> None:
 def write_step_input(folder: Path, step_input: StepInput) -> int:
     """Write `STEP_INPUT_FILE` into `folder` (a checkpoint being staged); returns its size in bytes."""
     head = {"config": step_input.config.model_dump(mode="json"), "conditions": step_input.conditions}
-    lines = [json.dumps(head)] + [
-        json.dumps({"group": index, **trajectory.model_dump(mode="json")})
-        for index, group in enumerate(step_input.groups)
-        for trajectory in group.trajectories
-    ]
+    lines = [json.dumps(head), *trajectory_lines(step_input.groups)]
     buffer = io.BytesIO()
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as compressed:  # mtime 0: the same input, the same bytes
         compressed.write(("\n".join(lines) + "\n").encode())
@@ -86,10 +83,8 @@ def read_step_input(folder: Path) -> StepInput:
         )
     try:
         head, *rows = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
-        groups: dict[int, list[Trajectory]] = {}
-        for row in rows:
-            groups.setdefault(row.pop("group"), []).append(Trajectory.model_validate(row))
+        groups = groups_from_rows(rows)
         config = TrainConfig.model_validate(head["config"])
     except Exception as error:  # noqa: BLE001 - gzip, JSON and validation errors alike: the file is damaged
         raise CheckpointError(f"cannot read the step input {path}: {type(error).__name__}: {error}") from error
-    return StepInput([TrajectoryGroup(groups[k]) for k in sorted(groups)], config, dict(head["conditions"]))
+    return StepInput(groups, config, dict(head["conditions"]))

@@ -81,7 +81,7 @@ def what_if(
         trainer = trainer_at(store, first - 1, device=device or inputs[0].conditions.get("device"))
         origin = {"whatif_of": str(run_dir), "changes": changes}
         out.save(first - 1, lambda folder: _copy_checkpoint(store.path(first - 1), folder), {"metrics": {}, **origin})
-        before = trainer_state(trainer)
+        before, recorded = trainer_state(trainer), checkpoint_state(store.path(first - 1))
         for step, step_input, config in zip(range(first, last + 1), inputs, configs, strict=True):
             outcome = train_recorded(trainer, step_input, config)
             after = trainer_state(trainer)
@@ -89,7 +89,7 @@ def what_if(
             trained_on = StepInput(step_input.groups, config, outcome.conditions)
             out.save(step, functools.partial(_write_step, trainer, trained_on), {"metrics": changed, **origin})
             append_metrics(out_dir, {"step": step, "split": "train", **changed})
-            recorded_before, recorded = checkpoint_state(store.path(step - 1)), checkpoint_state(store.path(step))
+            recorded_before, recorded = recorded, checkpoint_state(store.path(step))  # each checkpoint read once
             original = {**store.info(step).get("metrics", {}), "update_norm": update_norm(recorded_before, recorded)}
             results.append(
                 WhatIfStep(
