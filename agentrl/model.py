@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -114,20 +113,26 @@ class _SaysWhenTheServerIsGone(httpx2.AsyncBaseTransport):
     so the openai client raises at once (`InternalServerError`, the message in its body).
     """
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, death_notice: Callable[[], str | None], timeout_s: float):
+    def __init__(self, inner: httpx2.AsyncBaseTransport, endpoint: InferenceEndpoint, timeout_s: float):
+        assert endpoint.death_notice is not None
         self.inner = inner
-        self.death_notice = death_notice
+        self.death_notice = endpoint.death_notice
+        self.recent_log = endpoint.recent_log
         self.timeout_s = timeout_s
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         try:
             return await self.inner.handle_async_request(request)
         except httpx2.TimeoutException as error:
-            message = self.death_notice() or (
+            if (notice := self.death_notice()) is not None:
+                return _error_response(request, 504, notice)
+            message = (
                 f"the vLLM server at {request.url.host}:{request.url.port} is running but gave no answer within "
                 f"{self.timeout_s:.0f} s ({type(error).__name__}); it may be hung or overloaded (raise "
                 "ServerConfig.request_timeout_s for long generations)"
             )
+            if self.recent_log is not None:  # its queue and throughput: hung, or just busy?
+                message += f"; the server's log {self.recent_log()}"
             return _error_response(request, 504, message)
         except httpx2.TransportError:
             if (notice := self.death_notice()) is None:
@@ -156,7 +161,7 @@ def _pooled_http_client(*, timeout_s: float = 600.0, endpoint: InferenceEndpoint
     limits = httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
     transport: httpx2.AsyncBaseTransport = httpx2.AsyncHTTPTransport(limits=limits)
     if endpoint is not None and endpoint.death_notice is not None:
-        transport = _SaysWhenTheServerIsGone(transport, endpoint.death_notice, timeout_s)
+        transport = _SaysWhenTheServerIsGone(transport, endpoint, timeout_s)
     return httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(timeout_s, connect=30.0, pool=None))
 
 

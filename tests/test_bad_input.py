@@ -221,7 +221,9 @@ def stand_in_server(ctx: Ctx, command: list[str]) -> VLLMServer:
 
 
 async def ask(server: VLLMServer, timeout_s: float) -> None:
-    endpoint = InferenceEndpoint(server.base_url, server.api_key, death_notice=server.death_notice)
+    endpoint = InferenceEndpoint(
+        server.base_url, server.api_key, death_notice=server.death_notice, recent_log=server.recent_log
+    )
     client = endpoint_client(endpoint, timeout_s=timeout_s)
     try:
         await client.chat.completions.create(model="m@0", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
@@ -243,13 +245,16 @@ async def rollout_against_a_dead_server(ctx: Ctx) -> None:
 
 
 async def rollout_against_a_hung_server(ctx: Ctx) -> None:
-    server = stand_in_server(ctx, ["sleep", "60"])
+    server = stand_in_server(ctx, ["sh", "-c", "echo 'Engine 000: Running: 3 reqs, Waiting: 5 reqs'; sleep 60"])
     listener = socket.socket()
     listener.bind(("127.0.0.1", server.port))
     listener.listen(8)  # connections are accepted by the kernel, and never answered
     started = time.monotonic()
     try:
         await ask(server, timeout_s=1)
+    except openai.InternalServerError as error:
+        assert "Running: 3 reqs, Waiting: 5 reqs" in str(error)  # what the server was doing, from its log
+        raise
     finally:
         assert time.monotonic() - started < 10  # one timeout, no retries
         listener.close()

@@ -17,3 +17,5 @@ class InferenceEndpoint:
     """Bearer token the gateway requires (never shown in a repr)."""
     death_notice: Callable[[], str | None] | None = None
     """None while the server runs, else what happened to it (exit, log tail); None when unknowable."""
+    recent_log: Callable[[], str] | None = None
+    """The server's latest log lines (its queue and throughput): what a hung or overloaded server was doing."""

@@ -132,8 +132,11 @@ class LocalBackend:
         return session
 
     def endpoint(self, model: TrainableModel) -> InferenceEndpoint:
-        """The gateway's address and token, and how to tell that the server died."""
-        return InferenceEndpoint(self.gateway.base_url, self._sampling_token, death_notice=self.server.death_notice)
+        """The gateway's address and token, how to tell that the server died, and what it logged last."""
+        server = self.server
+        return InferenceEndpoint(
+            self.gateway.base_url, self._sampling_token, death_notice=server.death_notice, recent_log=server.recent_log
+        )
 
     async def open_session(self, model: TrainableModel) -> str:
         self.session(model)  # registered, or an error naming the fix

@@ -135,6 +135,10 @@ class ServerReplicas:
             return None
         return "\n".join(notice for notice in notices if notice)
 
+    def recent_log(self) -> str:
+        """Each replica's last log lines, under its log's path."""
+        return "\n".join(replica.recent_log() for replica in self.replicas)
+
     def stop(self) -> None:
         """End every replica, all at once (each waits for its engine to exit); safe to call twice."""
         if len(self.replicas) == 1:

@@ -262,6 +262,10 @@ class VLLMServer:
             f"the vLLM server at {self.base_url} {how}; its log {self.log_path} ends with:\n{tail(self.log_path, 15)}"
         )
 
+    def recent_log(self, lines: int = 8) -> str:
+        """The log's path and last lines: vLLM logs its running and waiting requests every few seconds."""
+        return f"{self.log_path} ends with:\n{tail(self.log_path, lines)}"
+
     def _require_running(self) -> None:
         if (notice := self.death_notice()) is not None:
             raise ServerError(notice)
