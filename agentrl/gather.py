@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import uuid
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -16,6 +17,7 @@ from typing import Protocol
 from tqdm.auto import tqdm
 
 from agentrl.errors import ConfigurationError, RolloutError
+from agentrl.rl.ledger import current_rollout
 from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup, reward_stats, rollout_trajectories
 
 logger = logging.getLogger(__name__)
@@ -95,7 +97,11 @@ async def _run_rollouts(
     allowed = budget.allowed(total)
     failures: list[BaseException] = []
 
-    async def run_one(rollout: Awaitable[Trajectory | TrajectoryGroup], where: str) -> list[Trajectory] | BaseException:
+    async def run_one(
+        rollout: Awaitable[Trajectory | TrajectoryGroup], where: str
+    ) -> list[Trajectory] | tuple[BaseException, str]:
+        rollout_id = uuid.uuid4().hex
+        current_rollout.set(rollout_id)  # this task's own context: the backend's client sends it along
         try:
             trajectories = rollout_trajectories(await rollout, where)
         except Exception as error:  # noqa: BLE001 - a rollout's failure is data, judged by the budget
@@ -108,7 +114,7 @@ async def _run_rollouts(
                     "(raise max_exceptions / max_exception_rate to tolerate more); first failure: "
                     f"{type(failures[0]).__name__}: {failures[0]}"
                 ) from failures[0]
-            return error
+            return error, rollout_id
         for trajectory in trajectories:
             progress.update(trajectory)
         return trajectories
@@ -120,7 +126,7 @@ async def _run_rollouts(
             [*group.trajectories, *(t for r in results if isinstance(r, list) for t in r)],
             exceptions=[
                 *group.exceptions,
-                *(RolloutException.from_exception(r) for r in results if isinstance(r, BaseException)),
+                *(RolloutException.from_exception(r[0], rollout_id=r[1]) for r in results if isinstance(r, tuple)),
             ],
         )
         return resolved if after_each is None else await after_each(resolved)

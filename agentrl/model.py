@@ -26,6 +26,7 @@ from agentrl.backend.endpoint import InferenceEndpoint
 from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError, ConfigurationError
 from agentrl.files import check_safe_name
+from agentrl.rl.ledger import ROLLOUT_HEADER, current_rollout
 from agentrl.run_folder import DEFAULT_BASE_PATH, RunFolder
 from agentrl.tracking import DEFAULT_BEST_BY
 from agentrl.trajectory import Trajectory, TrajectoryGroup
@@ -104,8 +105,9 @@ JudgeModel = str | Model
 """A judge: a litellm model id ("openai/o4-mini", "hosted_vllm/qwen", "ollama/qwen2.5") or an agentrl Model."""
 
 
-class _SaysWhenTheServerIsGone(httpx2.AsyncBaseTransport):
-    """Turns a failed request to our own server into an answer that says what happened to it.
+class _BackendTransport(httpx2.AsyncBaseTransport):
+    """A backend client's requests: each names its rollout (`ROLLOUT_HEADER`, for the token ledger), and a
+    failed one to our own server becomes an answer that says what happened to it.
 
     A dead server would otherwise surface as openai's bare "Connection error." after its retries,
     and a hung one would hold each rollout for the timeout times three. `death_notice` returns None
@@ -114,16 +116,19 @@ class _SaysWhenTheServerIsGone(httpx2.AsyncBaseTransport):
     """
 
     def __init__(self, inner: httpx2.AsyncBaseTransport, endpoint: InferenceEndpoint, timeout_s: float):
-        assert endpoint.death_notice is not None
         self.inner = inner
         self.death_notice = endpoint.death_notice
         self.recent_log = endpoint.recent_log
         self.timeout_s = timeout_s
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if (rollout_id := current_rollout.get()) is not None:
+            request.headers[ROLLOUT_HEADER] = rollout_id  # the gateway tallies the rollout's tokens (the ledger)
         try:
             return await self.inner.handle_async_request(request)
         except httpx2.TimeoutException as error:
+            if self.death_notice is None:
+                raise  # a backend that cannot tell (remote): openai's own timeout error
             if (notice := self.death_notice()) is not None:
                 return _error_response(request, 504, notice)
             message = (
@@ -135,7 +140,7 @@ class _SaysWhenTheServerIsGone(httpx2.AsyncBaseTransport):
                 message += f"; the server's log {self.recent_log()}"
             return _error_response(request, 504, message)
         except httpx2.TransportError:
-            if (notice := self.death_notice()) is None:
+            if self.death_notice is None or (notice := self.death_notice()) is None:
                 raise  # a running server: a passing network error, which the client retries
             return _error_response(request, 503, notice)
 
@@ -156,12 +161,12 @@ def _pooled_http_client(*, timeout_s: float = 600.0, endpoint: InferenceEndpoint
     HTTP client openai 3 is built on and types its `http_client` with.
 
     With a backend's `endpoint` that can tell, a dead or hung server is reported as such (see
-    `_SaysWhenTheServerIsGone`). Token data needs nothing here: the backend's gateway asks for it.
+    `_BackendTransport`). Token data needs nothing here: the backend's gateway asks for it.
     """
     limits = httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
     transport: httpx2.AsyncBaseTransport = httpx2.AsyncHTTPTransport(limits=limits)
-    if endpoint is not None and endpoint.death_notice is not None:
-        transport = _SaysWhenTheServerIsGone(transport, endpoint, timeout_s)
+    if endpoint is not None:
+        transport = _BackendTransport(transport, endpoint, timeout_s)
     return httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(timeout_s, connect=30.0, pool=None))
 
 

@@ -25,6 +25,7 @@ from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
 from agentrl.gather import AfterEach, gather_trajectory_groups
 from agentrl.model import TrainableModel, TrainResult
+from agentrl.rl.ledger import group_tokens
 from agentrl.trajectory import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
             launch(done)
             waiting_started = time.perf_counter()
             taken: list[_Finished] = []
-            dropped = 0
+            dropped = dropped_tokens = 0
             while len(taken) < sizes[done]:
                 if failures:
                     raise failures[0]
@@ -155,6 +156,7 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
                 finished = ready.pop(0)
                 if model._step - finished.oldest_step > max_steps_off_policy:
                     dropped += 1
+                    dropped_tokens += group_tokens([finished.group])
                     continue
                 taken.append(finished)
             if dropped:
@@ -169,6 +171,7 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
                 "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
                 "staleness_max": float(max(staleness, default=0)),
                 "num_groups_stale_dropped": float(dropped),
+                "tokens_discarded_stale": float(dropped_tokens),
                 "trainer_idle_frac": (now - waiting_started) / cycle_s,
                 "sampler_idle_frac": (sampler_idle - sampler_idle_at_cycle_start) / cycle_s,
                 "steps_per_hour": 3600.0 / cycle_s,

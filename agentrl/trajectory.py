@@ -196,13 +196,21 @@ class RolloutException(BaseModel):
     type: str
     message: str
     traceback: str = ""
+    rollout_id: str | None = None
+    """The id `gather_trajectory_groups` gave the failed rollout: the gateway's tally of its sampled tokens."""
+    sampled_tokens: int | None = None
+    """Tokens of sampled turns this failure discarded, where known here (a judge failure's dropped group)."""
 
     @classmethod
-    def from_exception(cls, error: BaseException) -> RolloutException:
+    def from_exception(
+        cls, error: BaseException, *, rollout_id: str | None = None, sampled_tokens: int | None = None
+    ) -> RolloutException:
         return cls(
             type=type(error).__name__,
             message=str(error),
             traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)),
+            rollout_id=rollout_id,
+            sampled_tokens=sampled_tokens,
         )
 
 

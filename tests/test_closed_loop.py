@@ -167,18 +167,53 @@ async def test_after_a_step_the_server_serves_the_new_adapter(served_model):
         assert math.isfinite(result.metrics[key]), key
 
 
-async def test_kl_to_the_base_model_and_other_losses_run_for_real(served_model):
-    """A step with the KL penalty (a reference pass with the adapter disabled) and a non-default loss."""
+async def test_a_real_step_with_kl_another_loss_and_a_mask_accounts_for_every_sampled_token(served_model):
+    """A step with the KL penalty (a reference pass with the adapter disabled), a non-default loss and a
+    mismatch mask, given a group whose rewards are all equal and a rollout that fails after sampling:
+    the token ledger closes exactly, and its rows match what the rollouts sampled."""
+    train = scenarios("train", 5, seed=13)
+    failed_tokens: list[int] = []
+
+    async def fails_after_sampling(scenario):
+        trajectory = await rollout(served_model, scenario)
+        failed_tokens.append(sum(len(c.logprobs.content) for c in trajectory.choices()))
+        raise RuntimeError("the environment broke after sampling")
+
     groups = await agentrl.gather_trajectory_groups(
-        [agentrl.TrajectoryGroup(rollout(served_model, s) for _ in range(8)) for s in scenarios("train", 4, seed=13)],
+        [agentrl.TrajectoryGroup(rollout(served_model, s) for _ in range(8)) for s in train[:4]]
+        + [
+            agentrl.TrajectoryGroup(
+                [rollout(served_model, train[4]) for _ in range(2)] + [fails_after_sampling(train[4])]
+            )
+        ],
+        max_exceptions=1,
         show_progress=False,
     )
-    groups = with_alternating_rewards(groups)
-    config = agentrl.TrainConfig(learning_rate=1e-4, loss="cispo", kl_coef=0.05, truncated_importance_sampling=2.0)
+    flat = groups[3].model_copy(
+        update={"trajectories": [t.model_copy(update={"reward": 0.0}) for t in groups[3].trajectories]}
+    )
+    groups = with_alternating_rewards(groups[:3]) + [flat] + with_alternating_rewards(groups[4:])
+    config = agentrl.TrainConfig(
+        learning_rate=1e-4,
+        loss="cispo",
+        kl_coef=0.05,
+        truncated_importance_sampling=2.0,
+        mismatch_token_mask=(0.98, 1.02),
+    )
     result = await served_model.train(groups, config)
     assert not result.skipped
     assert result.metrics["kl_penalty"] > 0  # the adapter has moved away from the base by now
     assert math.isfinite(result.metrics["loss"])
+
+    def tokens(group):
+        return sum(len(c.logprobs.content) for t in group.trajectories for c in t.choices())
+
+    m = result.metrics
+    assert failed_tokens and m["tokens_discarded_failed_rollout"] == failed_tokens[0] > 0  # the gateway's tally
+    assert m["tokens_discarded_zero_variance"] == tokens(flat) > 0
+    assert m["tokens_sampled"] == sum(tokens(g) for g in groups) + failed_tokens[0]
+    assert m["tokens_trained"] + m["tokens_discarded_masked"] == m["trained_tokens"]  # the loss mask's own count
+    assert m["tokens_unaccounted"] == 0 and m["ledger_failed_rollouts_unknown"] == 0
 
 
 async def test_the_training_entry_loop_logs_evaluations_and_prints_where_to_look(served_model, capsys):

@@ -12,7 +12,7 @@ from agentrl.judges import (
     ruler,
     ruler_score_group,
 )
-from tests.helpers import group_of
+from tests.helpers import group_of, make_choice
 
 FAST = {"timeout": 1.0}  # litellm request timeout for the timeout case
 
@@ -66,16 +66,18 @@ async def test_swallow_exceptions_empties_the_group_and_keeps_the_judge_error(fa
     async def judge_group(group):
         return await ruler_score_group(group, judge, swallow_exceptions=True)
 
-    async def rollout(answer: str) -> agentrl.Trajectory:
-        return agentrl.Trajectory(
-            messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}]
-        )
+    async def rollout(answer: str, token_ids: list[int]) -> agentrl.Trajectory:
+        choice = make_choice(token_ids, content=answer)
+        return agentrl.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, choice])
 
     (kept,) = await agentrl.gather_trajectory_groups(
-        [agentrl.TrajectoryGroup([rollout("a"), rollout("b")])], after_each=judge_group, show_progress=False
+        [agentrl.TrajectoryGroup([rollout("a", [1, 2, 3]), rollout("b", [4, 5])])],
+        after_each=judge_group,
+        show_progress=False,
     )
     assert kept.trajectories == []  # no invented reward
     assert kept.exceptions[-1].type == "JudgeError" and "judge openai/judge" in kept.exceptions[-1].message
+    assert kept.exceptions[-1].sampled_tokens == 5  # the token ledger's judge_failure row: what was dropped
 
 
 async def test_a_score_a_hair_over_one_is_clamped_without_a_retry(fake, judge):

@@ -37,6 +37,7 @@ from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
 from agentrl.gateway.store import fill_sampled_tokens
 from agentrl.model import TrainResult
+from agentrl.rl.ledger import step_ledger
 from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
 from agentrl.rl.tokenize import check_token_ids, labelled_histories
 from agentrl.tracking import DEFAULT_BEST_BY, best_step, summarize
@@ -134,9 +135,7 @@ class LocalBackend:
     def endpoint(self, model: TrainableModel) -> InferenceEndpoint:
         """The gateway's address and token, how to tell that the server died, and what it logged last."""
         server = self.server
-        return InferenceEndpoint(
-            self.gateway.base_url, self._sampling_token, death_notice=server.death_notice, recent_log=server.recent_log
-        )
+        return InferenceEndpoint(self.gateway.base_url, self._sampling_token, server.death_notice, server.recent_log)
 
     async def open_session(self, model: TrainableModel) -> str:
         self.session(model)  # registered, or an error naming the fix
@@ -265,6 +264,7 @@ class LocalBackend:
             name, step = session.model.name, session.step
             logger.warning("%s: step %d skipped, the step counter stays at %d: %s", name, step + 1, step, reason)
         metrics = {**step_metrics, **outcome.metrics, **screened.metrics()}
+        metrics.update(step_ledger(groups, metrics, self.gateway.store.rollout_tokens))
         trained_on = StepInput(screened.trainable, config, outcome.conditions) if outcome.updated else None
         result = await session.commit(
             StepOutcome(outcome.updated, metrics), split="train", groups=list(groups), step_input=trained_on

@@ -15,6 +15,7 @@ from agentrl.cli.app import app, base_model_server, fmt, resolve_run_option
 from agentrl.errors import CheckpointError, ConfigurationError
 from agentrl.files import check_safe_name
 from agentrl.model import served_name
+from agentrl.rl.ledger import REASONS
 from agentrl.run_folder import DEFAULT_BASE_PATH
 from agentrl.runs import find_runs
 
@@ -57,6 +58,8 @@ def show(
             f"{m['step']:>5} {m['split']:<6} {fmt(m.get('reward_mean')):>8} {fmt(m.get('reward_std')):>7} "
             f"{m.get('trained_tokens') or 0:>7.0f} {seconds:>8.1f}{judge}"
         )
+    if ledgers := [m for m in info.metrics if "tokens_sampled" in m]:
+        typer.echo(ledger_line(ledgers))
     typer.echo(f"reward plot: {(info.path / 'reward.png').resolve()}")
     if audited:
         typer.echo(f"judge audit plot: {(info.path / 'judge.png').resolve()}")
@@ -87,6 +90,17 @@ def replay(
     typer.echo(f"different: largest difference {report.largest_difference:.3g} in {report.largest_difference_in}")
     if not report.differing_conditions:  # same conditions, different bytes: something is not deterministic
         raise SystemExit(1)
+
+
+def ledger_line(steps: list[dict[str, Any]]) -> str:
+    """The token ledger summed over steps: sampled = trained + each reason for a discard (see `rl.ledger`)."""
+    total = {name: sum(m.get(name) or 0.0 for m in steps) for name in ("tokens_sampled", "tokens_trained")}
+    discards = " + ".join(
+        f"{sum(m.get(f'tokens_discarded_{r}') or 0.0 for m in steps):.0f} {r.replace('_', ' ')}" for r in REASONS
+    )
+    unaccounted = sum(m.get("tokens_unaccounted") or 0.0 for m in steps)
+    line = f"token ledger, {len(steps)} steps: {total['tokens_sampled']:.0f} sampled = "
+    return line + f"{total['tokens_trained']:.0f} trained + {discards} (unaccounted: {unaccounted:.0f})"
 
 
 def general(value: float | None) -> str:

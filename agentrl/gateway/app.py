@@ -40,6 +40,7 @@ from agentrl.gateway.relay import OnAnswer, relay_as, relay_chat
 from agentrl.gateway.sessions import SessionLog
 from agentrl.gateway.store import SampledStore, sampled_choices
 from agentrl.gateway.upstream import UPSTREAM_HEADER, UPSTREAM_TIMEOUT, Replica, Upstream, conversation_key
+from agentrl.rl.ledger import ROLLOUT_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -199,11 +200,12 @@ class _GatewayRoutes:
             return Response(status_code=499)  # the client left; nobody reads this
         return sent
 
-    def keep(self, data: dict[str, Any], answer_id: str) -> None:
-        """Store a whole completion's token data under `answer_id` and stamp its choices with that id (for the
-        trainer's lookup when a client drops the token data) and the step of the adapter that sampled it."""
+    def keep(self, data: dict[str, Any], answer_id: str, rollout: str | None) -> None:
+        """Store a whole completion's token data under `answer_id` (its tokens tallied under `rollout`) and stamp
+        its choices with that id (for the trainer's lookup when a client drops the token data) and the step of
+        the adapter that sampled it."""
         sampled = sampled_choices(data)
-        self.store.put(answer_id, sampled)
+        self.store.put(answer_id, sampled, rollout)
         for choice in data.get("choices") or []:
             choice["completion_id"] = answer_id
             if sampled and sampled[0].policy_step is not None:
@@ -223,7 +225,7 @@ class _GatewayRoutes:
             if response.status_code != 200:
                 return Response(response.content, status_code=response.status_code, media_type="application/json")
             data = response.json()
-            self.keep(data, data["id"])
+            self.keep(data, data["id"], request.headers.get(ROLLOUT_HEADER))
             if on_answer is not None:
                 on_answer(body, data)
             return JSONResponse(data)
@@ -233,7 +235,8 @@ class _GatewayRoutes:
             replica.in_flight -= 1
             return Response(content, status_code=response.status_code, media_type="application/json")
         joined = None if on_answer is None else (body, on_answer)
-        return StreamingResponse(relay_chat(response, self.store, replica, joined), media_type="text/event-stream")
+        relay = relay_chat(response, self.store, replica, joined, request.headers.get(ROLLOUT_HEADER))
+        return StreamingResponse(relay, media_type="text/event-stream")
 
     async def other_api(self, request: Request, api: str, on_answer: OnAnswer | None = None) -> Response:  # noqa: C901 - over the limit when the rule came on; split it when next changed
         """A Responses or Messages request, sampled as a chat completion and answered in its own format; its
@@ -267,7 +270,7 @@ class _GatewayRoutes:
             if response.status_code != 200:
                 return refuse(response.status_code, _upstream_message(response.content))
             data = response.json()
-            self.keep(data, answer_id)
+            self.keep(data, answer_id, request.headers.get(ROLLOUT_HEADER))
             answered(data)
             if api == "responses":
                 return JSONResponse(responses_api.response_object(body, answer_id, data))
@@ -282,7 +285,9 @@ class _GatewayRoutes:
             if api == "responses"
             else messages_api.MessageEvents(answer_id)
         )
-        relay = relay_as(response, self.store, replica, answer_id, events, answered)
+        relay = relay_as(
+            response, self.store, replica, answer_id, events, answered, request.headers.get(ROLLOUT_HEADER)
+        )
         return StreamingResponse(relay, media_type="text/event-stream")
 
     async def responses(self, request: Request) -> Response:

@@ -27,6 +27,7 @@ async def relay_chat(
     store: SampledStore,
     replica: Replica,
     joined: tuple[dict[str, Any], OnAnswer] | None = None,
+    rollout: str | None = None,
 ) -> AsyncIterator[bytes]:
     """Pass the server-sent events through as they come, and keep the token data once the stream ends.
 
@@ -37,7 +38,7 @@ async def relay_chat(
     try:
         async for line in upstream.aiter_lines():
             if line == "data: [DONE]" and accumulated.completion_id is not None:
-                store.put(accumulated.completion_id, accumulated.choices())
+                store.put(accumulated.completion_id, accumulated.choices(), rollout)
                 kept = True
                 if joined is not None:  # a session's stream: logged, like a whole answer, before [DONE] goes out
                     joined[1](joined[0], answer.answer())
@@ -55,7 +56,7 @@ async def relay_chat(
         await upstream.aclose()
         replica.in_flight -= 1
         if not kept and accumulated.completion_id is not None:
-            store.put(accumulated.completion_id, accumulated.choices())
+            store.put(accumulated.completion_id, accumulated.choices(), rollout)
 
 
 async def relay_as(  # noqa: C901 - over the limit when the rule came on; split it when next changed
@@ -65,6 +66,7 @@ async def relay_as(  # noqa: C901 - over the limit when the rule came on; split 
     answer_id: str,
     events: ResponseEvents | MessageEvents,
     answered: Callable[[dict[str, Any]], None],
+    rollout: str | None = None,
 ) -> AsyncIterator[bytes]:
     """A streamed chat completion told as another API's events as its chunks come; its token data is kept
     under `answer_id`, and `answered` is told the joined chat answer, before the closing events go out."""
@@ -73,7 +75,7 @@ async def relay_as(  # noqa: C901 - over the limit when the rule came on; split 
         async for line in upstream.aiter_lines():
             if line == "data: [DONE]":
                 sampled = accumulated.choices()
-                store.put(answer_id, sampled)
+                store.put(answer_id, sampled, rollout)
                 kept = True
                 chat_answer = joined.answer()
                 chat_answer["usage"] = usage
@@ -102,4 +104,4 @@ async def relay_as(  # noqa: C901 - over the limit when the rule came on; split 
         await upstream.aclose()
         replica.in_flight -= 1
         if not kept and accumulated.completion_id is not None:
-            store.put(answer_id, accumulated.choices())
+            store.put(answer_id, accumulated.choices(), rollout)

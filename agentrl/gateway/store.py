@@ -102,6 +102,8 @@ class SampledStore:
         self.max_tokens = max_tokens
         self._by_id: OrderedDict[str, _KeptCompletion] = OrderedDict()
         self._num_tokens = 0
+        self._by_rollout: OrderedDict[str, int] = OrderedDict()
+        """Completion tokens sampled per rollout id (`ROLLOUT_HEADER`), the newest `max_completions` rollouts."""
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -112,7 +114,13 @@ class SampledStore:
         """Tokens kept, prompts included."""
         return self._num_tokens
 
-    def put(self, completion_id: str, choices: list[SampledChoice]) -> None:
+    def put(self, completion_id: str, choices: list[SampledChoice], rollout: str | None = None) -> None:
+        """Keep a completion's choices; with `rollout`, add their tokens to that rollout's tally."""
+        if rollout is not None:
+            with self._lock:
+                self._by_rollout[rollout] = self._by_rollout.pop(rollout, 0) + sum(len(c.token_ids) for c in choices)
+                while len(self._by_rollout) > self.max_completions:
+                    self._by_rollout.popitem(last=False)
         kept = _KeptCompletion.pack(choices)
         if kept.num_tokens > self.max_tokens:
             logger.warning(
@@ -130,6 +138,11 @@ class SampledStore:
             while len(self._by_id) > self.max_completions or self._num_tokens > self.max_tokens:
                 _, evicted = self._by_id.popitem(last=False)
                 self._num_tokens -= evicted.num_tokens
+
+    def rollout_tokens(self, rollout: str) -> int | None:
+        """Completion tokens sampled for a rollout id; None when none were sampled under it (or long ago)."""
+        with self._lock:
+            return self._by_rollout.get(rollout)
 
     def get(self, completion_id: str) -> list[SampledChoice]:
         """The choices of a completion; `TokenizationError` naming the fix when it is not (or no longer) kept."""

@@ -26,6 +26,7 @@ from agentrl.errors import JudgeError
 from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit, audit_judgements, debiased_scores
 from agentrl.judges.call import InvalidJudgeAnswer, JudgeLimiter, structured_judge_call
 from agentrl.model import JudgeModel
+from agentrl.rl.ledger import group_tokens
 from agentrl.trajectory import RolloutException, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
@@ -234,7 +235,7 @@ async def ruler_score_group(  # noqa: C901 - over the limit when the rule came o
         if not swallow_exceptions:
             raise
         logger.warning("RULER failed for a group of %d; dropping the group: %s", len(group.trajectories), error)
-        failure = RolloutException.from_exception(error)
+        failure = RolloutException.from_exception(error, sampled_tokens=group_tokens([group]))  # for the ledger
         return group.with_results([], exceptions=[*group.exceptions, failure])
     scores_G = debiased_scores([(o, r.scores) for o, r in zip(orders, results)], size)
     explanations = results[0].explanations

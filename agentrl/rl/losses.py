@@ -229,6 +229,7 @@ class LossOutput:
     kl_sum: torch.Tensor  # scalar: summed KL penalty estimate over loss tokens (0 when off)
     num_token_masked: torch.Tensor  # scalar: loss tokens the token mismatch mask left out
     num_sequence_masked: torch.Tensor  # scalar: loss tokens the sequence mismatch mask left out
+    num_masked: torch.Tensor  # scalar: loss tokens either mask left out (the ledger's `masked`)
 
 
 def policy_loss(
@@ -284,4 +285,5 @@ def policy_loss(
         kl_sum=kl_sum,
         num_token_masked=masks.token_masked_BT.sum(),
         num_sequence_masked=masks.sequence_masked_BT.sum(),
+        num_masked=(masks.token_masked_BT | masks.sequence_masked_BT).sum(),
     )

@@ -23,6 +23,7 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.errors import TokenizationError
+from agentrl.rl.ledger import trajectory_tokens
 from agentrl.trajectory import History, TrajectoryGroup
 
 _PLACEHOLDER = "<<agentrl-sampled-turn-{}>>"
@@ -223,10 +224,12 @@ def tokenize_history(
 
 @dataclass(frozen=True)
 class TokenizedGroups:
-    """Training sequences for a step, and how many trajectories were skipped for lacking token data."""
+    """Training sequences for a step, and the trajectories skipped for lacking token data (and their
+    sampled tokens, where they carry any count of them: the ledger's `no_token_data`)."""
 
     sequences: list[TokenizedSequence]
     num_skipped_trajectories: int
+    num_skipped_tokens: int = 0
 
 
 def tokenize_groups(
@@ -238,7 +241,7 @@ def tokenize_groups(
 ) -> TokenizedGroups:
     """Every history with a sampled turn, of every trajectory, tagged with its advantage and group."""
     sequences: list[TokenizedSequence] = []
-    skipped = 0
+    skipped = skipped_tokens = 0
     for group_index, (group, advantages_G) in enumerate(zip(groups, advantages_P_G, strict=True)):
         for member, (trajectory, advantage) in enumerate(zip(group.trajectories, advantages_G, strict=True)):
             try:
@@ -251,9 +254,10 @@ def tokenize_groups(
                 if not allow_missing_logprobs:
                     raise TokenizationError(f"group {group_index}, trajectory {member}: {error}") from error
                 skipped += 1
+                skipped_tokens += trajectory_tokens(trajectory)
                 continue
             sequences += tokenized
-    return TokenizedGroups(sequences, skipped)
+    return TokenizedGroups(sequences, skipped, skipped_tokens)
 
 
 @dataclass(frozen=True)

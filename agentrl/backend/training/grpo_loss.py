@@ -26,6 +26,7 @@ SUM_NAMES = (
     "mismatch_over",
     "token_masked",
     "sequence_masked",
+    "masked",
 )
 """The running sums of a GRPO step, added up over micro-batches (and ranks) before they become metrics."""
 MAX_NAMES = ("mismatch_abs_max",)
@@ -78,6 +79,7 @@ class GRPOLoss:
         self.sums["mismatch_abs_max"] = torch.maximum(self.sums["mismatch_abs_max"], abs_gap_BT.max())
         self.sums["token_masked"] += out.num_token_masked
         self.sums["sequence_masked"] += out.num_sequence_masked
+        self.sums["masked"] += out.num_masked
         self.sums["clipped"] += out.num_clipped
         self.sums["kl_penalty"] += out.kl_sum
         self.sums["entropy"] += entropy_N.sum()

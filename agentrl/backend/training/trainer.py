@@ -45,6 +45,7 @@ from agentrl.backend.training.step_input import training_conditions
 from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import ConfigurationError
 from agentrl.rl.advantages import compute_group_advantages
+from agentrl.rl.ledger import group_tokens
 from agentrl.rl.losses import loss_denominator
 from agentrl.rl.tokenize import TokenBatch, TokenizedSequence, collate, tokenize_groups, tokenize_history
 from agentrl.trajectory import History, TrajectoryGroup, reward_stats
@@ -87,8 +88,7 @@ class Trainer:
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
         self.micro_batch_tokens = default_micro_batch_tokens(self.device)
-        """Tokens per micro-batch where the config leaves it open: the device's default, halved for good
-        each time a step runs out of GPU memory (`_within_memory`)."""
+        """Tokens per micro-batch unless the config sets them: halved for good at each GPU out-of-memory."""
 
     def add_adapter(self, name: str, lora: LoRAConfig) -> None:
         """A fresh adapter (the same for the same seed) with its own optimizer; `name` must suit a
@@ -183,6 +183,7 @@ class Trainer:
             "frac_zero_variance_groups": advantages.num_dropped_groups / max(len(groups), 1),
         }
         kept_groups = [groups[i] for i in advantages.kept_group_indices]
+        metrics["tokens_discarded_zero_variance"] = float(group_tokens(groups) - group_tokens(kept_groups))
         tokenized = tokenize_groups(
             kept_groups,
             advantages.advantages_P_G,
@@ -191,6 +192,7 @@ class Trainer:
         )
         sequences = tokenized.sequences
         metrics["num_skipped_trajectories"] = float(tokenized.num_skipped_trajectories)
+        metrics["tokens_discarded_no_token_data"] = float(tokenized.num_skipped_tokens)
         metrics["tokenize_s"] = time.perf_counter() - started
         if not sequences:
             return StepOutcome(updated=False, metrics=metrics)
@@ -219,6 +221,8 @@ class Trainer:
 
         metrics.update(loss_metrics(sums, num_loss_tokens))
         metrics.update(
+            tokens_discarded_masked=sums["masked"],
+            tokens_trained=num_loss_tokens - sums["masked"],
             trained_tokens=float(num_loss_tokens),
             total_tokens=float(sum(len(s) for s in sequences)),
             forward_tokens=float(plan.forward_tokens),

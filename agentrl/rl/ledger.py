@@ -1,0 +1,114 @@
+"""The token ledger: every token the sampler generated for a step, trained or discarded for a named
+reason. Pure, no I/O.
+
+A step's ledger counts completion tokens (what the sampler generated, the only tokens that can carry
+loss) and closes exactly: `tokens_sampled` = `tokens_trained` + the sum of the `tokens_discarded_*`
+below, and `tokens_unaccounted` says by how much it does not (0 unless there is a bug). The reasons, in the order a token can be lost:
+
+- `failed_rollout`: sampled by a rollout that then raised. The gateway tallies each rollout's tokens
+  under the id `gather_trajectory_groups` gives it (the `ROLLOUT_HEADER` the backend's client sends);
+  a failed rollout whose tally is unknown (sampled with a client that does not send the header) is
+  counted in `ledger_failed_rollouts_unknown`, its tokens in no row.
+- `judge_failure`: in a group the judge could not score (dropped whole).
+- `stale`: in a group `train_pipelined` dropped for being further off-policy than its bound.
+- `zero_variance`: in a group whose rewards were all equal (no advantage, no gradient).
+- `no_token_data`: in a trajectory skipped for lacking its sampled token ids
+  (`TrainConfig.allow_training_without_logprobs`).
+- `masked`: left out of the loss by a mismatch mask (`mismatch_token_mask` / `mismatch_sequence_mask`).
+
+Truncated turns (`finish_reason == "length"`) are trained, as in ART and TRL; the ledger does not
+discard them. A turn a rollout sampled but did not put in its trajectory is not visible to the trainer.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable, Iterable, Mapping
+
+from openai.types.chat.chat_completion import Choice
+
+from agentrl.errors import JudgeError
+from agentrl.trajectory import Trajectory, TrajectoryGroup
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_HEADER = "x-agentrl-rollout"
+"""Request header naming the rollout a completion was sampled for: the gateway tallies tokens under it."""
+
+current_rollout: contextvars.ContextVar[str | None] = contextvars.ContextVar("agentrl_rollout", default=None)
+"""The id of the rollout the running task belongs to (set by `gather_trajectory_groups`)."""
+
+REASONS = ("failed_rollout", "judge_failure", "stale", "zero_variance", "no_token_data", "masked")
+"""Why a sampled token was not trained; each is the metric `tokens_discarded_<reason>`."""
+
+
+def choice_tokens(choice: Choice) -> int:
+    """Completion tokens a sampled turn carries: its `token_ids`, else its logprob entries."""
+    token_ids = (choice.model_extra or {}).get("token_ids")
+    if isinstance(token_ids, list):
+        return len(token_ids)
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    return len(content or [])
+
+
+def trajectory_tokens(trajectory: Trajectory) -> int:
+    """Completion tokens of every sampled turn of a trajectory, all its conversations."""
+    return sum(choice_tokens(c) for history in trajectory.histories() for c in history.choices())
+
+
+def group_tokens(groups: Iterable[TrajectoryGroup]) -> int:
+    """Completion tokens of every trajectory of these groups."""
+    return sum(trajectory_tokens(t) for group in groups for t in group.trajectories)
+
+
+def judge_failure_tokens(groups: Iterable[TrajectoryGroup]) -> int:
+    """Tokens of the trajectories a judge failure dropped (recorded on its exception, see `ruler_score_group`)."""
+    return sum(e.sampled_tokens or 0 for group in groups for e in group.exceptions if e.type == JudgeError.__name__)
+
+
+def failed_rollout_ids(groups: Iterable[TrajectoryGroup]) -> list[str | None]:
+    """The rollout id of each failed rollout of these groups (None where it was not recorded)."""
+    return [e.rollout_id for group in groups for e in group.exceptions if e.type != JudgeError.__name__]
+
+
+def close_ledger(
+    sampled: int, trained: int, discarded: dict[str, int], *, failed_rollouts_unknown: int
+) -> dict[str, float]:
+    """The ledger's metrics. `sampled` is counted from the step's groups and the gateway's tallies,
+    `trained` from the trainer's loss mask: two independent counts, so `tokens_unaccounted` (sampled
+    less trained less every discard) is 0 when every token is accounted for, and anything else is a
+    bug to report. Every reason is named, zeros included, so a plotted series never goes missing."""
+    unknown = sorted(set(discarded) - set(REASONS))
+    if unknown:
+        raise ValueError(f"unknown discard reasons {unknown}; the reasons are {REASONS}")
+    rows = {f"tokens_discarded_{reason}": float(discarded.get(reason, 0)) for reason in REASONS}
+    return {
+        "tokens_sampled": float(sampled),
+        "tokens_trained": float(trained),
+        **rows,
+        "tokens_unaccounted": float(sampled - trained - sum(discarded.values())),
+        "ledger_failed_rollouts_unknown": float(failed_rollouts_unknown),
+    }
+
+
+def step_ledger(
+    groups: list[TrajectoryGroup], metrics: Mapping[str, float], rollout_tokens: Callable[[str], int | None]
+) -> dict[str, float]:
+    """The ledger of a step given `groups`: the trainer's rows and the stale row from `metrics` (what the
+    trainer and `train_pipelined` reported), failed rollouts from the gateway's tallies (`rollout_tokens`)."""
+    tallies = [rollout_tokens(i) if i is not None else None for i in failed_rollout_ids(groups)]
+    judged_out, stale = judge_failure_tokens(groups), int(metrics.get("tokens_discarded_stale", 0))
+    failed = sum(t for t in tallies if t is not None)
+    discarded = {
+        "failed_rollout": failed,
+        "judge_failure": judged_out,
+        "stale": stale,
+        **{r: int(metrics.get(f"tokens_discarded_{r}", 0)) for r in ("zero_variance", "no_token_data", "masked")},
+    }
+    sampled = group_tokens(groups) + failed + judged_out + stale
+    unknown = sum(t is None for t in tallies)
+    ledger = close_ledger(sampled, int(metrics.get("tokens_trained", 0)), discarded, failed_rollouts_unknown=unknown)
+    if ledger["tokens_unaccounted"]:
+        logger.warning("the token ledger does not close: %s (please report this)", ledger)
+    return ledger
