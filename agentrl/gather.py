@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from agentrl.errors import ConfigurationError, RolloutError
 from agentrl.rl.ledger import current_rollout
+from agentrl.timeline import rollout_span, span
 from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup, reward_stats, rollout_trajectories
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,8 @@ async def _run_rollouts(
         rollout_id = uuid.uuid4().hex
         current_rollout.set(rollout_id)  # this task's own context: the backend's client sends it along
         try:
-            trajectories = rollout_trajectories(await rollout, where)
+            with rollout_span(where):
+                trajectories = rollout_trajectories(await rollout, where)
         except Exception as error:  # noqa: BLE001 - a rollout's failure is data, judged by the budget
             logger.warning("rollout failed: %s: %s", type(error).__name__, error)
             progress.update(None)
@@ -129,7 +131,10 @@ async def _run_rollouts(
                 *(RolloutException.from_exception(r[0], rollout_id=r[1]) for r in results if isinstance(r, tuple)),
             ],
         )
-        return resolved if after_each is None else await after_each(resolved)
+        if after_each is None:
+            return resolved
+        with span("after each (judge)", "judge", group=label):
+            return await after_each(resolved)
 
     tasks = [asyncio.ensure_future(run_group(i, g)) for i, g in enumerate(groups)]
     try:

@@ -222,13 +222,15 @@ def test_demonstrations_that_start_alike_train_as_they_would_unshared(tiny_train
     the same loss and gradients as each computed whole, for fewer tokens."""
     histories = multi_turn_groups(tokenizer)[0].trajectories
     captured = []
-    apply_gradients = tiny_trainer._apply_gradients
+    from agentrl.backend.training import trainer as trainer_module
 
-    def capture(adapter, max_norm, *, loss):
+    apply_gradients = trainer_module.apply_gradients
+
+    def capture(adapter, max_norm, *, loss, sharded):
         captured.append([p.grad.detach().clone() for p in adapter.parameters])
-        return apply_gradients(adapter, max_norm, loss=loss)
+        return apply_gradients(adapter, max_norm, loss=loss, sharded=sharded)
 
-    monkeypatch.setattr(tiny_trainer, "_apply_gradients", capture)
+    monkeypatch.setattr(trainer_module, "apply_gradients", capture)
     outcomes = [  # learning rate 0: the second step starts from the first one's weights
         tiny_trainer.sft_step("default", histories, learning_rate=0.0, micro_batch_tokens=None, shared_prefix=shared)
         for shared in (False, None)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.errors import BackendBrokenError, CheckpointError, ServerError
 from agentrl.model import TrainResult, served_name
+from agentrl.timeline import append_timeline, recorder, span
 from agentrl.tracking import record_step, summarize, with_art_names
 
 if TYPE_CHECKING:
@@ -44,10 +45,17 @@ class TrainerThread:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-trainer")
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        """`fn(*args, **kwargs)` on the thread, as a span of the run's timeline (track "trainer")."""
+        call = functools.partial(_spanned, getattr(fn, "__name__", "trainer call"), fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False)
+
+
+def _spanned(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    with span(name, "trainer"):
+        return fn(*args, **kwargs)
 
 
 class AdapterServer(Protocol):
@@ -161,7 +169,8 @@ class ModelSession:
         load it); returns the seconds it took."""
         started = time.perf_counter()
         try:
-            await self.server.load_adapter(self.served_name(new_step), self.store.path(new_step))
+            with span("swap", "server", step=new_step):
+                await self.server.load_adapter(self.served_name(new_step), self.store.path(new_step))
         except Exception as error:
             why = f"the server could not load checkpoint {new_step} ({type(error).__name__}: {error})"
             aside = self.store.move_aside(new_step, why)
@@ -211,6 +220,7 @@ class ModelSession:
                 named.setdefault(key, value)
         record = named if skipped is None else {"skipped": skipped, **named}
         await asyncio.to_thread(record_step, self.model.run_dir, step, split, groups, record)
+        await asyncio.to_thread(append_timeline, self.model.run_dir, recorder.take())
         if self.wandb is not None:
             await asyncio.to_thread(self.wandb.log, step, split, record)
 

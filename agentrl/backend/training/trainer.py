@@ -48,6 +48,7 @@ from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.ledger import group_tokens
 from agentrl.rl.losses import loss_denominator
 from agentrl.rl.tokenize import TokenBatch, TokenizedSequence, collate, tokenize_groups, tokenize_history
+from agentrl.timeline import span
 from agentrl.trajectory import History, TrajectoryGroup, reward_stats
 
 _Passes = TypeVar("_Passes")
@@ -217,7 +218,7 @@ class Trainer:
         metrics.update(sum_across_ranks(adapter, sums_on_device, self.world_size, maxima=MAX_NAMES))
         sums = read_sums(sums_on_device)
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
-        grad_norm = self._apply_gradients(adapter, max_norm, loss=sums["loss"])
+        grad_norm = apply_gradients(adapter, max_norm, loss=sums["loss"], sharded=self.sharded)
 
         metrics.update(loss_metrics(sums, num_loss_tokens))
         metrics.update(
@@ -265,9 +266,6 @@ class Trainer:
             hidden_BTH = decoder(input_ids=batch.input_ids_BT).last_hidden_state
         (hidden_BTH.float().sum() * 0.0).backward()
 
-    def _apply_gradients(self, adapter: Adapter, max_norm: float, *, loss: float) -> float:
-        return apply_gradients(adapter, max_norm, loss=loss, sharded=self.sharded)
-
     def _within_memory(self, adapter: Adapter, requested: int | None, passes: Callable[[int], _Passes]) -> _Passes:
         """`passes` at the config's micro-batch size, or at the trainer's default, halved for good where a
         step outgrows the GPU (see `memory`)."""
@@ -306,13 +304,14 @@ class Trainer:
                 continue
             batch, packed = collate_rows(sequences, rows, plan.packed, self.pad_token_id, self.device)
             ref_logprobs_BT = None
-            with self._autocast():
-                if with_reference:
-                    with torch.no_grad(), self.model.disable_adapter():
-                        ref_logprobs_BT, _ = token_logprobs(self.model, batch, packed)
-                logprobs_BT, entropy_N = token_logprobs(self.model, batch, packed)
-            loss = micro_batch_loss(batch, logprobs_BT, entropy_N, ref_logprobs_BT)
-            torch.autograd.backward(loss)
+            with span(f"{desc}: micro-batch", "trainer", tokens=batch.input_ids_BT.numel()):
+                with self._autocast():
+                    if with_reference:
+                        with torch.no_grad(), self.model.disable_adapter():
+                            ref_logprobs_BT, _ = token_logprobs(self.model, batch, packed)
+                    logprobs_BT, entropy_N = token_logprobs(self.model, batch, packed)
+                loss = micro_batch_loss(batch, logprobs_BT, entropy_N, ref_logprobs_BT)
+                torch.autograd.backward(loss)
             loss_sum += loss.detach()
             if not bar.disable and self.device.type != "meta":  # a meta device has no values to show
                 bar.set_postfix(loss=f"{loss_sum.item():.4f}", refresh=False)
@@ -371,7 +370,7 @@ class Trainer:
         sums = {"nll": nll_sum}
         sum_across_ranks(adapter, sums, self.world_size)
         total_nll = float(sums["nll"])
-        grad_norm = self._apply_gradients(adapter, 1.0, loss=total_nll)
+        grad_norm = apply_gradients(adapter, 1.0, loss=total_nll, sharded=self.sharded)
         return StepOutcome(
             updated=True,
             metrics={

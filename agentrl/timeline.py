@@ -1,0 +1,167 @@
+"""A run's timeline: what each step spent its time on, as a trace for Perfetto's viewer (ui.perfetto.dev)
+or chrome://tracing: `timeline.json` in the run folder.
+
+Spans are recorded where the work happens (each rollout on the track of the slot it ran in, each
+group's judging, the trainer's tokenizing and micro-batches, the checkpoint's save and the server's
+swap) into one recorder per process, and a step's commit appends what was recorded since the last
+one to the run's file. The file is the Trace Event Format's JSON array form, one event per line and
+never closed, which both viewers read as it is: a step only appends, so a crash loses at most the
+spans of the step it interrupted, and a torn last line is cut off before the next append.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import json
+import os
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TIMELINE_FILE = "timeline.json"
+PROCESS_ID = 1
+"""Every span is on one process row; its tracks are the rows under it."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """One phase of work on one track, in wall-clock seconds (`time.time()`)."""
+
+    name: str
+    track: str
+    start_s: float
+    end_s: float
+    args: dict[str, float | str] = field(default_factory=dict)
+
+
+class Recorder:
+    """The spans recorded in this process since they were last taken, the newest `max_spans` of them (a
+    trainer used without a run, as in a benchmark, never has them taken); thread-safe (the trainer's
+    thread records beside the caller's loop)."""
+
+    def __init__(self, max_spans: int = 100_000) -> None:
+        self._spans: deque[Span] = deque(maxlen=max_spans)
+        self._lock = threading.Lock()
+
+    def add(self, span: Span) -> None:
+        with self._lock:
+            self._spans.append(span)
+
+    def take(self) -> list[Span]:
+        """The spans recorded so far, which are then forgotten here."""
+        with self._lock:
+            spans = list(self._spans)
+            self._spans.clear()
+        return spans
+
+
+recorder = Recorder()
+
+
+@contextlib.contextmanager
+def span(name: str, track: str, **args: float | str) -> Iterator[None]:
+    """Record the `with` block as a span named `name` on `track` (recorded even if the block raises)."""
+    started = time.time()
+    try:
+        yield
+    finally:
+        recorder.add(Span(name, track, started, time.time(), dict(args)))
+
+
+class _Slots:
+    """The rollout tracks: a rollout takes the lowest free one, so the spans on a track never overlap
+    (the format's rule) and the number of tracks is the most rollouts that ran at once."""
+
+    def __init__(self) -> None:
+        self._free: list[int] = []
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            if self._free:
+                return heapq.heappop(self._free)
+            self._next += 1
+            return self._next - 1
+
+    def give_back(self, slot: int) -> None:
+        with self._lock:
+            heapq.heappush(self._free, slot)
+
+
+_rollout_slots = _Slots()
+
+
+@contextlib.contextmanager
+def rollout_span(where: str) -> Iterator[None]:
+    """Record a rollout as a span on the lowest free "rollouts NNN" track."""
+    slot = _rollout_slots.take()
+    try:
+        with span("rollout", f"rollouts {slot:03d}", where=where):
+            yield
+    finally:
+        _rollout_slots.give_back(slot)
+
+
+def track_id(track: str) -> int:
+    """A track's row number: the same for the same name in every process and step, so the rows of one
+    track line up across appends."""
+    return zlib.crc32(track.encode()) % 1_000_000 + 1
+
+
+def trace_events(spans: list[Span]) -> list[dict[str, object]]:
+    """Complete ("X") events in microseconds, preceded by each track's name as metadata."""
+    events: list[dict[str, object]] = []
+    for track in sorted({s.track for s in spans}):
+        events.append(
+            {"ph": "M", "name": "thread_name", "pid": PROCESS_ID, "tid": track_id(track), "args": {"name": track}}
+        )
+    for s in spans:
+        start_us = round(s.start_s * 1e6)  # both ends rounded alike, so a span nested in another stays inside it
+        events.append(
+            {
+                "ph": "X",
+                "name": s.name,
+                "cat": s.track.split(" ", 1)[0],
+                "pid": PROCESS_ID,
+                "tid": track_id(s.track),
+                "ts": start_us,
+                "dur": round(s.end_s * 1e6) - start_us,
+                "args": s.args,
+            }
+        )
+    return events
+
+
+def append_timeline(run_dir: Path, spans: list[Span]) -> None:
+    """Append `spans` to the run's timeline file (created with the array's opening bracket), after cutting
+    off a last line a crash left torn."""
+    if not spans:
+        return
+    path = Path(run_dir) / TIMELINE_FILE
+    lines = "".join(json.dumps(event, separators=(",", ":")) + ",\n" for event in trace_events(spans))
+    with open(path, "a+b") as file:
+        size = file.seek(0, os.SEEK_END)
+        if size == 0:
+            file.write(b"[\n")
+        else:
+            file.seek(max(size - 4096, 0))
+            tail = file.read()
+            if not tail.endswith(b"\n"):  # torn by a crash mid-write: cut back to the last whole line
+                file.truncate(size - (len(tail) - tail.rfind(b"\n") - 1))
+                file.seek(0, os.SEEK_END)
+        file.write(lines.encode())
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def read_timeline(path: Path) -> list[dict[str, object]]:
+    """The events of a timeline file (the array closed for a strict JSON reader)."""
+    text = Path(path).read_text().rstrip().rstrip(",")
+    events: list[dict[str, object]] = json.loads(text + "]")
+    return events
