@@ -13,6 +13,9 @@ from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.errors import ConfigurationError
 from agentrl.tracking import read_metrics
 
+COMPARED = ("loss", "kl_sampler_trainer", "grad_norm", "update_norm")
+"""What a what-if run is compared with its original on, step by step (`agentrl whatif`, `agentrl show --against`)."""
+
 
 @dataclass(frozen=True)
 class RunInfo:
@@ -26,6 +29,10 @@ class RunInfo:
     def label(self) -> str:
         """PROJECT/NAME."""
         return f"{self.path.parent.name}/{self.path.name}"
+
+    def trained_steps(self) -> dict[int, dict[str, Any]]:
+        """The metrics of each train step that updated the adapter, by step."""
+        return {m["step"]: m for m in self.metrics if m.get("split") == "train" and not m.get("skipped")}
 
     def best(self, split: str) -> float | None:
         """The highest mean reward recorded for `split` (None when none was)."""

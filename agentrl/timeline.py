@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 TIMELINE_FILE = "timeline.json"
 PROCESS_ID = 1
@@ -160,8 +161,51 @@ def append_timeline(run_dir: Path, spans: list[Span]) -> None:
         os.fsync(file.fileno())
 
 
-def read_timeline(path: Path) -> list[dict[str, object]]:
+def read_timeline(path: Path) -> list[dict[str, Any]]:
     """The events of a timeline file (the array closed for a strict JSON reader)."""
     text = Path(path).read_text().rstrip().rstrip(",")
-    events: list[dict[str, object]] = json.loads(text + "]")
+    events: list[dict[str, Any]] = json.loads(text + "]")
     return events
+
+
+def plot_timeline(path: Path, out: Path, *, last_s: float | None = None) -> Path:
+    """Draw a timeline file as a PNG, a row per track (the trainer and server on top, then judging and
+    the rollout tracks), the last `last_s` seconds of it (None: all); for a README or a report, where a
+    viewer is not at hand."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    events = read_timeline(path)
+    names = {e["tid"]: str(e["args"]["name"]) for e in events if e["ph"] == "M"}
+    spans = [e for e in events if e["ph"] == "X"]
+    if not spans:
+        raise ValueError(f"{path} holds no spans to draw")
+    end_us = max(int(e["ts"]) + int(e["dur"]) for e in spans)
+    start_us = min(int(e["ts"]) for e in spans) if last_s is None else end_us - last_s * 1e6
+    order = {"trainer": 0, "server": 1, "judge": 2}
+    tracks = sorted({names[e["tid"]] for e in spans}, key=lambda t: (order.get(t, 3), t))
+    colours = {"rollout": "tab:blue", "train_step": "tab:orange", "save": "tab:green", "swap": "tab:red"}
+    figure, axes = plt.subplots(figsize=(10, 0.25 * len(tracks) + 1.5))
+    for row, track in enumerate(tracks):
+        bars = [
+            ((int(e["ts"]) - start_us) / 1e6, int(e["dur"]) / 1e6, str(e["name"]))
+            for e in spans
+            if names[e["tid"]] == track and int(e["ts"]) + int(e["dur"]) >= start_us
+        ]
+        for name in sorted({b[2] for b in bars}, key=lambda n: "micro-batch" in n):  # nested spans drawn on top
+            colour = colours.get(name, "tab:purple" if "micro-batch" in name else "tab:gray")
+            axes.broken_barh([(b[0], b[1]) for b in bars if b[2] == name], (row - 0.4, 0.8), color=colour)
+    axes.set_yticks(range(len(tracks)), tracks, fontsize=6)
+    axes.invert_yaxis()
+    axes.set_xlim(0, (end_us - start_us) / 1e6)
+    axes.set_xlabel("seconds")
+    axes.set_title(
+        f"{Path(path).parent.name}: timeline (blue rollouts, orange train_step with purple micro-batches, green save, red swap)",
+        fontsize=8,
+    )
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+    return Path(out)

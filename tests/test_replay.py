@@ -113,6 +113,13 @@ async def test_whatif_with_the_same_config_repeats_the_steps_and_with_another_lo
     assert [row[-1] for row in rows] == ["no", "no"]  # other bytes than the original steps
     assert replay_step(other, 3).identical  # the what-if run is a run like any other: its steps replay
 
+    compared = runner.invoke(app, ["show", str(model.run_dir), "--against", str(other)])
+    assert compared.exit_code == 0, compared.output
+    rows = [line.split() for line in compared.output.splitlines() if line.strip().startswith(("2 ", "3 "))]
+    losses = [{m["step"]: f"{m['loss']:.4g}" for m in read_metrics(run)} for run in (model.run_dir, other)]
+    assert [(row[4], row[6]) for row in rows] == [(losses[0][s], losses[1][s]) for s in (2, 3)]  # step 1: original only
+    assert all(row[4] != row[6] for row in rows)
+
     for args, message in [
         (["--from", "2", "--name", "gspo"], "already holds a run"),
         (["--from", "2", "--set", "learning_rate=-1", "--name", "bad"], "not a valid TrainConfig"),

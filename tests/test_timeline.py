@@ -4,8 +4,9 @@ micro-batches, the checkpoint and the swap, through the real step transaction on
 import asyncio
 
 import agentrl
+from agentrl.cli import app
 from agentrl.timeline import TIMELINE_FILE, Span, append_timeline, read_timeline, recorder
-from tests.helpers import model_on_a_server_seam, synthetic_groups
+from tests.helpers import model_on_a_server_seam, runner, synthetic_groups
 
 
 class AdapterSlots:
@@ -71,6 +72,10 @@ async def test_each_step_appends_its_phases_to_a_trace_a_viewer_reads(tiny_model
     for mb in micro_batches:  # nested in its step, on the same track
         assert any(s["ts"] <= mb["ts"] and mb["ts"] + mb["dur"] <= s["ts"] + s["dur"] for s in steps)
     assert [e["args"]["step"] for e in tracks["server"] if e["name"] == "swap"] == [1, 2]
+
+    drawn = runner.invoke(app, ["timeline", str(model.run_dir)])
+    assert drawn.exit_code == 0, drawn.output
+    assert (model.run_dir / "timeline.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_line_a_crash_tore_is_cut_off_before_the_next_append(tmp_path):

@@ -17,7 +17,8 @@ from agentrl.files import check_safe_name
 from agentrl.model import served_name
 from agentrl.rl.ledger import REASONS
 from agentrl.run_folder import DEFAULT_BASE_PATH
-from agentrl.runs import find_runs
+from agentrl.runs import COMPARED, RunInfo, find_runs
+from agentrl.timeline import TIMELINE_FILE, plot_timeline
 
 
 @app.command()
@@ -38,10 +39,14 @@ def runs(base_path: str = typer.Option(DEFAULT_BASE_PATH, help="root folder of r
 @app.command()
 def show(
     run: str = typer.Argument(..., help="PROJECT/NAME or a run folder"),
+    against: str | None = typer.Option(None, help="another run (a what-if of this one): its steps side by side"),
     base_path: str = typer.Option(DEFAULT_BASE_PATH),
 ) -> None:
     """A run's reward per step and split, and where its transcripts and reward plot are."""
     info = resolve_run_option(run, base_path)
+    if against is not None:
+        echo_comparison(info, resolve_run_option(against, base_path))
+        return
     typer.echo(f"run {info.label}: checkpoints {info.steps or 'none'}")
     audited = any("judge_flip_rate" in m for m in info.metrics)  # the judge audit's columns, when it ran
     judge_header = f" {'flips':>6} {'1st':>5} {'tau':>6}" if audited else ""
@@ -92,6 +97,37 @@ def replay(
         raise SystemExit(1)
 
 
+@app.command()
+def timeline(
+    run: str = typer.Argument(..., help="PROJECT/NAME or a run folder"),
+    last: float | None = typer.Option(None, help="draw only the last SECONDS of the run"),
+    out: str | None = typer.Option(None, help="the PNG to write (default: timeline.png in the run folder)"),
+    base_path: str = typer.Option(DEFAULT_BASE_PATH),
+) -> None:
+    """Draw a run's timeline.json as a PNG (open the JSON itself in ui.perfetto.dev to explore it)."""
+    info = resolve_run_option(run, base_path)
+    trace = info.path / TIMELINE_FILE
+    if not trace.exists():
+        raise typer.BadParameter(f"{trace} does not exist: a run records its timeline from its first step on")
+    typer.echo(
+        f"timeline plot: {plot_timeline(trace, Path(out) if out else info.path / 'timeline.png', last_s=last).resolve()}"
+    )
+
+
+def echo_comparison(info: RunInfo, other: RunInfo) -> None:
+    """The train steps two runs share, metric by metric (`COMPARED` and the reward): this -> other."""
+    mine, theirs = info.trained_steps(), other.trained_steps()
+    common = sorted(set(mine) & set(theirs))
+    if not common:
+        raise typer.BadParameter(f"{info.label} and {other.label} share no trained step to compare")
+    typer.echo(f"{info.label} -> {other.label}, the {len(common)} train steps both have")
+    names = ("reward_mean", *COMPARED)
+    typer.echo(f"{'step':>5} " + " ".join(f"{name:>29}" for name in names))
+    for step in common:
+        cells = [f"{general(mine[step].get(k)):>12} -> {general(theirs[step].get(k)):<12}" for k in names]
+        typer.echo(f"{step:>5} " + " ".join(cells))
+
+
 def ledger_line(steps: list[dict[str, Any]]) -> str:
     """The token ledger summed over steps: sampled = trained + each reason for a discard (see `rl.ledger`)."""
     total = {name: sum(m.get(name) or 0.0 for m in steps) for name in ("tokens_sampled", "tokens_trained")}
@@ -136,7 +172,7 @@ def whatif(
     base_path: str = typer.Option(DEFAULT_BASE_PATH),
 ) -> None:
     """Train recorded steps again under another TrainConfig, without sampling or judging, into a new run."""
-    from agentrl.backend.training.whatif import COMPARED, what_if
+    from agentrl.backend.training.whatif import what_if
 
     info = resolve_run_option(run, base_path)
     changes = parse_settings(settings or []) | ({"loss": loss} if loss else {})

@@ -32,9 +32,9 @@ from agentrl.backend.training.replay import (
 from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.config import TrainConfig
 from agentrl.errors import CheckpointError, ConfigurationError
+from agentrl.runs import COMPARED
 from agentrl.tracking import append_metrics
 
-COMPARED = ("loss", "kl_sampler_trainer", "grad_norm", "update_norm")
 """The metrics each what-if step is compared on, beside the original step's."""
 
 
