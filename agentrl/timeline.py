@@ -168,10 +168,10 @@ def read_timeline(path: Path) -> list[dict[str, Any]]:
     return events
 
 
-def plot_timeline(path: Path, out: Path, *, last_s: float | None = None) -> Path:
-    """Draw a timeline file as a PNG, a row per track (the trainer and server on top, then judging and
-    the rollout tracks), the last `last_s` seconds of it (None: all); for a README or a report, where a
-    viewer is not at hand."""
+def plot_timeline(path: Path, out: Path, *, start_s: float = 0.0, seconds: float | None = None) -> Path:
+    """Draw a timeline file as a PNG, for a README or a report where a viewer is not at hand: the trainer,
+    server and judge tracks as bars, and below them how many rollouts were in flight. `start_s` and
+    `seconds` choose the window, in seconds from the first span (default: all of it)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
@@ -179,32 +179,45 @@ def plot_timeline(path: Path, out: Path, *, last_s: float | None = None) -> Path
 
     events = read_timeline(path)
     names = {e["tid"]: str(e["args"]["name"]) for e in events if e["ph"] == "M"}
-    spans = [e for e in events if e["ph"] == "X"]
+    spans = [
+        (names[e["tid"]], str(e["name"]), e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in events if e["ph"] == "X"
+    ]
     if not spans:
         raise ValueError(f"{path} holds no spans to draw")
-    end_us = max(int(e["ts"]) + int(e["dur"]) for e in spans)
-    start_us = min(int(e["ts"]) for e in spans) if last_s is None else end_us - last_s * 1e6
-    order = {"trainer": 0, "server": 1, "judge": 2}
-    tracks = sorted({names[e["tid"]] for e in spans}, key=lambda t: (order.get(t, 3), t))
-    colours = {"rollout": "tab:blue", "train_step": "tab:orange", "save": "tab:green", "swap": "tab:red"}
-    figure, axes = plt.subplots(figsize=(10, 0.25 * len(tracks) + 1.5))
-    for row, track in enumerate(tracks):
-        bars = [
-            ((int(e["ts"]) - start_us) / 1e6, int(e["dur"]) / 1e6, str(e["name"]))
-            for e in spans
-            if names[e["tid"]] == track and int(e["ts"]) + int(e["dur"]) >= start_us
-        ]
-        for name in sorted({b[2] for b in bars}, key=lambda n: "micro-batch" in n):  # nested spans drawn on top
-            colour = colours.get(name, "tab:purple" if "micro-batch" in name else "tab:gray")
-            axes.broken_barh([(b[0], b[1]) for b in bars if b[2] == name], (row - 0.4, 0.8), color=colour)
-    axes.set_yticks(range(len(tracks)), tracks, fontsize=6)
-    axes.invert_yaxis()
-    axes.set_xlim(0, (end_us - start_us) / 1e6)
-    axes.set_xlabel("seconds")
-    axes.set_title(
-        f"{Path(path).parent.name}: timeline (blue rollouts, orange train_step with purple micro-batches, green save, red swap)",
-        fontsize=8,
+    origin = min(s[2] for s in spans) + start_s
+    end = max(s[3] for s in spans) if seconds is None else origin + seconds
+    spans = [(t, n, a - origin, b - origin) for t, n, a, b in spans if b >= origin and a <= end]
+    rows = sorted(
+        {t for t, *_ in spans if not t.startswith("rollouts ")},
+        key=lambda t: ("trainer", "server").index(t) if t in ("trainer", "server") else 2,
     )
+    colours = {"train_step": "tab:orange", "save": "tab:green", "swap": "tab:red", "load": "tab:olive"}
+    figure, (bars, flight) = plt.subplots(2, 1, sharex=True, figsize=(10, 4), height_ratios=(1, 2))
+    for row, track in enumerate(rows):
+        named = sorted({n for t, n, *_ in spans if t == track}, key=lambda n: "micro-batch" in n)  # nested on top
+        for name in named:
+            colour = colours.get(name, "tab:purple" if "micro-batch" in name else "tab:gray")
+            extents = [(a, b - a) for t, n, a, b in spans if t == track and n == name]
+            bars.broken_barh(
+                extents, (row - 0.4, 0.8), color=colour, label=name if row == 0 or track != "trainer" else None
+            )
+    bars.set_yticks(range(len(rows)), rows)
+    bars.invert_yaxis()
+    bars.legend(fontsize="x-small", loc="upper right", ncol=3)
+    changes = sorted(
+        [(a, 1) for t, _, a, _ in spans if t.startswith("rollouts ")]
+        + [(b, -1) for t, _, _, b in spans if t.startswith("rollouts ")]
+    )
+    times, counts, running = [0.0], [0], 0
+    for moment, change in changes:
+        running += change
+        times.append(max(moment, 0.0))
+        counts.append(running)
+    flight.step(times, counts, where="post")
+    flight.set_ylabel("rollouts in flight")
+    flight.set_xlabel("seconds")
+    flight.set_xlim(0, end - origin)
+    bars.set_title(f"{Path(path).parent.name}: timeline", fontsize=9)
     figure.tight_layout()
     figure.savefig(out, dpi=120)
     plt.close(figure)

@@ -100,7 +100,8 @@ def replay(
 @app.command()
 def timeline(
     run: str = typer.Argument(..., help="PROJECT/NAME or a run folder"),
-    last: float | None = typer.Option(None, help="draw only the last SECONDS of the run"),
+    start: float = typer.Option(0.0, help="where the drawing starts, in seconds from the run's first span"),
+    seconds: float | None = typer.Option(None, help="how many seconds to draw (default: to the end)"),
     out: str | None = typer.Option(None, help="the PNG to write (default: timeline.png in the run folder)"),
     base_path: str = typer.Option(DEFAULT_BASE_PATH),
 ) -> None:
@@ -110,7 +111,7 @@ def timeline(
     if not trace.exists():
         raise typer.BadParameter(f"{trace} does not exist: a run records its timeline from its first step on")
     typer.echo(
-        f"timeline plot: {plot_timeline(trace, Path(out) if out else info.path / 'timeline.png', last_s=last).resolve()}"
+        f"timeline plot: {plot_timeline(trace, Path(out) if out else info.path / 'timeline.png', start_s=start, seconds=seconds).resolve()}"
     )
 
 
