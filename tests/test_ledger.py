@@ -64,6 +64,7 @@ def test_a_steps_ledger_closes_with_every_reason_counted():
                 agentrl.RolloutException.from_exception(failed, rollout_id="r-known"),
                 agentrl.RolloutException.from_exception(failed, rollout_id="r-gone"),
                 agentrl.RolloutException.from_exception(failed),  # sampled by another client: no id
+                agentrl.RolloutException.from_exception(judged_out, rollout_id="r-rubric"),  # its rubric judge raised
             ],
         ),
         agentrl.TrajectoryGroup([answered(5), answered(6)]),  # 11 tokens, all rewards equal
@@ -76,10 +77,10 @@ def test_a_steps_ledger_closes_with_every_reason_counted():
         "tokens_discarded_masked": 2.0,
         "tokens_trained": 7.0,
     }
-    tallies = {"r-known": 4}
+    tallies = {"r-known": 4, "r-rubric": 3}
     ledger = step_ledger(groups, trainer, tallies.get)
-    assert ledger["tokens_sampled"] == 9 + 11 + 4 + 7 + 13
-    assert ledger["tokens_discarded_failed_rollout"] == 4 and ledger["tokens_discarded_judge_failure"] == 7
+    assert ledger["tokens_sampled"] == 9 + 11 + 4 + (7 + 3) + 13
+    assert ledger["tokens_discarded_failed_rollout"] == 4 and ledger["tokens_discarded_judge_failure"] == 7 + 3
     assert ledger["ledger_failed_rollouts_unknown"] == 2  # "r-gone" and the one without an id
     assert ledger["tokens_unaccounted"] == 0
     assert ledger["tokens_sampled"] == ledger["tokens_trained"] + sum(ledger[f"tokens_discarded_{r}"] for r in REASONS)

@@ -9,7 +9,8 @@ below, and `tokens_unaccounted` says by how much it does not (0 unless there is 
   under the id `gather_trajectory_groups` gives it (the `ROLLOUT_HEADER` the backend's client sends);
   a failed rollout whose tally is unknown (sampled with a client that does not send the header) is
   counted in `ledger_failed_rollouts_unknown`, its tokens in no row.
-- `judge_failure`: in a group the judge could not score (dropped whole).
+- `judge_failure`: in a group RULER could not score (dropped whole), or a rollout whose rubric judge
+  raised.
 - `stale`: in a group `train_pipelined` dropped for being further off-policy than its bound.
 - `zero_variance`: in a group whose rewards were all equal (no advantage, no gradient).
 - `no_token_data`: in a trajectory skipped for lacking its sampled token ids
@@ -62,14 +63,24 @@ def group_tokens(groups: Iterable[TrajectoryGroup]) -> int:
     return sum(trajectory_tokens(t) for group in groups for t in group.trajectories)
 
 
-def judge_failure_tokens(groups: Iterable[TrajectoryGroup]) -> int:
-    """Tokens of the trajectories a judge failure dropped (recorded on its exception, see `ruler_score_group`)."""
-    return sum(e.sampled_tokens or 0 for group in groups for e in group.exceptions if e.type == JudgeError.__name__)
-
-
-def failed_rollout_ids(groups: Iterable[TrajectoryGroup]) -> list[str | None]:
-    """The rollout id of each failed rollout of these groups (None where it was not recorded)."""
-    return [e.rollout_id for group in groups for e in group.exceptions if e.type != JudgeError.__name__]
+def failure_tokens(
+    groups: Iterable[TrajectoryGroup], rollout_tokens: Callable[[str], int | None]
+) -> tuple[dict[str, int], int]:
+    """Tokens the groups' failures discarded, as `failed_rollout` and `judge_failure`, and how many failures
+    are of unknown size. A rollout that raised (a rubric judge's `JudgeError` counts as a judge failure)
+    is sized by the gateway's tally under its rollout id; a group RULER could not score, by the tokens it
+    dropped (`RolloutException.sampled_tokens`)."""
+    discarded, unknown = {"failed_rollout": 0, "judge_failure": 0}, 0
+    for exception in (e for group in groups for e in group.exceptions):
+        reason = "judge_failure" if exception.type == JudgeError.__name__ else "failed_rollout"
+        tokens = exception.sampled_tokens
+        if tokens is None and exception.rollout_id is not None:
+            tokens = rollout_tokens(exception.rollout_id)
+        if tokens is None:
+            unknown += 1
+        else:
+            discarded[reason] += tokens
+    return discarded, unknown
 
 
 def close_ledger(
@@ -97,17 +108,14 @@ def step_ledger(
 ) -> dict[str, float]:
     """The ledger of a step given `groups`: the trainer's rows and the stale row from `metrics` (what the
     trainer and `train_pipelined` reported), failed rollouts from the gateway's tallies (`rollout_tokens`)."""
-    tallies = [rollout_tokens(i) if i is not None else None for i in failed_rollout_ids(groups)]
-    judged_out, stale = judge_failure_tokens(groups), int(metrics.get("tokens_discarded_stale", 0))
-    failed = sum(t for t in tallies if t is not None)
+    failures, unknown = failure_tokens(groups, rollout_tokens)
+    stale = int(metrics.get("tokens_discarded_stale", 0))
     discarded = {
-        "failed_rollout": failed,
-        "judge_failure": judged_out,
+        **failures,
         "stale": stale,
         **{r: int(metrics.get(f"tokens_discarded_{r}", 0)) for r in ("zero_variance", "no_token_data", "masked")},
     }
-    sampled = group_tokens(groups) + failed + judged_out + stale
-    unknown = sum(t is None for t in tallies)
+    sampled = group_tokens(groups) + sum(failures.values()) + stale
     ledger = close_ledger(sampled, int(metrics.get("tokens_trained", 0)), discarded, failed_rollouts_unknown=unknown)
     if ledger["tokens_unaccounted"]:
         logger.warning("the token ledger does not close: %s (please report this)", ledger)
