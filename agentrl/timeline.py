@@ -2,8 +2,8 @@
 or chrome://tracing: `timeline.json` in the run folder.
 
 Spans are recorded where the work happens (each rollout on the track of the slot it ran in, each
-group's judging, the trainer's tokenizing and micro-batches, the checkpoint's save and the server's
-swap) into one recorder per process, and a step's commit appends what was recorded since the last
+group's judging, every call on the trainer's thread with the micro-batches of a step nested in it,
+the checkpoint's save and the server's swap) into one recorder per process, and a step's commit appends what was recorded since the last
 one to the run's file. The file is the Trace Event Format's JSON array form, one event per line and
 never closed, which both viewers read as it is: a step only appends, so a crash loses at most the
 spans of the step it interrupted, and a torn last line is cut off before the next append.
