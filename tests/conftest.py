@@ -60,9 +60,15 @@ async def served_model(tmp_path_factory):
 
 
 @pytest.fixture
-def fake():
-    """A judge API behind a local server speaking OpenAI's protocol (tests/fake_openai.py), faults on command."""
+def fake(monkeypatch):
+    """A judge API behind a local server speaking OpenAI's protocol (tests/fake_openai.py), faults on command.
+    Its faults come back at once, so retries skip the backoff a rate-limited real API needs."""
+    from tenacity import wait_none
+
+    from agentrl.judges import call
     from tests.fake_openai import FakeOpenAI
+
+    monkeypatch.setattr(call, "RETRY_WAIT", wait_none())
 
     server = FakeOpenAI()
     yield server

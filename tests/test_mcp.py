@@ -68,9 +68,9 @@ def http_server() -> Iterator[str]:
         wait_for_port(port, process)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        process.terminate()  # uvicorn waits for the hung tool's request; then it is killed
+        process.terminate()  # uvicorn waits for the hung tool's request, so it is killed after a second
         try:
-            process.wait(timeout=5)
+            process.wait(timeout=1)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)

@@ -84,7 +84,7 @@ def test_chunked_logprobs_match_full_log_softmax_and_its_gradient():
     assert not entropy_N.requires_grad
 
 
-@pytest.mark.parametrize("length", [40, SHORT_SEQUENCE + 60], ids=["matmul-attention", "sdpa"])
+@pytest.mark.parametrize("length", [40, SHORT_SEQUENCE + 12], ids=["matmul-attention", "sdpa"])
 def test_padded_batch_without_mask_keeps_pads_out_and_matches_sdpa(trainer, length):
     """Right padding with causal attention only, on the short-sequence path and the SDPA path: what
     the pads hold changes no real token's logprob (bit for bit), each sequence scores as it does

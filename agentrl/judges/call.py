@@ -32,6 +32,8 @@ import litellm.exceptions  # noqa: E402
 
 logger = logging.getLogger(__name__)
 AnswerT = TypeVar("AnswerT", bound=BaseModel)
+# Between attempts: 0.5 s, 1 s, 2 s ... up to 8 s, room for a rate-limited or restarting API to recover.
+RETRY_WAIT = wait_exponential(multiplier=0.5, max=8)
 
 
 class InvalidJudgeAnswer(ValueError):
@@ -181,7 +183,7 @@ async def structured_judge_call(
         async with limiter.semaphore():
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(max_attempts),
-                wait=wait_exponential(multiplier=0.5, max=8),
+                wait=RETRY_WAIT,
                 retry=retry_if_exception_type(
                     (
                         InvalidJudgeAnswer,
