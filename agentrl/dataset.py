@@ -1,17 +1,24 @@
 """Walking a training set in steps: `iterate_dataset` yields one batch of scenarios per training step,
-epoch after epoch, shuffled the same way on every run so that a resumed run continues where it stopped."""
+epoch after epoch, shuffled the same way on every run so that a resumed run continues where it stopped.
+
+Exactly once across crashes: build each batch's groups with `batch.groups(...)`, which names every group's
+scenario, and start with `iterate_dataset(..., already_trained=model.trained_scenarios())`; the run's
+record (`agentrl.scenario_record`) then says which scenarios committed steps consumed, and those are left out.
+"""
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from tqdm.auto import tqdm
 
 from agentrl.errors import ConfigurationError
+from agentrl.scenario_record import SCENARIO, scenario_key
+from agentrl.trajectory import TrajectoryGroup
 
 T = TypeVar("T")
 
@@ -26,6 +33,18 @@ class DatasetBatch(Generic[T]):
     epoch: int
     epoch_step: int
     """The batch's index within its epoch."""
+    keys: list[str] = field(default_factory=list)
+    """Each item's scenario key, "{epoch}:{id}" (the id: its index in the dataset, or `scenario_id(item)`)."""
+
+    def groups(self, make_group: Callable[[T], TrajectoryGroup]) -> list[TrajectoryGroup]:
+        """`make_group(item)` for each item, each group named by its scenario's key, so that the step that
+        trains it records it (`model.trained_scenarios()`)."""
+        groups = []
+        for item, key in zip(self.items, self.keys, strict=True):
+            group = make_group(item)
+            group.metadata[SCENARIO] = key
+            groups.append(group)
+        return groups
 
 
 def iterate_dataset(
@@ -36,20 +55,34 @@ def iterate_dataset(
     initial_step: int = 0,
     shuffle: bool = True,
     seed: int = 0,
+    already_trained: Collection[str] = (),
+    scenario_id: Callable[[T], str | int] | None = None,
     show_progress: bool = True,
 ) -> Iterator[DatasetBatch[T]]:
     """Batches of `batch_size` scenarios (the last of an epoch may be smaller), `epochs` times over.
 
-    Epoch e is shuffled with `seed + e`, so the order is the same on every run, and `initial_step`
-    (pass `await model.get_step()`) skips the steps a resumed run already trained on.
+    Epoch e is shuffled with `seed + e`, so the order is the same on every run. To resume, either pass
+    `already_trained=model.trained_scenarios()` (exact: every batch loses the scenarios a committed step
+    consumed, and a batch left empty is not yielded) or `initial_step=await model.get_step()` (ART's way:
+    skips that many batches, which is wrong after a skipped step or a pipelined run's look-ahead).
+    `scenario_id(item)` names a scenario in its key (default: its index in `dataset`).
     """
     if batch_size < 1 or epochs < 1 or initial_step < 0:
         raise ConfigurationError(
             f"iterate_dataset needs batch_size >= 1, epochs >= 1 and initial_step >= 0; "
             f"got batch_size={batch_size}, epochs={epochs}, initial_step={initial_step}"
         )
+    if initial_step and already_trained:
+        raise ConfigurationError(
+            "iterate_dataset got both initial_step and already_trained: pass only already_trained "
+            "(model.trained_scenarios()), which knows which scenarios were trained, not only how many steps"
+        )
     if len(dataset) == 0:
         raise ConfigurationError("iterate_dataset got an empty dataset: pass the training scenarios")
+    trained = set(already_trained)
+    ids = [scenario_id(item) if scenario_id else index for index, item in enumerate(dataset)]
+    if len(set(ids)) != len(ids):
+        raise ConfigurationError("scenario_id gives two scenarios the same id: each needs its own, to be recorded")
     steps_per_epoch = math.ceil(len(dataset) / batch_size)
     total = steps_per_epoch * epochs
     with tqdm(total=total, initial=min(initial_step, total), desc="steps", disable=not show_progress) as bar:
@@ -62,5 +95,9 @@ def iterate_dataset(
                 if step < initial_step:
                     continue
                 indices = order[epoch_step * batch_size : (epoch_step + 1) * batch_size]
-                yield DatasetBatch([dataset[i] for i in indices], step, epoch, epoch_step)
+                keys = {i: scenario_key(epoch, ids[i]) for i in indices}
+                indices = [i for i in indices if keys[i] not in trained]
+                if indices:
+                    items = [dataset[i] for i in indices]
+                    yield DatasetBatch(items, step, epoch, epoch_step, [keys[i] for i in indices])
                 bar.update(1)

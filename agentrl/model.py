@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import httpx2
 import openai
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 
@@ -26,8 +26,9 @@ from agentrl.backend.endpoint import InferenceEndpoint
 from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError, ConfigurationError
 from agentrl.files import check_safe_name
-from agentrl.rl.ledger import ROLLOUT_HEADER, current_rollout
+from agentrl.http_client import endpoint_client, pooled_http_client
 from agentrl.run_folder import DEFAULT_BASE_PATH, RunFolder
+from agentrl.scenario_record import group_scenarios, record_step, trained_scenarios, void_after
 from agentrl.tracking import DEFAULT_BEST_BY
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
@@ -85,7 +86,7 @@ class Model(BaseModel):
 
     def _make_client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(
-            base_url=self.base_url, api_key=self._key() or "EMPTY", http_client=_pooled_http_client()
+            base_url=self.base_url, api_key=self._key() or "EMPTY", http_client=pooled_http_client()
         )
 
     def _key(self) -> str | None:
@@ -103,80 +104,6 @@ class Model(BaseModel):
 
 JudgeModel = str | Model
 """A judge: a litellm model id ("openai/o4-mini", "hosted_vllm/qwen", "ollama/qwen2.5") or an agentrl Model."""
-
-
-class _BackendTransport(httpx2.AsyncBaseTransport):
-    """A backend client's requests: each names its rollout (`ROLLOUT_HEADER`, for the token ledger), and a
-    failed one to our own server becomes an answer that says what happened to it.
-
-    A dead server would otherwise surface as openai's bare "Connection error." after its retries,
-    and a hung one would hold each rollout for the timeout times three. `death_notice` returns None
-    while the server runs, else its exit and log tail. The answer carries `x-should-retry: false`,
-    so the openai client raises at once (`InternalServerError`, the message in its body).
-    """
-
-    def __init__(self, inner: httpx2.AsyncBaseTransport, endpoint: InferenceEndpoint, timeout_s: float):
-        self.inner = inner
-        self.death_notice = endpoint.death_notice
-        self.recent_log = endpoint.recent_log
-        self.timeout_s = timeout_s
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if (rollout_id := current_rollout.get()) is not None:
-            request.headers[ROLLOUT_HEADER] = rollout_id  # the gateway tallies the rollout's tokens (the ledger)
-        try:
-            return await self.inner.handle_async_request(request)
-        except httpx2.TimeoutException as error:
-            if self.death_notice is None:
-                raise  # a backend that cannot tell (remote): openai's own timeout error
-            if (notice := self.death_notice()) is not None:
-                return _error_response(request, 504, notice)
-            message = (
-                f"the vLLM server at {request.url.host}:{request.url.port} is running but gave no answer within "
-                f"{self.timeout_s:.0f} s ({type(error).__name__}); it may be hung or overloaded (raise "
-                "ServerConfig.request_timeout_s for long generations)"
-            )
-            if self.recent_log is not None:  # its queue and throughput: hung, or just busy?
-                message += f"; the server's log {self.recent_log()}"
-            return _error_response(request, 504, message)
-        except httpx2.TransportError:
-            if self.death_notice is None or (notice := self.death_notice()) is None:
-                raise  # a running server: a passing network error, which the client retries
-            return _error_response(request, 503, notice)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-def _error_response(request: httpx2.Request, status: int, message: str) -> httpx2.Response:
-    body = {"error": {"message": message, "type": "server_unavailable", "code": status}}
-    return httpx2.Response(status, json=body, headers={"x-should-retry": "false"}, request=request)
-
-
-MAX_CONNECTIONS = 64
-
-
-def _pooled_http_client(*, timeout_s: float = 600.0, endpoint: InferenceEndpoint | None = None) -> httpx2.AsyncClient:
-    """At most MAX_CONNECTIONS sockets; further requests wait for a free one (no pool timeout). httpx2, the
-    HTTP client openai 3 is built on and types its `http_client` with.
-
-    With a backend's `endpoint` that can tell, a dead or hung server is reported as such (see
-    `_BackendTransport`). Token data needs nothing here: the backend's gateway asks for it.
-    """
-    limits = httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
-    transport: httpx2.AsyncBaseTransport = httpx2.AsyncHTTPTransport(limits=limits)
-    if endpoint is not None:
-        transport = _BackendTransport(transport, endpoint, timeout_s)
-    return httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(timeout_s, connect=30.0, pool=None))
-
-
-def endpoint_client(endpoint: InferenceEndpoint, *, timeout_s: float) -> openai.AsyncOpenAI:
-    """An openai client for a backend's gateway (which keeps every completion's token data): its token,
-    and a dead or hung server reported as such within `timeout_s` (openai's own timeout overrides httpx's)."""
-    http_client = _pooled_http_client(timeout_s=timeout_s, endpoint=endpoint)
-    return openai.AsyncOpenAI(
-        base_url=endpoint.base_url, api_key=endpoint.api_key, http_client=http_client, timeout=timeout_s
-    )
 
 
 @dataclass(frozen=True)
@@ -297,7 +224,11 @@ class TrainableModel(Model):
     @property
     def run_dir(self) -> Path:
         """{base_path}/{project}/{name}: everything this model writes."""
-        return RunFolder.of(self.project, self.name, self.base_path).path
+        return self._run_folder.path
+
+    @property
+    def _run_folder(self) -> RunFolder:
+        return RunFolder.of(self.project, self.name, self.base_path)
 
     @property
     def inference_name(self) -> str:
@@ -323,6 +254,7 @@ class TrainableModel(Model):
         """Attach a backend: it resumes from the latest checkpoint (or creates step 0) and serves it."""
         self._step = await backend.register(self)
         self._backend = backend
+        void_after(self._run_folder.scenarios, self._step)  # steps after the one resumed never committed
 
     async def get_step(self) -> int:
         """The step of the latest complete checkpoint (0 before any training)."""
@@ -335,14 +267,33 @@ class TrainableModel(Model):
         config: TrainConfig | None = None,
         *,
         step_metrics: dict[str, float] | None = None,
+        dropped: Sequence[TrajectoryGroup] = (),
     ) -> TrainResult:
         """One GRPO step on these groups; the server then serves the new checkpoint.
 
         `step_metrics`: numbers about this step measured outside the backend (a pipelined loop's
-        staleness and idle time), recorded with the step's own in metrics.jsonl."""
-        result = await self._require_backend().train(self, groups, config or TrainConfig(), step_metrics=step_metrics)
+        staleness and idle time), recorded with the step's own in metrics.jsonl. `dropped`: groups this
+        step consumed without training them (a pipelined loop's stale ones). The scenarios of both
+        (`DatasetBatch.groups` names them) go to the run's record, see `trained_scenarios`."""
+        backend, record = self._require_backend(), self._run_folder.scenarios
+        consumed = group_scenarios([*groups, *dropped])
+        if consumed:
+            record_step(record, self._step + 1, consumed)  # write-ahead: counts once checkpoint step+1 commits
+        try:
+            result = await backend.train(self, groups, config or TrainConfig(), step_metrics=step_metrics)
+        except BaseException:
+            void_after(record, self._step)
+            raise
         self._step = result.step
+        if consumed and result.skipped:
+            void_after(record, result.step)
+            record_step(record, result.step, consumed)
         return result
+
+    def trained_scenarios(self) -> dict[str, list[int]]:
+        """Each scenario key ("{epoch}:{id}") a committed step of this run consumed, with that step: pass
+        its keys to `iterate_dataset(already_trained=...)` to resume without repeating or skipping one."""
+        return trained_scenarios(self._run_folder.scenarios, self._step)
 
     async def train_sft(self, demonstrations: list[History], config: SFTConfig | None = None) -> TrainResult:
         """Supervised LoRA training on demonstrations (a warm start); checkpointed and served like a step."""

@@ -143,7 +143,7 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
             launch(done)
             waiting_started = time.perf_counter()
             taken: list[_Finished] = []
-            dropped = dropped_tokens = 0
+            stale: list[TrajectoryGroup] = []
             while len(taken) < sizes[done]:
                 if failures:
                     raise failures[0]
@@ -155,12 +155,11 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
                     continue
                 finished = ready.pop(0)
                 if model._step - finished.oldest_step > max_steps_off_policy:
-                    dropped += 1
-                    dropped_tokens += group_tokens([finished.group])
+                    stale.append(finished.group)
                     continue
                 taken.append(finished)
-            if dropped:
-                logger.warning("dropped %d groups sampled more than %d steps ago", dropped, max_steps_off_policy)
+            if stale:
+                logger.warning("dropped %d groups sampled more than %d steps ago", len(stale), max_steps_off_policy)
             # A cycle runs from the previous step's start of training to this one's: one training and one wait.
             now = time.perf_counter()
             cycle_s = max(now - cycle_started, 1e-9)
@@ -170,14 +169,14 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
                 "max_steps_off_policy": float(max_steps_off_policy),
                 "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
                 "staleness_max": float(max(staleness, default=0)),
-                "num_groups_stale_dropped": float(dropped),
-                "tokens_discarded_stale": float(dropped_tokens),
+                "num_groups_stale_dropped": float(len(stale)),
+                "tokens_discarded_stale": float(group_tokens(stale)),
                 "trainer_idle_frac": (now - waiting_started) / cycle_s,
                 "sampler_idle_frac": (sampler_idle - sampler_idle_at_cycle_start) / cycle_s,
                 "steps_per_hour": 3600.0 / cycle_s,
             }
             cycle_started, sampler_idle_at_cycle_start = now, sampler_idle
-            result = await model.train([f.group for f in taken], config, step_metrics=step_metrics)
+            result = await model.train([f.group for f in taken], config, step_metrics=step_metrics, dropped=stale)
             results.append(result)
             if on_step is not None and (pending := on_step(result)) is not None:
                 await pending

@@ -1,7 +1,7 @@
 """A run's folder, {base_path}/{project}/{name}, and where each thing lives in it: the one place the layout is spelled.
 
 - `checkpoints/{step:04d}/`: the adapter (and optimizer) of each step (`CheckpointStore`);
-- `metrics.jsonl`: one line per step and split;
+- `metrics.jsonl`: one line per step and split; `scenarios.jsonl`: which scenarios each step consumed;
 - `trajectories/{split}-{step:04d}.jsonl`: every trajectory of a step; `transcripts/` the same as HTML;
 - `reward.png`, `judge.png`: plots redrawn after every step; `judge_checks/`: `agentrl judge check` reports;
 - `logs/`: the vLLM servers' logs.
@@ -35,6 +35,11 @@ class RunFolder:
     @property
     def metrics(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    @property
+    def scenarios(self) -> Path:
+        """The record of consumed scenarios (`agentrl.scenario_record`)."""
+        return self.path / "scenarios.jsonl"
 
     @property
     def trajectories_dir(self) -> Path:

@@ -1,6 +1,7 @@
 """Builders and probes the test modules share: test data that mirrors what vLLM returns, run folders,
 processes, and the records W&B writes."""
 
+import asyncio
 import json
 import os
 import random
@@ -269,3 +270,18 @@ def model_on_a_server_seam(tiny_model_path: str, tmp_path: Any, server: Any, *, 
     backend.sessions[str(model.run_dir.resolve())] = session
     model._backend = backend
     return session
+
+
+class AdapterSlots:
+    """The server seam of a CPU host: it takes adapters by name (the trainer and checkpoints are real), each
+    in a moment, so a swap has a width on the timeline."""
+
+    devices = 0
+
+    async def load_adapter(self, name, path) -> None:
+        await asyncio.sleep(0.01)
+
+    async def unload_adapter(self, name) -> None: ...
+
+    def death_notice(self) -> None:
+        return None

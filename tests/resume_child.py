@@ -1,4 +1,5 @@
-"""Run by test_resume.py in its own process: register (two sharded trainer ranks), train one pipelined step,
+"""Run by test_resume.py in its own process: register (two sharded trainer ranks), train one pipelined step
+on batches from `iterate_dataset` (the next step's groups already sampling, some perhaps taken by this one),
 report, then wait to be killed.
 
 Metrics go to an offline W&B run (the test sets WANDB_MODE=offline), to check that the resumed run appends to it."""
@@ -15,9 +16,10 @@ async def main(base_path: str) -> None:
     model = agentrl.TrainableModel(name="resumable", project="tests", base_path=base_path, wandb=True)
     await model.register(agentrl.LocalBackend(trainer_ranks=2, shard_trainer=True))
     train = scenarios("train", 8, seed=5)
+    batches = list(agentrl.iterate_dataset(train, batch_size=4, already_trained=model.trained_scenarios()))
 
     def make_groups(model: agentrl.TrainableModel, step: int) -> list[agentrl.TrajectoryGroup]:
-        return [agentrl.TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in train[4 * step : 4 * step + 4]]
+        return batches[step].groups(lambda s: agentrl.TrajectoryGroup(rollout(model, s) for _ in range(8)))
 
     async def report_then_wait(result: agentrl.TrainResult) -> None:
         assert not result.skipped, "no signal in 4 groups of 8; rerun"

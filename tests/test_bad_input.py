@@ -34,7 +34,7 @@ from agentrl.backend.endpoint import InferenceEndpoint
 from agentrl.backend.processes import free_port
 from agentrl.backend.serving.server import VLLMServer
 from agentrl.config import ServerConfig
-from agentrl.model import endpoint_client
+from agentrl.http_client import endpoint_client
 from agentrl.rl.tokenize import tokenize_groups
 from agentrl.tracking import append_metrics, read_metrics
 from agentrl_environments.email_agent.tools import execute

@@ -17,21 +17,7 @@ from agentrl.backend.training.replay import replay_step
 from agentrl.backend.training.step_input import STEP_INPUT_FILE, read_step_input
 from agentrl.backend.training.trainer import Trainer
 from agentrl.cli import app
-from tests.helpers import flat, model_on_a_server_seam, runner, synthetic_groups
-
-
-class AdapterSlots:
-    """The server seam of a CPU host: it takes adapters by name (the trainer and checkpoints are real)."""
-
-    devices, loaded = 0, []
-
-    async def load_adapter(self, name, path) -> None:
-        self.loaded.append(name)
-
-    async def unload_adapter(self, name) -> None: ...
-
-    def death_notice(self) -> None:
-        return None
+from tests.helpers import AdapterSlots, flat, model_on_a_server_seam, runner, synthetic_groups
 
 
 def trainable_on_tiny_model(tiny_model_path, tmp_path) -> agentrl.TrainableModel:

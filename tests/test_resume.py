@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 import agentrl
 from agentrl.wandb_metrics import RUN_ID_FILE
+from agentrl_environments.larger_number.task import rollout, scenarios
 from tests.helpers import group_processes, wandb_history
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,11 +96,26 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
         )
         assert completion.choices[0].message.content is not None
         await model.log([agentrl.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}], reward=0.5)])
+
+        # Exactly once: step 1 trained 4 scenarios (of batch 0, or some of batch 1 that finished first); the
+        # killed step's in-flight groups are not in the record, and the resumed run samples them again.
+        train, everything = scenarios("train", 8, seed=5), {f"0:{i}" for i in range(8)}
+        before_kill = model.trained_scenarios()
+        assert len(before_kill) == 4 and all(steps == [1] for steps in before_kill.values())
+        left = list(agentrl.iterate_dataset(train, batch_size=4, already_trained=before_kill, show_progress=False))
+        assert {k for b in left for k in b.keys} == everything - set(before_kill)
+        groups = [
+            g for b in left for g in b.groups(lambda s: agentrl.TrajectoryGroup(rollout(model, s) for _ in range(4)))
+        ]
+        resumed = await model.train(await agentrl.gather_trajectory_groups(groups, show_progress=False))
+        trained = model.trained_scenarios()
+        assert set(trained) == everything and all(len(steps) == 1 for steps in trained.values())
+        assert all(trained[k] == [resumed.step] for k in everything - set(before_kill))
     finally:
         await backend.close()
     assert os.path.isdir(model.run_dir / "checkpoints" / "0000")
-    trained = [m for m in agentrl.tracking.read_metrics(model.run_dir) if m["split"] == "train"]
-    assert [m["step"] for m in trained] == [1] and trained[0]["staleness_max"] == 0  # the in-flight groups died
+    steps = [m for m in agentrl.tracking.read_metrics(model.run_dir) if m["split"] == "train"]
+    assert steps[0]["step"] == 1 and steps[0]["staleness_max"] == 0  # the in-flight groups died with the child
 
     # W&B: the resumed process appended to the killed one's W&B run, at the step it resumed from.
     assert len(list(model.run_dir.glob("wandb/offline-run-*"))) == 2  # the killed process's and ours

@@ -6,21 +6,7 @@ import asyncio
 import agentrl
 from agentrl.cli import app
 from agentrl.timeline import TIMELINE_FILE, Span, append_timeline, read_timeline, recorder
-from tests.helpers import model_on_a_server_seam, runner, synthetic_groups
-
-
-class AdapterSlots:
-    """The server seam of a CPU host: it takes adapters by name (the trainer and checkpoints are real)."""
-
-    devices = 0
-
-    async def load_adapter(self, name, path) -> None:
-        await asyncio.sleep(0.01)
-
-    async def unload_adapter(self, name) -> None: ...
-
-    def death_notice(self) -> None:
-        return None
+from tests.helpers import AdapterSlots, model_on_a_server_seam, runner, synthetic_groups
 
 
 async def gathered(groups: list[agentrl.TrajectoryGroup]) -> list[agentrl.TrajectoryGroup]:

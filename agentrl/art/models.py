@@ -8,7 +8,7 @@ ART's keywords (`inference_base_url`, `inference_api_key`, `entity`, `id`, `run_
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +248,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         verbose: bool = False,
         *,
         step_metrics: dict[str, float] | None = None,
+        dropped: Sequence[TrajectoryGroup] = (),
     ) -> agentrl.TrainResult:
         """ART's older training call (to 0.5.17): `model.train(groups, config=art.TrainConfig(...),
         _config=art.dev.TrainConfig(...))`, one step, as ART trains it (CISPO by default). An
@@ -255,11 +256,13 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         if isinstance(config, agentrl.TrainConfig):
             if _config:
                 raise ConfigurationError("_config is ART's; with an agentrl.TrainConfig set its fields instead")
-            return await agentrl.TrainableModel.train(self, list(trajectory_groups), config, step_metrics=step_metrics)
+            return await agentrl.TrainableModel.train(
+                self, list(trajectory_groups), config, step_metrics=step_metrics, dropped=dropped
+            )
         keys = merged_keys(config, _config)
         train_config = agentrl_train_config(keys)
         result = await agentrl.TrainableModel.train(
-            self, list(trajectory_groups), train_config, step_metrics=step_metrics
+            self, list(trajectory_groups), train_config, step_metrics=step_metrics, dropped=dropped
         )
         log_verbose(verbose or bool(keys.get("verbose")), result.step, result.metrics)
         return result
