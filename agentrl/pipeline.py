@@ -94,7 +94,10 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
     `make_groups(model, step)` gives the groups of loop step `step` (counted from the model's step at
     the start, as the synchronous loop counts), their rollouts unstarted; a step trains on as many
     finished groups as its `make_groups` gave. `after_each` (a judge) runs on each group as it
-    finishes; `on_step` after each step (an evaluation every N steps, a print). Each step's
+    finishes; `on_step` after each step (an evaluation every N steps, a print). A step may train groups
+    of later loop steps that finished first: to resume by scenario rather than by step count, build the
+    groups with `DatasetBatch.groups` on `iterate_dataset(..., already_trained=model.trained_scenarios())`
+    batches; a stale group counts as consumed by the step that dropped it. Each step's
     metrics.jsonl line adds `staleness_mean`/`staleness_max` (steps between a group's oldest turn
     and the step it trained), `num_groups_stale_dropped`, and over the cycle since the previous
     step began training: `trainer_idle_frac` (waiting for groups), `sampler_idle_frac` (no group

@@ -1,13 +1,16 @@
 """The loop every environment's training entry point runs: evaluate, train N steps, evaluate again.
 
-An environment supplies three things: how to make a step's groups, how to evaluate a model on its
-held-out set, and the sizes. Everything else (serving, progress, resuming) is agentrl's.
+An environment supplies three things: its training scenarios and how to make one scenario's group, how
+to evaluate a model on its held-out set, and the sizes. Everything else (serving, progress, resuming
+with every scenario trained exactly once) is agentrl's.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -18,7 +21,8 @@ from agentrl.tracking import summarize
 
 OFF_POLICY_TIS = 2.0
 """Truncated importance sampling for pipelined runs: an off-policy turn's weight is capped at 2x."""
-MakeGroups = Callable[[agentrl.TrainableModel, int], Iterable[agentrl.TrajectoryGroup]]
+MakeGroup = Callable[[agentrl.TrainableModel, Any], agentrl.TrajectoryGroup]
+"""One scenario's group, its rollouts unstarted: `make_group(model, scenario)`."""
 Evaluate = Callable[[agentrl.Model], Awaitable[list[agentrl.Trajectory]]]
 WarmStart = Callable[[agentrl.TrainableModel], Awaitable[None]]
 Item = TypeVar("Item")
@@ -34,9 +38,22 @@ def with_overrides(preset: PresetT, steps: int | None, base_model: str | None) -
     return overridden
 
 
-def step_batch(items: list[Item], step: int, size: int) -> list[Item]:
-    """Step `step`'s `size` scenarios, walking through `items` and wrapping around."""
-    return items[(step * size) % len(items) :][:size]
+def scheduled_batches(
+    model: agentrl.TrainableModel, scenarios: list[Item], groups_per_step: int, steps: int
+) -> list[agentrl.DatasetBatch[Item]]:
+    """The next `steps` batches of `scenarios` (in order, epoch after epoch) that this run's committed steps
+    did not consume, by the run's record: a crash neither repeats nor skips a scenario."""
+    trained = model.trained_scenarios()
+    epochs = math.ceil((len(trained) + steps * groups_per_step) / len(scenarios)) + 1
+    batches = agentrl.iterate_dataset(
+        scenarios,
+        batch_size=groups_per_step,
+        epochs=epochs,
+        shuffle=False,
+        already_trained=trained,
+        show_progress=False,
+    )
+    return list(itertools.islice(batches, steps))
 
 
 def judge_option(judge: str | None, *, base_path: str, base_model: str, ruler: bool) -> JudgeModel | None:
@@ -95,7 +112,9 @@ def fmt_metrics(metrics: dict[str, float]) -> str:
 async def train_and_evaluate(
     model: agentrl.TrainableModel,
     *,
-    make_groups: MakeGroups,
+    scenarios: list[Any],
+    groups_per_step: int,
+    make_group: MakeGroup,
     evaluate: Evaluate,
     steps: int,
     config: agentrl.TrainConfig,
@@ -105,7 +124,8 @@ async def train_and_evaluate(
     max_steps_off_policy: int | None = None,
     judge: JudgeModel | None = None,
 ) -> RunSummary:
-    """Register `model`, evaluate it, train `steps` steps (resuming where it stopped), evaluate again.
+    """Register `model`, evaluate it, train `steps` steps of `groups_per_step` scenarios each (resuming where
+    it stopped, each scenario once per epoch: `scheduled_batches`), evaluate again.
 
     A `judge` that is a `TrainableModel` (a trained judge, `judge_option`) is registered on the
     policy's backend and served at its checkpoint; nothing here trains it.
@@ -135,7 +155,7 @@ async def train_and_evaluate(
             await warm_start(model)
             after_warm_start = await model.log(await evaluate(model), split="val")
             print(f"held-out after the warm start (step {await model.get_step()}): {fmt_metrics(after_warm_start)}")
-        first, last = await model.get_step(), start_step + steps + (after_warm_start is not None)
+        batches = scheduled_batches(model, scenarios, groups_per_step, steps)
         if max_steps_off_policy is not None:
             if max_steps_off_policy > 0 and not config.truncated_importance_sampling:
                 config = config.model_copy(update={"truncated_importance_sampling": OFF_POLICY_TIS})
@@ -143,10 +163,11 @@ async def train_and_evaluate(
                 f"pipelined: rollouts run up to {max_steps_off_policy} step(s) ahead of the trainer "
                 f"(truncated importance sampling at {config.truncated_importance_sampling:g})"
             )
+            first = await model.get_step()
             await agentrl.train_pipelined(
                 model,
-                make_groups,
-                steps=last - first,
+                lambda model, step: batches[step - first].groups(lambda s: make_group(model, s)),
+                steps=len(batches),
                 max_steps_off_policy=max_steps_off_policy,
                 config=config,
                 after_each=after_each,
@@ -154,13 +175,13 @@ async def train_and_evaluate(
                 on_step=print_step,
             )
         else:
-            for step in range(first, last):
+            for number, batch in enumerate(batches, start=1):
                 step_started = time.perf_counter()
                 groups = await agentrl.gather_trajectory_groups(
-                    make_groups(model, step),
+                    batch.groups(lambda s: make_group(model, s)),
                     max_exception_rate=max_exception_rate,
                     after_each=after_each,
-                    desc=f"step {step + 1} rollouts",
+                    desc=f"batch {number}/{len(batches)} rollouts",
                 )
                 result = await model.train(groups, config)
                 print_step(result, f", {time.perf_counter() - step_started:.1f} s")

@@ -223,7 +223,9 @@ async def test_the_training_entry_loop_logs_evaluations_and_prints_where_to_look
     train, test = scenarios("train", 4, seed=21), scenarios("test", 8)
     summary = await train_and_evaluate(
         served_model,
-        make_groups=lambda model, step: [agentrl.TrajectoryGroup(rollout(model, s) for _ in range(4)) for s in train],
+        scenarios=train,
+        groups_per_step=4,
+        make_group=lambda model, s: agentrl.TrajectoryGroup(rollout(model, s) for _ in range(4)),
         evaluate=lambda model: evaluate(model, test, samples=1),
         steps=1,
         config=agentrl.TrainConfig(learning_rate=1e-4),

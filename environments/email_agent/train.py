@@ -11,8 +11,6 @@ evaluation always uses `match`, so runs with different training rewards compare 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import agentrl
 from agentrl import AfterEach, JudgeModel
 
@@ -21,10 +19,10 @@ from ..training import (
     evaluate_base_and_checkpoint,
     judge_for,
     judge_option,
-    step_batch,
     train_and_evaluate,
     with_overrides,
 )
+from .data import Question
 from .env import PRESETS, EmailEnvironment, demonstration, evaluate, rollout
 
 
@@ -73,26 +71,24 @@ async def run(
     async def held_out(m: agentrl.Model) -> list[agentrl.Trajectory]:
         return await evaluate(m, test, env, preset)
 
-    def make_groups(model: agentrl.TrainableModel, step: int) -> Iterator[agentrl.TrajectoryGroup]:
-        batch = step_batch(train, step, preset.groups_per_step)
-        return (
-            agentrl.TrajectoryGroup(
-                rollout(
-                    model,
-                    q,
-                    env,
-                    max_turns=preset.max_turns,
-                    max_tokens=preset.max_tokens,
-                    judge=judge_for(model, judge_model) if reward == "judge" else None,
-                )
-                for _ in range(preset.group_size)
+    def make_group(model: agentrl.TrainableModel, question: Question) -> agentrl.TrajectoryGroup:
+        return agentrl.TrajectoryGroup(
+            rollout(
+                model,
+                question,
+                env,
+                max_turns=preset.max_turns,
+                max_tokens=preset.max_tokens,
+                judge=judge_for(model, judge_model) if reward == "judge" else None,
             )
-            for q in batch
+            for _ in range(preset.group_size)
         )
 
     return await train_and_evaluate(
         model,
-        make_groups=make_groups,
+        scenarios=train,
+        groups_per_step=preset.groups_per_step,
+        make_group=make_group,
         evaluate=held_out,
         steps=preset.steps,
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),

@@ -5,11 +5,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import agentrl
 
-from ..training import RunSummary, evaluate_base_and_checkpoint, step_batch, train_and_evaluate
+from ..training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate
 from .task import evaluate, rollout, scenarios
 
 GROUPS_PER_STEP, GROUP_SIZE, LEARNING_RATE, DEFAULT_STEPS = 8, 8, 5e-4, 20
@@ -35,13 +33,11 @@ async def run(
     )
     train = scenarios("train", steps * GROUPS_PER_STEP, seed=1)
 
-    def make_groups(model: agentrl.TrainableModel, step: int) -> Iterator[agentrl.TrajectoryGroup]:
-        batch = step_batch(train, step, GROUPS_PER_STEP)
-        return (agentrl.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE)) for s in batch)
-
     return await train_and_evaluate(
         model,
-        make_groups=make_groups,
+        scenarios=train,
+        groups_per_step=GROUPS_PER_STEP,
+        make_group=lambda model, s: agentrl.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE)),
         evaluate=held_out,
         steps=steps,
         config=agentrl.TrainConfig(learning_rate=LEARNING_RATE),

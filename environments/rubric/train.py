@@ -13,8 +13,6 @@ exact prompt it trained against; the code-checked pass rate (`independent_reward
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import agentrl
 
 from ..training import (
@@ -22,7 +20,6 @@ from ..training import (
     evaluate_base_and_checkpoint,
     judge_for,
     judge_option,
-    step_batch,
     train_and_evaluate,
     with_overrides,
 )
@@ -70,14 +67,10 @@ async def run(
     async def held_out(m: agentrl.Model) -> list[agentrl.Trajectory]:
         return await evaluate(m, test, judge_for(model, grader), preset)
 
-    def make_groups(model: agentrl.TrainableModel, step: int) -> Iterator[agentrl.TrajectoryGroup]:
-        batch = step_batch(train, step, preset.groups_per_step)
+    def make_group(model: agentrl.TrainableModel, task: InstructionTask) -> agentrl.TrajectoryGroup:
         rubric_judge = judge_for(model, judge_model) if reward == "rubric" else None
-        return (
-            agentrl.TrajectoryGroup(
-                rollout(model, t, judge=rubric_judge, max_tokens=preset.max_tokens) for _ in range(preset.group_size)
-            )
-            for t in batch
+        return agentrl.TrajectoryGroup(
+            rollout(model, task, judge=rubric_judge, max_tokens=preset.max_tokens) for _ in range(preset.group_size)
         )
 
     print(
@@ -85,7 +78,9 @@ async def run(
     )
     return await train_and_evaluate(
         model,
-        make_groups=make_groups,
+        scenarios=train,
+        groups_per_step=preset.groups_per_step,
+        make_group=make_group,
         evaluate=held_out,
         steps=preset.steps,
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),

@@ -5,18 +5,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import agentrl
 
 from ..training import (
     RunSummary,
     evaluate_base_and_checkpoint,
-    step_batch,
     train_and_evaluate,
     with_overrides,
 )
-from .env import PRESETS, evaluate, rollout, scenarios
+from .env import PRESETS, Scenario, evaluate, rollout, scenarios
 
 
 async def run(
@@ -33,17 +30,17 @@ async def run(
     train = scenarios("train", preset.steps * preset.groups_per_step, preset)
     test = scenarios("test", test_games, preset)
 
-    def make_groups(model: agentrl.TrainableModel, step: int) -> Iterator[agentrl.TrajectoryGroup]:
-        batch = step_batch(train, step, preset.groups_per_step)
+    def make_group(model: agentrl.TrainableModel, game: Scenario) -> agentrl.TrajectoryGroup:
         # Every member of a group plays the same seeded game, so rewards differ only by the moves chosen.
-        return (
-            agentrl.TrajectoryGroup(rollout(model, s, max_tokens=preset.max_tokens) for _ in range(preset.group_size))
-            for s in batch
+        return agentrl.TrajectoryGroup(
+            rollout(model, game, max_tokens=preset.max_tokens) for _ in range(preset.group_size)
         )
 
     return await train_and_evaluate(
         model,
-        make_groups=make_groups,
+        scenarios=train,
+        groups_per_step=preset.groups_per_step,
+        make_group=make_group,
         evaluate=lambda m: evaluate(m, test, max_tokens=preset.max_tokens),
         steps=preset.steps,
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),

@@ -1,0 +1,163 @@
+"""Kill -9 trials: a run killed at a random moment and resumed trains every scheduled scenario exactly once.
+
+    .venv/bin/python -m benchmarks.kill_trials [--trials 2] [--scenarios 24]
+
+Each trial trains `--scenarios` larger-number scenarios, 3 a step in groups of 4, on the packaged model
+behind the real server, in a child process that resumes from the run's record
+(`iterate_dataset(already_trained=model.trained_scenarios())`). The parent SIGKILLs the child at a random
+moment after its first step starts (sampling, training, saving or swapping: wherever it is), then starts
+it again until it finishes, and checks the record: every scenario consumed by exactly one committed step.
+Synchronous loop and `train_pipelined` (one step ahead: a killed step's look-ahead groups in flight).
+Writes benchmarks/results/kill_trials.json; timings are this machine's and include each restart's server start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import agentrl
+from agentrl.files import write_json_atomic
+from agentrl_environments.larger_number.task import rollout, scenarios
+from benchmarks.step_breakdown import RESULTS, cpu_name, precision_label
+
+KILL_RESULTS = RESULTS.with_name("kill_trials.json")
+PER_STEP, GROUP_SIZE = 3, 4
+
+
+async def child(base_path: str, mode: str, count: int) -> None:
+    """Train every scenario not yet trained, printing a line per step and the record at the end."""
+    model = agentrl.TrainableModel(name="killed", project="trials", base_path=base_path)
+    backend = agentrl.LocalBackend()
+    await model.register(backend)
+    batches = list(
+        agentrl.iterate_dataset(
+            scenarios("train", count, seed=7),
+            batch_size=PER_STEP,
+            already_trained=model.trained_scenarios(),
+            show_progress=False,
+        )
+    )
+    print(f"RESUMED {model._step} {sum(len(b.keys) for b in batches)}", flush=True)
+
+    def groups_of(batch: agentrl.DatasetBatch[Any]) -> list[agentrl.TrajectoryGroup]:
+        return batch.groups(lambda s: agentrl.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE)))
+
+    config = agentrl.TrainConfig(learning_rate=1e-4, truncated_importance_sampling=2.0)
+    if mode == "pipelined" and batches:
+        first = model._step
+        await agentrl.train_pipelined(
+            model,
+            lambda m, step: groups_of(batches[step - first]),
+            steps=len(batches),
+            max_steps_off_policy=1,
+            config=config,
+            on_step=lambda r: print(f"STEP {r.step}", flush=True),
+        )
+    else:
+        for batch in batches:
+            groups = await agentrl.gather_trajectory_groups(groups_of(batch), show_progress=False)
+            result = await model.train(groups, config)
+            print(f"STEP {result.step}", flush=True)
+    print("DONE " + json.dumps(model.trained_scenarios()), flush=True)
+    await backend.close()
+
+
+def attempt(base_path: str, mode: str, count: int, kill_after_s: float | None) -> dict[str, Any]:
+    """Run the child once; with `kill_after_s`, SIGKILL it that long after it resumed (if still running)."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.kill_trials", "--child", base_path, mode, str(count)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    lines: list[str] = []
+    resumed_at: float | None = None
+    assert process.stdout is not None
+    while True:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line.strip())
+        if line.startswith("RESUMED"):
+            resumed_at = time.monotonic()
+            if kill_after_s is not None:
+                break
+    killed_at_s = None
+    if kill_after_s is not None and resumed_at is not None:
+        time.sleep(max(0.0, resumed_at + kill_after_s - time.monotonic()))
+        if process.poll() is None:
+            process.kill()  # SIGKILL: no cleanup runs; its server and ranks notice and stop
+            killed_at_s = round(time.monotonic() - resumed_at, 1)
+        lines += [line.strip() for line in process.stdout]
+    process.wait()
+    done = next((json.loads(line[5:]) for line in lines if line.startswith("DONE ")), None)
+    return {
+        "seconds": round(time.monotonic() - started, 1),
+        "killed_after_s": killed_at_s,
+        "resumed": next((line for line in lines if line.startswith("RESUMED")), None),
+        "steps_committed": [line for line in lines if line.startswith("STEP")],
+        "trained": done,
+    }
+
+
+def trial(mode: str, count: int, rng: random.Random) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kill-trial-") as base_path:
+        kill_after_s = round(rng.uniform(3.0, 3.0 * count), 1)  # steps of 3 take ~10 s here: mid-run
+        attempts = [attempt(base_path, mode, count, kill_after_s)]
+        while attempts[-1]["trained"] is None and len(attempts) < 4:
+            attempts.append(attempt(base_path, mode, count, None))
+        trained = attempts[-1]["trained"] or {}
+        expected = {f"0:{i}" for i in range(count)}
+        exactly_once = set(trained) == expected and all(len(steps) == 1 for steps in trained.values())
+        return {"mode": mode, "kill_after_s": kill_after_s, "exactly_once": exactly_once, "attempts": attempts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=2, help="trials per mode")
+    parser.add_argument("--scenarios", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--child", nargs=3, metavar=("BASE_PATH", "MODE", "COUNT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        asyncio.run(child(args.child[0], args.child[1], int(args.child[2])))
+        return
+    rng = random.Random(args.seed)
+    trials = []
+    for mode in ("synchronous", "pipelined"):
+        for number in range(args.trials):
+            result = trial(mode, args.scenarios, rng)
+            trials.append(result)
+            kill = result["attempts"][0]["killed_after_s"]
+            print(
+                f"{mode} trial {number + 1}: killed {kill} s after it resumed, "
+                f"{len(result['attempts'])} attempts, exactly once: {result['exactly_once']}",
+                flush=True,
+            )
+    write_json_atomic(
+        KILL_RESULTS,
+        {
+            "date": datetime.date.today().isoformat(),
+            "cpu": cpu_name(),
+            "precision": precision_label(),
+            "scenarios": args.scenarios,
+            "per_step": PER_STEP,
+            "group_size": GROUP_SIZE,
+            "trials": trials,
+        },
+    )
+    print(f"all exactly once: {all(t['exactly_once'] for t in trials)}; wrote {KILL_RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
