@@ -204,6 +204,7 @@ class TrainableModel(Model):
 
     _backend: Backend | None = PrivateAttr(default=None)
     _step: int = PrivateAttr(default=0)
+    _interrupted: bool = PrivateAttr(default=False)
 
     @field_validator("name", "project")
     @classmethod
@@ -276,13 +277,20 @@ class TrainableModel(Model):
         step consumed without training them (a pipelined loop's stale ones). The scenarios of both
         (`DatasetBatch.groups` names them) go to the run's record, see `trained_scenarios`."""
         backend, record = self._require_backend(), self._run_folder.scenarios
+        if self._interrupted:  # an earlier call was cancelled: whether its step committed is the backend's to say
+            self._step = await backend.get_step(self)
+            void_after(record, self._step)
+            self._interrupted = False
         consumed = group_scenarios([*groups, *dropped])
         if consumed:
             record_step(record, self._step + 1, consumed)  # write-ahead: counts once checkpoint step+1 commits
         try:
             result = await backend.train(self, groups, config or TrainConfig(), step_metrics=step_metrics)
+        except Exception:
+            void_after(record, self._step)  # a backend that raises has rolled the step back
+            raise
         except BaseException:
-            void_after(record, self._step)
+            self._interrupted = True
             raise
         self._step = result.step
         if consumed and result.skipped:

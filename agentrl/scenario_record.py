@@ -8,8 +8,9 @@ A group names its scenario in `metadata["scenario"]` ("{epoch}:{id}", set by `Da
   commits it counts for nothing, so a kill before the commit leaves those scenarios untrained, and the
   resumed run samples them again; a kill after it leaves them trained, never repeated.
 - `{"void_after": C}` when a model registers on a run folder that already has a record (C: the step it
-  resumes at), and when a train call returns without a new step or raises: every earlier line tagged
-  after C is void (its step never committed, and a later line may reuse its number).
+  resumes at), when a train call returns without a new step or raises, and before the first call after
+  a cancelled one (C: the backend's step): every earlier line tagged after C is void (its step never
+  committed, and a later line may reuse its number).
 - The same scenarios line tagged with the unchanged step, after that void, when the backend skipped the
   step (every group had equal rewards): a skipped step consumed its scenarios too, it only had nothing
   to learn from them.

@@ -4,6 +4,8 @@ real trainer and step transaction on the tiny model; the kill -9 trial is in tes
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import agentrl
@@ -53,9 +55,9 @@ async def test_committed_and_skipped_steps_record_their_scenarios_and_a_failed_s
     tiny_model_path, tokenizer, tmp_path
 ):
     model = model_on_a_server_seam(tiny_model_path, tmp_path, AdapterSlots(), trainer_device="cpu").model
-    dataset = list(range(6))
+    dataset = list(range(10))
     batches = list(agentrl.iterate_dataset(dataset, batch_size=2, show_progress=False))
-    pool = synthetic_groups(tokenizer, seed=3, size=2, num_groups=6, max_words=6)
+    pool = synthetic_groups(tokenizer, seed=3, size=2, num_groups=10, max_words=6)
     config = agentrl.TrainConfig(learning_rate=1e-3)
 
     first = await model.train(batches[0].groups(lambda i: pool[i]), config)
@@ -76,8 +78,25 @@ async def test_committed_and_skipped_steps_record_their_scenarios_and_a_failed_s
     assert set(model.trained_scenarios()) == {*batches[0].keys, *batches[1].keys}  # nothing of it trained
 
     left = list(agentrl.iterate_dataset(dataset, batch_size=2, already_trained=model.trained_scenarios()))
-    assert [b.keys for b in left] == [batches[2].keys]
+    assert [b.keys for b in left] == [batches[2].keys, batches[3].keys, batches[4].keys]
     again = await model.train(left[0].groups(lambda i: pool[i]), config)
     assert again.step == 2
+
+    # Cancelled (Ctrl-C) after the backend committed the step, while its files were being written: the
+    # next call asks the backend which step is committed, and the cancelled step's scenarios stay trained.
+    backend = model.backend
+    committing = backend.train
+
+    async def commits_then_cancelled(*args, **kwargs):
+        await committing(*args, **kwargs)
+        raise asyncio.CancelledError
+
+    backend.train = commits_then_cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await model.train(batches[3].groups(lambda i: pool[i]), config)
+    del backend.train
+    last = await model.train(batches[4].groups(lambda i: pool[i]), config)
+    assert last.step == 4
     trained = model.trained_scenarios()
     assert sorted(trained) == sorted(f"0:{i}" for i in dataset) and all(len(s) == 1 for s in trained.values())
+    assert [trained[k] for k in [*batches[3].keys, *batches[4].keys]] == [[3], [3], [4], [4]]
