@@ -353,7 +353,8 @@ async def test_pipeline_trainer_trains_steps_evaluates_and_resumes(backend, base
                               max_steps=step + 1)  # fmt: skip
     seen.clear()
     await resumed.train()
-    assert seen == [step]  # resumed at the scenario after the ones its checkpoint trained on
+    assert seen == [2]  # resumed at the one scenario no committed step consumed (a skipped step consumes its own)
+    assert sorted(model.trained_scenarios()) == ["0:0", "0:1", "0:2"]
     assert records(model, "val")
 
 

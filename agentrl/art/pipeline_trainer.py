@@ -3,15 +3,14 @@ steps sample while a step trains, at most `max_steps_off_policy` steps behind th
 
 Each step trains on `min_batch_size` groups, one per scenario (`rollout_fn(model, scenario, config)`
 returns the group). `eval_fn(model, step, config)` runs at the start and every `eval_every_n_steps`,
-and its trajectories are logged as "val". With `resume`, a run continues at the scenario after the
-last one its checkpoint trained on.
+and its trajectories are logged as "val". With `resume`, a run continues with the scenarios no committed
+step consumed (the run's record, `TrainableModel.trained_scenarios`), so a crash repeats or skips none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from typing import Any
 
@@ -122,9 +121,21 @@ class PipelineTrainer:
         scenarios = await self._scenario_list()
         if self.total_scenarios is not None:
             scenarios = scenarios[: self.total_scenarios]
-        start = await self.model.get_step() if self.resume else 0
-        skip = start * self.min_batch_size
-        steps = math.ceil(max(len(scenarios) - skip, 0) / self.min_batch_size)
+        start = await self.model.get_step()
+        batches = (
+            list(
+                agentrl.iterate_dataset(
+                    scenarios,
+                    batch_size=self.min_batch_size,
+                    shuffle=False,
+                    already_trained=self.model.trained_scenarios() if self.resume else (),
+                    show_progress=False,
+                )
+            )
+            if scenarios
+            else []
+        )
+        steps = len(batches)
         if self.max_steps is not None:
             steps = min(steps, max(self.max_steps - start, 0))
         if self.eval_at_start:
@@ -134,9 +145,7 @@ class PipelineTrainer:
             return []
 
         def make_groups(model: agentrl.TrainableModel, step: int) -> list[TrajectoryGroup]:
-            first = step * self.min_batch_size
-            batch = scenarios[first : first + self.min_batch_size]
-            return [TrajectoryGroup([self._rollout(scenario)]) for scenario in batch]
+            return batches[step - start].groups(lambda scenario: TrajectoryGroup([self._rollout(scenario)]))
 
         async def on_step(result: agentrl.TrainResult) -> None:
             if self.eval_every_n_steps > 0 and result.step % self.eval_every_n_steps == 0:
