@@ -300,7 +300,9 @@ class TrainableModel(Model):
 
     def trained_scenarios(self) -> dict[str, list[int]]:
         """Each scenario key ("{epoch}:{id}") a committed step of this run consumed, with that step: pass
-        its keys to `iterate_dataset(already_trained=...)` to resume without repeating or skipping one."""
+        its keys to `iterate_dataset(already_trained=...)` to resume without repeating or skipping one.
+        Registered first: which step is committed is the backend's to say."""
+        self._require_backend()
         return trained_scenarios(self._run_folder.scenarios, self._step)
 
     async def train_sft(self, demonstrations: list[History], config: SFTConfig | None = None) -> TrainResult:

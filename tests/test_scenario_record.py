@@ -54,6 +54,8 @@ def test_a_line_counts_once_its_step_committed_and_a_void_drops_what_never_did(t
 async def test_committed_and_skipped_steps_record_their_scenarios_and_a_failed_step_none(
     tiny_model_path, tokenizer, tmp_path
 ):
+    with pytest.raises(agentrl.AgentRLError, match="register"):
+        agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path)).trained_scenarios()
     model = model_on_a_server_seam(tiny_model_path, tmp_path, AdapterSlots(), trainer_device="cpu").model
     dataset = list(range(10))
     batches = list(agentrl.iterate_dataset(dataset, batch_size=2, show_progress=False))
