@@ -287,7 +287,8 @@ class TrainableModel(Model):
         try:
             result = await backend.train(self, groups, config or TrainConfig(), step_metrics=step_metrics)
         except Exception:
-            void_after(record, self._step)  # a backend that raises has rolled the step back
+            if consumed:  # a backend that raises has rolled the step back: its write-ahead line never counts
+                void_after(record, self._step)
             raise
         except BaseException:
             self._interrupted = True
