@@ -8,12 +8,16 @@ record (`agentrl.scenario_record`) then says which scenarios committed steps con
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 import random
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from pydantic import BaseModel
 from tqdm.auto import tqdm
 
 from agentrl.errors import ConfigurationError
@@ -34,7 +38,7 @@ class DatasetBatch(Generic[T]):
     epoch_step: int
     """The batch's index within its epoch."""
     keys: list[str] = field(default_factory=list)
-    """Each item's scenario key, "{epoch}:{id}" (the id: its index in the dataset, or `scenario_id(item)`)."""
+    """Each item's scenario key, "{epoch}:{id}" (the id: `content_ids`, or `scenario_id(item)`)."""
 
     def groups(self, make_group: Callable[[T], TrajectoryGroup]) -> list[TrajectoryGroup]:
         """`make_group(item)` for each item, each group named by its scenario's key, so that the step that
@@ -45,6 +49,32 @@ class DatasetBatch(Generic[T]):
             group.metadata[SCENARIO] = key
             groups.append(group)
         return groups
+
+
+def _as_json(item: Any) -> str:
+    """An item as canonical JSON (pydantic models and dataclasses as their fields); TypeError if it is not data."""
+    if isinstance(item, BaseModel):
+        item = item.model_dump(mode="json")
+    elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+        item = dataclasses.asdict(item)
+    return json.dumps(item, sort_keys=True, separators=(",", ":"))
+
+
+def content_ids(dataset: Sequence[Any]) -> list[str]:
+    """Each item's id from its content (16 hex digits of the sha256 of its JSON; a repeated item gets ".1",
+    ".2", ... in order), so a resumed run finds its trained scenarios in a dataset that was rebuilt larger,
+    smaller or in another order. Items that are not JSON data (nor pydantic models or dataclasses of it)
+    are named by their index instead, which assumes the same dataset on resume."""
+    try:
+        digests = [hashlib.sha256(_as_json(item).encode()).hexdigest()[:16] for item in dataset]
+    except (TypeError, ValueError):
+        return [str(index) for index in range(len(dataset))]
+    seen: dict[str, int] = {}
+    ids = []
+    for digest in digests:
+        repeat = seen[digest] = seen.get(digest, -1) + 1
+        ids.append(f"{digest}.{repeat}" if repeat else digest)
+    return ids
 
 
 def iterate_dataset(
@@ -65,7 +95,7 @@ def iterate_dataset(
     `already_trained=model.trained_scenarios()` (exact: every batch loses the scenarios a committed step
     consumed, and a batch left empty is not yielded) or `initial_step=await model.get_step()` (ART's way:
     skips that many batches, which is wrong after a skipped step or a pipelined run's look-ahead).
-    `scenario_id(item)` names a scenario in its key (default: its index in `dataset`).
+    `scenario_id(item)` names a scenario in its key (default: `content_ids`, from the item's content).
     """
     if batch_size < 1 or epochs < 1 or initial_step < 0:
         raise ConfigurationError(
@@ -80,7 +110,7 @@ def iterate_dataset(
     if len(dataset) == 0:
         raise ConfigurationError("iterate_dataset got an empty dataset: pass the training scenarios")
     trained = set(already_trained)
-    ids = [scenario_id(item) if scenario_id else index for index, item in enumerate(dataset)]
+    ids = [scenario_id(item) for item in dataset] if scenario_id else content_ids(dataset)
     if len(set(ids)) != len(ids):
         raise ConfigurationError("scenario_id gives two scenarios the same id: each needs its own, to be recorded")
     steps_per_epoch = math.ceil(len(dataset) / batch_size)

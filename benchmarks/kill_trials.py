@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import agentrl
+from agentrl.dataset import content_ids
 from agentrl.files import write_json_atomic
 from agentrl_environments.larger_number.task import rollout, scenarios
 from benchmarks.step_breakdown import RESULTS, cpu_name, precision_label
@@ -117,7 +118,7 @@ def trial(mode: str, count: int, rng: random.Random) -> dict[str, Any]:
         while attempts[-1]["trained"] is None and len(attempts) < 4:
             attempts.append(attempt(base_path, mode, count, None))
         trained = attempts[-1]["trained"] or {}
-        expected = {f"0:{i}" for i in range(count)}
+        expected = {f"0:{i}" for i in content_ids(scenarios("train", count, seed=7))}
         exactly_once = set(trained) == expected and all(len(steps) == 1 for steps in trained.values())
         return {"mode": mode, "kill_after_s": kill_after_s, "exactly_once": exactly_once, "attempts": attempts}
 

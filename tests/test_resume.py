@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 import agentrl
+from agentrl.dataset import content_ids
 from agentrl.wandb_metrics import RUN_ID_FILE
 from agentrl_environments.larger_number.task import rollout, scenarios
 from tests.helpers import group_processes, wandb_history
@@ -99,7 +100,8 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
 
         # Exactly once: step 1 trained 4 scenarios (of batch 0, or some of batch 1 that finished first); the
         # killed step's in-flight groups are not in the record, and the resumed run samples them again.
-        train, everything = scenarios("train", 8, seed=5), {f"0:{i}" for i in range(8)}
+        train = scenarios("train", 8, seed=5)
+        everything = {f"0:{i}" for i in content_ids(train)}
         before_kill = model.trained_scenarios()
         assert len(before_kill) == 4 and all(steps == [1] for steps in before_kill.values())
         left = list(agentrl.iterate_dataset(train, batch_size=4, already_trained=before_kill, show_progress=False))

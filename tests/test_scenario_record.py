@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 import agentrl
+from agentrl.dataset import content_ids
 from agentrl.scenario_record import record_step, trained_scenarios, void_after
 from tests.helpers import AdapterSlots, model_on_a_server_seam, synthetic_groups
 
@@ -17,9 +18,10 @@ def test_iterate_dataset_leaves_out_trained_scenarios_and_names_each_group():
     dataset = [f"s{i}" for i in range(5)]
     full = list(agentrl.iterate_dataset(dataset, batch_size=2, epochs=2, show_progress=False))
     assert [len(b.keys) for b in full] == [2, 2, 1, 2, 2, 1]
-    assert {k for b in full for k in b.keys} == {f"{e}:{i}" for e in (0, 1) for i in range(5)}
+    ids = content_ids(dataset)
+    assert {k for b in full for k in b.keys} == {f"{e}:{i}" for e in (0, 1) for i in ids}
     first = full[0]
-    assert [dataset[int(k.split(":")[1])] for k in first.keys] == first.items  # a key names its item
+    assert [dataset[ids.index(k.split(":")[1])] for k in first.keys] == first.items  # a key names its item
     trained = {*full[0].keys, full[1].keys[0], *full[2].keys}  # batch 1 half trained, batch 2 whole
     resumed = list(
         agentrl.iterate_dataset(dataset, batch_size=2, epochs=2, already_trained=trained, show_progress=False)
@@ -28,6 +30,20 @@ def test_iterate_dataset_leaves_out_trained_scenarios_and_names_each_group():
     assert resumed[0].keys == [full[1].keys[1]] and resumed[0].items == [full[1].items[1]]
     groups = resumed[0].groups(lambda item: agentrl.TrajectoryGroup(metadata={"split": "train"}))
     assert [g.metadata for g in groups] == [{"split": "train", "scenario": full[1].keys[1]}]
+
+    # Keys come from content: a dataset rebuilt larger and in another order (larger-number's grows with
+    # --steps) resumes with exactly the scenarios not trained yet, each repeated item is its own scenario,
+    # and items that are not data fall back to their index.
+    grown = [*reversed(dataset), "s5", "s6"]
+    rest = [
+        k
+        for b in agentrl.iterate_dataset(grown, batch_size=2, already_trained=trained, show_progress=False)
+        for k in b.keys
+    ]
+    assert sorted(rest) == sorted({f"0:{i}" for i in content_ids(grown)} - trained)
+    assert len(set(content_ids(["a", "b", "a", {"n": 1}, {"n": 1}]))) == 5
+    assert content_ids([{"n": 1}]) == content_ids([{"n": 1}]) != content_ids([{"n": 2}])
+    assert content_ids([object(), object()]) == ["0", "1"]
 
     named = next(agentrl.iterate_dataset(dataset, scenario_id=lambda s: s.upper(), shuffle=False, show_progress=False))
     assert named.keys == ["0:S0"]
@@ -100,5 +116,7 @@ async def test_committed_and_skipped_steps_record_their_scenarios_and_a_failed_s
     last = await model.train(batches[4].groups(lambda i: pool[i]), config)
     assert last.step == 4
     trained = model.trained_scenarios()
-    assert sorted(trained) == sorted(f"0:{i}" for i in dataset) and all(len(s) == 1 for s in trained.values())
+    assert sorted(trained) == sorted(f"0:{i}" for i in content_ids(dataset)) and all(
+        len(s) == 1 for s in trained.values()
+    )
     assert [trained[k] for k in [*batches[3].keys, *batches[4].keys]] == [[3], [3], [4], [4]]
