@@ -285,3 +285,12 @@ class AdapterSlots:
 
     def death_notice(self) -> None:
         return None
+
+
+def spans_by_track(events: list[dict]) -> dict[str, list[dict]]:
+    """A timeline's spans ("X" events) by the name of their track."""
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    tracks: dict[str, list[dict]] = {}
+    for event in (e for e in events if e["ph"] == "X"):
+        tracks.setdefault(names[event["tid"]], []).append(event)
+    return tracks

@@ -15,6 +15,7 @@ import agentrl
 from agentrl.backend.training.ranks import TrainerRanks, rank_cpus, rank_devices
 from agentrl.backend.training.trainer import Trainer
 from agentrl.rl.tokenize import split_by_tokens
+from agentrl.timeline import recorder
 from tests.helpers import synthetic_groups
 
 
@@ -90,8 +91,12 @@ def _compare_one_and_two_ranks(base_model_path, tokenizer, two_ranks, tmp_path):
     ]
     for step, (groups, config) in enumerate(steps):
         single = one.train_step("default", groups, config)
+        recorder.take()
         double = two_ranks.train_step("default", groups, config)
         assert single.updated and double.updated
+        # Each rank's micro-batches come back to the driver's timeline, on that rank's own track.
+        micro_batches = [span for span in recorder.take() if span.name.endswith("micro-batch")]
+        assert {span.track for span in micro_batches} == {"trainer rank 0", "trainer rank 1"}
         assert double.metrics["trainer_ranks"] == 2 and double.metrics["allreduce_s"] >= 0
         for name in ("trained_tokens", "num_sequences", "total_tokens"):
             assert double.metrics[name] == single.metrics[name]

@@ -16,6 +16,8 @@ import agentrl
 from agentrl.backend.serving.replicas import placements
 from agentrl.backend.serving.server import server_command
 from agentrl.gateway.upstream import AFFINITY_SLACK, Replica, Upstream, conversation_key
+from agentrl.timeline import TIMELINE_FILE, read_timeline, recorder
+from tests.helpers import spans_by_track
 
 
 def test_cpu_replicas_get_their_own_cores_and_gpu_replicas_their_own_devices():
@@ -69,6 +71,22 @@ def test_a_conversation_stays_on_its_replica_until_that_one_is_much_busier():
     assert upstream.pick(conversations[0]) is home
     home.in_flight += 1
     assert upstream.pick(conversations[0]) is other  # too busy: the least busy replica takes it
+
+
+def test_a_replicas_busy_stretches_are_spans_on_its_timeline_track():
+    replica = Replica("http://a", "k", track="replica 3")
+    recorder.take()
+    replica.request_sent()
+    replica.request_sent()
+    replica.request_done()
+    assert recorder.take() == []  # one request still in flight: the stretch goes on
+    replica.request_done()
+    replica.request_sent()
+    replica.request_done()
+    stretches = recorder.take()
+    assert [(s.name, s.track, s.args) for s in stretches] == [("serving", "replica 3", {"requests": 2}),
+                                                             ("serving", "replica 3", {"requests": 1})]  # fmt: skip
+    assert stretches[0].end_s <= stretches[1].start_s and replica.sent == 3 and replica.in_flight == 0
 
 
 def test_a_dead_replica_leaves_the_rotation_once_and_is_reported(caplog):
@@ -158,6 +176,10 @@ async def test_two_replicas_serve_through_swaps_without_a_404_and_survive_one_dy
         assert health["replicas"] == 2 and health["replicas_in_rotation"] == 1
         await two_sampled(model)  # the new adapter is served by the survivor
         assert model.inference_name == "replicated@2"
+        # The timeline has a row per replica: its busy stretches, each request counted in one of them.
+        tracks = spans_by_track(read_timeline(model.run_dir / TIMELINE_FILE))
+        serving = [e for track in ("replica 0", "replica 1") for e in tracks[track]]
+        assert {e["name"] for e in serving} == {"serving"} and all(e["args"]["requests"] >= 1 for e in serving)
     finally:
         stop.set()
         await backend.close()

@@ -6,7 +6,7 @@ import asyncio
 import agentrl
 from agentrl.cli import app
 from agentrl.timeline import TIMELINE_FILE, Span, append_timeline, read_timeline, recorder
-from tests.helpers import AdapterSlots, model_on_a_server_seam, runner, synthetic_groups
+from tests.helpers import AdapterSlots, model_on_a_server_seam, runner, spans_by_track, synthetic_groups
 
 
 async def gathered(groups: list[agentrl.TrajectoryGroup]) -> list[agentrl.TrajectoryGroup]:
@@ -22,14 +22,6 @@ async def gathered(groups: list[agentrl.TrajectoryGroup]) -> list[agentrl.Trajec
 
     pending = [agentrl.TrajectoryGroup(rollout(t) for t in g.trajectories) for g in groups]
     return await agentrl.gather_trajectory_groups(pending, after_each=judge, show_progress=False)
-
-
-def spans_by_track(events: list[dict]) -> dict[str, list[dict]]:
-    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
-    tracks: dict[str, list[dict]] = {}
-    for event in (e for e in events if e["ph"] == "X"):
-        tracks.setdefault(names[event["tid"]], []).append(event)
-    return tracks
 
 
 async def test_each_step_appends_its_phases_to_a_trace_a_viewer_reads(tiny_model_path, tokenizer, tmp_path):

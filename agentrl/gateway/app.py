@@ -96,18 +96,17 @@ class _GatewayRoutes:
         """Send to a replica; when its process died, take it out and try the next (nothing was returned yet)."""
         conversation = conversation_key(body)
         while (replica := self.upstream.pick(conversation)) is not None:
-            replica.in_flight += 1
-            replica.sent += 1
+            replica.request_sent()
             try:
                 return replica, await self.client.send(
                     self.build(replica, "POST", path, body), stream=bool(body.get("stream"))
                 )
             except httpx.TransportError as error:
-                replica.in_flight -= 1
+                replica.request_done()
                 if replica.death_notice is None or replica.death_notice() is None:
                     return self.unreachable(replica, error)  # alive but not answering: no safe retry elsewhere
             except asyncio.CancelledError:  # the client hung up: httpx closed the connection, vLLM aborts
-                replica.in_flight -= 1
+                replica.request_done()
                 raise
         return self.no_replica()
 
@@ -221,7 +220,7 @@ class _GatewayRoutes:
             return sent
         replica, response = sent
         if not body.get("stream"):
-            replica.in_flight -= 1
+            replica.request_done()
             if response.status_code != 200:
                 return Response(response.content, status_code=response.status_code, media_type="application/json")
             data = response.json()
@@ -232,7 +231,7 @@ class _GatewayRoutes:
         if response.status_code != 200:
             content = await response.aread()
             await response.aclose()
-            replica.in_flight -= 1
+            replica.request_done()
             return Response(content, status_code=response.status_code, media_type="application/json")
         joined = None if on_answer is None else (body, on_answer)
         relay = relay_chat(response, self.store, replica, joined, request.headers.get(ROLLOUT_HEADER))
@@ -266,7 +265,7 @@ class _GatewayRoutes:
                 on_answer(chat_body, chat_answer)
 
         if not chat_body.get("stream"):
-            replica.in_flight -= 1
+            replica.request_done()
             if response.status_code != 200:
                 return refuse(response.status_code, _upstream_message(response.content))
             data = response.json()
@@ -278,7 +277,7 @@ class _GatewayRoutes:
         if response.status_code != 200:
             content = await response.aread()
             await response.aclose()
-            replica.in_flight -= 1
+            replica.request_done()
             return refuse(response.status_code, _upstream_message(content))
         events: responses_stream.ResponseEvents | messages_api.MessageEvents = (
             responses_stream.ResponseEvents(body, answer_id)

@@ -54,7 +54,7 @@ async def relay_chat(
             yield (line + "\n").encode()
     finally:
         await upstream.aclose()
-        replica.in_flight -= 1
+        replica.request_done()
         if not kept and accumulated.completion_id is not None:
             store.put(accumulated.completion_id, accumulated.choices(), rollout)
 
@@ -102,6 +102,6 @@ async def relay_as(  # noqa: C901 - over the limit when the rule came on; split 
                     yield event
     finally:
         await upstream.aclose()
-        replica.in_flight -= 1
+        replica.request_done()
         if not kept and accumulated.completion_id is not None:
             store.put(answer_id, accumulated.choices(), rollout)

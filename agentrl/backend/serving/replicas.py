@@ -82,7 +82,10 @@ class ServerReplicas:
 
     def gateway_replicas(self) -> list[Replica]:
         """Where the gateway sends requests: each replica's address, key and death notice."""
-        return [Replica(f"http://127.0.0.1:{r.port}", r.api_key, r.death_notice) for r in self.replicas]
+        return [
+            Replica(f"http://127.0.0.1:{r.port}", r.api_key, r.death_notice, track=f"replica {index}")
+            for index, r in enumerate(self.replicas)
+        ]
 
     async def start(self, served_name: str = "base") -> None:
         """Start every replica at once; if one fails, stop them all and raise its error (with its log)."""

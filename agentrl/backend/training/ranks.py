@@ -13,6 +13,7 @@ its last checkpoint by registering the model again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import multiprocessing
@@ -35,6 +36,7 @@ from agentrl.backend.processes import split_contiguous
 from agentrl.backend.training.adapter_trainer import StepOutcome
 from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import ConfigurationError, TrainingError
+from agentrl.timeline import recorder
 from agentrl.trajectory import History, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
@@ -125,7 +127,7 @@ def serve_rank(
         if trainer_args.pop("deterministic", False):  # each rank's process, before its first matmul
             use_deterministic_kernels()
         trainer = Trainer(**trainer_args, device=device)
-        connection.send(("ok", os.getpid()))
+        connection.send(("ok", os.getpid(), []))
         while True:
             try:
                 method, args, kwargs = connection.recv()
@@ -134,7 +136,8 @@ def serve_rank(
             if method == "stop":
                 return
             try:
-                connection.send(("ok", getattr(trainer, method)(*args, **kwargs)))
+                answer = getattr(trainer, method)(*args, **kwargs)
+                connection.send(("ok", answer, recorder.take()))  # the driver puts its spans on this rank's track
             except Exception as error:  # noqa: BLE001 - every failure goes back to the driver, which raises it
                 connection.send(("error", _portable_error(error), traceback.format_exc()))
     except Exception as error:  # noqa: BLE001 - a rank that cannot start says why
@@ -303,6 +306,8 @@ class TrainerRanks:
                         self._fail(self._death(rank, method))
                 elif reply[0] == "ok":
                     answers[rank] = reply[1]
+                    for span in reply[2]:
+                        recorder.add(dataclasses.replace(span, track=f"trainer rank {rank}"))
                 else:
                     errors[rank] = (reply[1], reply[2])
                     deadline = min(deadline or math.inf, time.monotonic() + 30)
