@@ -97,7 +97,8 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
     finishes; `on_step` after each step (an evaluation every N steps, a print). A step may train groups
     of later loop steps that finished first: to resume by scenario rather than by step count, build the
     groups with `DatasetBatch.groups` on `iterate_dataset(..., already_trained=model.trained_scenarios())`
-    batches; a stale group counts as consumed by the step that dropped it. Each step's
+    batches; a stale group counts as consumed by the step that dropped it, and one `after_each` dropped by
+    the next step. Each step's
     metrics.jsonl line adds `staleness_mean`/`staleness_max` (steps between a group's oldest turn
     and the step it trained), `num_groups_stale_dropped`, and over the cycle since the previous
     step began training: `trainer_idle_frac` (waiting for groups), `sampler_idle_frac` (no group
@@ -113,6 +114,7 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
     failures: list[BaseException] = []
     sampler = _SamplerClock()
     sizes: list[int] = []  # groups per loop step whose groups were started, as make_groups gave them
+    judge_dropped: list[TrajectoryGroup] = []
 
     async def sample(group: TrajectoryGroup) -> None:
         started_at = model._step  # the adapter served when the rollout begins
@@ -122,6 +124,8 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
             )
             for resolved in finished:
                 ready.append(_Finished(resolved, oldest_policy_step(resolved, started_at)))
+            if not finished:  # `after_each` dropped it: consumed by the next step, as the synchronous loop does
+                judge_dropped.append(group)
         except Exception as error:  # noqa: BLE001 - raised in the loop, which stops everything
             failures.append(error)
         finally:
@@ -179,7 +183,9 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
                 "steps_per_hour": 3600.0 / cycle_s,
             }
             cycle_started, sampler_idle_at_cycle_start = now, sampler_idle
-            result = await model.train([f.group for f in taken], config, step_metrics=step_metrics, dropped=stale)
+            dropped = [*stale, *judge_dropped]
+            judge_dropped.clear()
+            result = await model.train([f.group for f in taken], config, step_metrics=step_metrics, dropped=dropped)
             results.append(result)
             if on_step is not None and (pending := on_step(result)) is not None:
                 await pending

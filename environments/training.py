@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import agentrl
 from agentrl import AfterEach, JudgeModel
 from agentrl.judges.training import RUN_PREFIX, trained_judge
+from agentrl.scenario_record import SCENARIO, group_scenarios
 from agentrl.tracking import summarize
 
 OFF_POLICY_TIS = 2.0
@@ -177,13 +178,17 @@ async def train_and_evaluate(
         else:
             for number, batch in enumerate(batches, start=1):
                 step_started = time.perf_counter()
+                scheduled = batch.groups(lambda s: make_group(model, s))
                 groups = await agentrl.gather_trajectory_groups(
-                    batch.groups(lambda s: make_group(model, s)),
+                    scheduled,
                     max_exception_rate=max_exception_rate,
                     after_each=after_each,
                     desc=f"batch {number}/{len(batches)} rollouts",
                 )
-                result = await model.train(groups, config)
+                # Groups a judge dropped are consumed by this step too: a resumed run does not sample them again.
+                kept = set(group_scenarios(groups))
+                dropped = [group for group in scheduled if group.metadata[SCENARIO] not in kept]
+                result = await model.train(groups, config, dropped=dropped)
                 print_step(result, f", {time.perf_counter() - step_started:.1f} s")
         end_step = await model.get_step()
         after = await model.log(await evaluate(model), split="val")

@@ -120,3 +120,27 @@ async def test_committed_and_skipped_steps_record_their_scenarios_and_a_failed_s
         len(s) == 1 for s in trained.values()
     )
     assert [trained[k] for k in [*batches[3].keys, *batches[4].keys]] == [[3], [3], [4], [4]]
+
+
+async def test_a_group_the_judge_dropped_is_consumed_by_the_next_pipelined_step(tiny_model_path, tokenizer, tmp_path):
+    model = model_on_a_server_seam(tiny_model_path, tmp_path, AdapterSlots(), trainer_device="cpu").model
+    batches = list(agentrl.iterate_dataset(list(range(6)), batch_size=3, shuffle=False, show_progress=False))
+    pool = synthetic_groups(tokenizer, seed=4, size=2, num_groups=6, max_words=6)
+    refused = batches[0].keys[1]
+
+    async def judge(group: agentrl.TrajectoryGroup) -> agentrl.TrajectoryGroup | None:
+        return None if group.metadata["scenario"] == refused else group
+
+    results = await agentrl.train_pipelined(
+        model,
+        lambda model, step: batches[step].groups(lambda i: pool[i]),
+        steps=2,
+        max_steps_off_policy=0,
+        config=agentrl.TrainConfig(learning_rate=1e-3),
+        after_each=judge,
+    )
+    assert [r.step for r in results] == [1, 2]
+    trained = model.trained_scenarios()
+    # Never trained, but consumed: a resumed run does not sample it again, as an uninterrupted one would not.
+    assert sorted(trained) == sorted(k for b in batches for k in b.keys) and trained[refused] in ([1], [2])
+    assert not list(agentrl.iterate_dataset(list(range(6)), batch_size=3, already_trained=trained))
