@@ -14,8 +14,9 @@ sampling the 64 answers, rewards, training, and (agentrl) saving the adapter and
 Each repetition times `--steps` steps of each, after one warm-up step, and the order alternates
 (agentrl first in even repetitions, TRL first in odd ones) so drift in the machine's speed hits
 both. TRL runs in a fresh process per repetition (its `train()` runs a fixed number of steps);
-agentrl keeps one backend (its server start, ~30 s, is reported apart, not in the step) and trains
-one model on. While TRL runs, agentrl's idle server holds memory but no CPU.
+agentrl keeps one backend (its server start, ~30 s, is reported apart, not in the step) and, like
+TRL, trains a fresh model in each repetition after one warm-up step, so both time the same steps of
+training (a run that trained on learns shorter answers, which sample and train faster). While TRL runs, agentrl's idle server holds memory but no CPU.
 
 TRL's settings for a CPU: weights in that format (with peft's fp32 adapters as TRL makes them), all 64 generations in one `generate` batch and one training batch (no gradient
 accumulation), no gradient checkpointing, the same 2 threads, SDPA attention (transformers'
@@ -150,18 +151,20 @@ async def side_by_side(reps: int, steps: int) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp:
         backend = agentrl.LocalBackend()
-        model = agentrl.TrainableModel(name="compare", project="bench", base_path=tmp)
         try:
-            started = time.perf_counter()
-            await model.register(backend)
-            start_s = time.perf_counter() - started
-            await agentrl_steps(model, 1, seed=100)  # warm-up
+            start_s = None  # the first registration starts the server
             rows = []
             for rep in range(reps):
                 order = ["agentrl", "trl"] if rep % 2 == 0 else ["trl", "agentrl"]
                 row: dict[str, Any] = {"rep": rep + 1, "order": order}
                 for system in order:
-                    if system == "agentrl":
+                    if system == "agentrl":  # a fresh model each repetition, as TRL's fresh process: the same
+                        # point of training (a policy that has learned answers shorter, and so faster)
+                        model = agentrl.TrainableModel(name=f"compare-{rep}", project="bench", base_path=tmp)
+                        started = time.perf_counter()
+                        await model.register(backend)
+                        start_s = start_s if start_s is not None else time.perf_counter() - started
+                        await agentrl_steps(model, 1, seed=100)  # warm-up, as TRL's first step
                         row["agentrl_steps_s"] = await agentrl_steps(model, steps, seed=rep)
                     else:  # the first step warms up TRL's process
                         row["trl_steps_s"] = (await asyncio.to_thread(trl_in_a_process, steps + 1, rep))[1:]
