@@ -26,6 +26,7 @@ from agentrl.errors import ConfigurationError
 from agentrl.gather import AfterEach, gather_trajectory_groups
 from agentrl.model import TrainableModel, TrainResult
 from agentrl.rl.ledger import group_tokens
+from agentrl.timeline import sampling
 from agentrl.trajectory import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
@@ -54,30 +55,6 @@ class _Finished:
     oldest_step: int
 
 
-class _SamplerClock:
-    """Time during which no group was sampling: the sampler's idle time."""
-
-    def __init__(self) -> None:
-        self.in_flight = 0
-        self.idle_s = 0.0
-        self._idle_since: float | None = time.perf_counter()
-
-    def started(self) -> None:
-        if self.in_flight == 0 and self._idle_since is not None:
-            self.idle_s += time.perf_counter() - self._idle_since
-            self._idle_since = None
-        self.in_flight += 1
-
-    def finished(self) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self._idle_since = time.perf_counter()
-
-    def idle_until_now(self) -> float:
-        running = time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0
-        return self.idle_s + running
-
-
 async def train_pipelined(  # noqa: C901 - over the limit when the rule came on; split it when next changed
     model: TrainableModel,
     make_groups: MakeGroups,
@@ -101,8 +78,9 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
     the next step. Each step's
     metrics.jsonl line adds `staleness_mean`/`staleness_max` (steps between a group's oldest turn
     and the step it trained), `num_groups_stale_dropped`, and over the cycle since the previous
-    step began training: `trainer_idle_frac` (waiting for groups), `sampler_idle_frac` (no group
-    sampling) and `steps_per_hour`.
+    step began training: `trainer_idle_frac` (waiting for groups), `sampler_idle_frac` (no rollout
+    running: the gaps between the timeline's "rollouts" spans, from `agentrl.timeline.sampling`) and
+    `steps_per_hour`.
     """
     if isinstance(max_steps_off_policy, bool) or not isinstance(max_steps_off_policy, int) or max_steps_off_policy < 0:
         raise ConfigurationError(f"max_steps_off_policy must be an int >= 0, got {max_steps_off_policy!r}")
@@ -112,11 +90,12 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
     arrived = asyncio.Event()
     tasks: set[asyncio.Task[None]] = set()
     failures: list[BaseException] = []
-    sampler = _SamplerClock()
+    in_flight = 0  # groups started and not yet finished, judged or failed
     sizes: list[int] = []  # groups per loop step whose groups were started, as make_groups gave them
     judge_dropped: list[TrajectoryGroup] = []
 
     async def sample(group: TrajectoryGroup) -> None:
+        nonlocal in_flight
         started_at = model._step  # the adapter served when the rollout begins
         try:
             finished = await gather_trajectory_groups(
@@ -129,33 +108,34 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
         except Exception as error:  # noqa: BLE001 - raised in the loop, which stops everything
             failures.append(error)
         finally:
-            sampler.finished()
+            in_flight -= 1
             arrived.set()
 
     def launch(done: int) -> None:
         """Start the groups of every loop step that may sample now: up to `max_steps_off_policy` ahead."""
+        nonlocal in_flight
         while len(sizes) < steps and len(sizes) <= done + max_steps_off_policy:
             groups = list(make_groups(model, first + len(sizes)))
             sizes.append(len(groups))
             for group in groups:
-                sampler.started()  # counted from now: the loop must not think nothing is coming
+                in_flight += 1  # counted from now: the loop must not think nothing is coming
                 task = asyncio.ensure_future(sample(group))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
 
     results: list[TrainResult] = []
     try:
-        cycle_started, sampler_idle_at_cycle_start = time.perf_counter(), 0.0
+        cycle_started, sampler_busy_at_cycle_start = time.time(), sampling.busy_s()
         for done in range(steps):
             launch(done)
-            waiting_started = time.perf_counter()
+            waiting_started = time.time()
             taken: list[_Finished] = []
             stale: list[TrajectoryGroup] = []
             while len(taken) < sizes[done]:
                 if failures:
                     raise failures[0]
                 if not ready:
-                    if sampler.in_flight == 0:
+                    if in_flight == 0:
                         break  # a judge dropped some groups and nothing else is sampling: train on what there is
                     arrived.clear()
                     await arrived.wait()
@@ -168,9 +148,8 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
             if stale:
                 logger.warning("dropped %d groups sampled more than %d steps ago", len(stale), max_steps_off_policy)
             # A cycle runs from the previous step's start of training to this one's: one training and one wait.
-            now = time.perf_counter()
+            now, sampler_busy = time.time(), sampling.busy_s()
             cycle_s = max(now - cycle_started, 1e-9)
-            sampler_idle = sampler.idle_until_now()
             staleness = [model._step - f.oldest_step for f in taken]
             step_metrics = {
                 "max_steps_off_policy": float(max_steps_off_policy),
@@ -179,10 +158,10 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
                 "num_groups_stale_dropped": float(len(stale)),
                 "tokens_discarded_stale": float(group_tokens(stale)),
                 "trainer_idle_frac": (now - waiting_started) / cycle_s,
-                "sampler_idle_frac": (sampler_idle - sampler_idle_at_cycle_start) / cycle_s,
+                "sampler_idle_frac": max(1.0 - (sampler_busy - sampler_busy_at_cycle_start) / cycle_s, 0.0),
                 "steps_per_hour": 3600.0 / cycle_s,
             }
-            cycle_started, sampler_idle_at_cycle_start = now, sampler_idle
+            cycle_started, sampler_busy_at_cycle_start = now, sampler_busy
             dropped = [*stale, *judge_dropped]
             judge_dropped.clear()
             result = await model.train([f.group for f in taken], config, step_metrics=step_metrics, dropped=dropped)

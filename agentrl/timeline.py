@@ -64,6 +64,48 @@ class Recorder:
 recorder = Recorder()
 
 
+class BusyClock:
+    """The work open on a track, counted as each piece starts and ends, and the wall seconds during which any
+    was open: the busy time the track's spans show on the timeline, known live (an open stretch included).
+    With `stretch`, each busy stretch also goes on the timeline as one span of that name, with the number
+    of pieces it held as `count_name`."""
+
+    def __init__(self, track: str, stretch: str | None = None, count_name: str = "requests") -> None:
+        self.track, self.stretch, self.count_name = track, stretch, count_name
+        self.open = 0
+        self._busy_s = 0.0
+        self._since: float | None = None
+        self._pieces = 0
+        self._lock = threading.Lock()
+
+    def started(self) -> None:
+        with self._lock:
+            if self.open == 0:
+                self._since, self._pieces = time.time(), 0
+            self.open += 1
+            self._pieces += 1
+
+    def finished(self) -> None:
+        with self._lock:
+            self.open -= 1
+            if self.open == 0 and self._since is not None:
+                now = time.time()
+                self._busy_s += now - self._since
+                if self.stretch is not None:
+                    recorder.add(Span(self.stretch, self.track, self._since, now, {self.count_name: self._pieces}))
+                self._since = None
+
+    def busy_s(self) -> float:
+        """Seconds busy since this clock was made, up to now."""
+        with self._lock:
+            return self._busy_s + (time.time() - self._since if self._since is not None else 0.0)
+
+
+sampling = BusyClock("rollouts")
+"""This process's rollouts: busy while any rollout runs, so `train_pipelined`'s `sampler_idle_frac` is the
+time with no span on any "rollouts" track."""
+
+
 @contextlib.contextmanager
 def span(name: str, track: str, **args: float | str) -> Iterator[None]:
     """Record the `with` block as a span named `name` on `track` (recorded even if the block raises)."""
@@ -102,10 +144,12 @@ _rollout_slots = _Slots()
 def rollout_span(where: str) -> Iterator[None]:
     """Record a rollout as a span on the lowest free "rollouts NNN" track."""
     slot = _rollout_slots.take()
+    sampling.started()
     try:
         with span("rollout", f"rollouts {slot:03d}", where=where):
             yield
     finally:
+        sampling.finished()
         _rollout_slots.give_back(slot)
 
 
@@ -166,6 +210,30 @@ def read_timeline(path: Path) -> list[dict[str, Any]]:
     text = Path(path).read_text().rstrip().rstrip(",")
     events: list[dict[str, Any]] = json.loads(text + "]")
     return events
+
+
+def busy_seconds(events: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
+    """The seconds from a trace's first span to its last, and for each category (a track's first word:
+    rollouts, judge, trainer, server, replica) the seconds during which any of its spans was open; the
+    sampler is idle where "rollouts" is not busy, the same figure `train_pipelined` takes live."""
+    intervals: dict[str, list[tuple[int, int]]] = {}
+    for event in events:
+        if event["ph"] == "X":
+            intervals.setdefault(str(event["cat"]), []).append((event["ts"], event["ts"] + event["dur"]))
+    if not intervals:
+        return 0.0, {}
+    starts = [a for spans in intervals.values() for a, _ in spans]
+    ends = [b for spans in intervals.values() for _, b in spans]
+    busy: dict[str, float] = {}
+    for category, spans in sorted(intervals.items()):
+        total_us, reach = 0, None
+        for start, end in sorted(spans):
+            if reach is not None and start < reach:  # overlaps what is counted: count only what sticks out
+                start = reach
+            total_us += max(end - start, 0)
+            reach = end if reach is None else max(reach, end)
+        busy[category] = total_us / 1e6
+    return (max(ends) - min(starts)) / 1e6, busy
 
 
 def plot_timeline(path: Path, out: Path, *, start_s: float = 0.0, seconds: float | None = None) -> Path:

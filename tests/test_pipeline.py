@@ -57,6 +57,8 @@ async def test_off_policy_zero_is_the_synchronous_loop(served_model):
     assert names == {start: {f"test-agent@{start}"}, start + 1: {f"test-agent@{start + 1}"}}
     for result in results:
         assert result.metrics["staleness_max"] == 0 and result.metrics["num_groups_stale_dropped"] == 0
+        # In turns: the trainer waits while rollouts run, and no rollout runs while it trains.
+        assert 0.9 <= result.metrics["trainer_idle_frac"] + result.metrics["sampler_idle_frac"] <= 1.01, result.metrics
         groups = trained_groups(served_model, result.step)
         assert len(groups) == 2
         assert {s for g in groups for t in g.trajectories for s in policy_steps(t)} == {result.step - 1}

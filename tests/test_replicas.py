@@ -67,9 +67,10 @@ def test_a_conversation_stays_on_its_replica_until_that_one_is_much_busier():
     assert conversation_key(first_turn) == conversation_key(later_turn) == conversations[0]
     home = upstream.pick(conversations[0])
     other = next(r for r in upstream.replicas if r is not home)
-    home.in_flight = other.in_flight + AFFINITY_SLACK
+    for _ in range(other.in_flight + AFFINITY_SLACK - home.in_flight):
+        home.request_sent()
     assert upstream.pick(conversations[0]) is home
-    home.in_flight += 1
+    home.request_sent()
     assert upstream.pick(conversations[0]) is other  # too busy: the least busy replica takes it
 
 

@@ -18,7 +18,7 @@ from agentrl.model import served_name
 from agentrl.rl.ledger import REASONS
 from agentrl.run_folder import DEFAULT_BASE_PATH
 from agentrl.runs import COMPARED, RunInfo, find_runs
-from agentrl.timeline import TIMELINE_FILE, plot_timeline
+from agentrl.timeline import TIMELINE_FILE, busy_seconds, plot_timeline, read_timeline
 
 
 @app.command()
@@ -105,11 +105,15 @@ def timeline(
     out: str | None = typer.Option(None, help="the PNG to write (default: timeline.png in the run folder)"),
     base_path: str = typer.Option(DEFAULT_BASE_PATH),
 ) -> None:
-    """Draw a run's timeline.json as a PNG (open the JSON itself in ui.perfetto.dev to explore it)."""
+    """Draw a run's timeline.json as a PNG (open the JSON itself in ui.perfetto.dev to explore it) and say how
+    busy each kind of track was over the whole run."""
     info = resolve_run_option(run, base_path)
     trace = info.path / TIMELINE_FILE
     if not trace.exists():
         raise typer.BadParameter(f"{trace} does not exist: a run records its timeline from its first step on")
+    window_s, busy = busy_seconds(read_timeline(trace))
+    shares = ", ".join(f"{category} {seconds / max(window_s, 1e-9):.0%}" for category, seconds in busy.items())
+    typer.echo(f"busy over the {window_s:.0f} s recorded: {shares} (idle is the rest)")
     typer.echo(
         f"timeline plot: {plot_timeline(trace, Path(out) if out else info.path / 'timeline.png', start_s=start, seconds=seconds).resolve()}"
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 
 from agentrl.gateway.limits import GatewayLimits, RequestRefused
-from agentrl.timeline import Span, recorder
+from agentrl.timeline import BusyClock
 
 UPSTREAM_HEADER = "x-agentrl-upstream"
 """Marks the gateway's own requests to vLLM, which trajectory capture leaves alone (the client's side records)."""
@@ -42,28 +41,28 @@ class Replica:
     """None while it runs; else what happened to it (log path and tail)."""
     track: str = "replica"
     """Its row on the run's timeline, where each stretch with requests in flight is a "serving" span."""
-    in_flight: int = 0
     sent: int = 0
     """Requests sent to it so far."""
     removed: str | None = None
     """Why it left the rotation (its death notice); None while in rotation."""
-    busy_since: float | None = None
-    busy_requests: int = 0
+    busy: BusyClock = field(init=False)
+    """Its requests in flight, and its busy stretches as "serving" spans on its track."""
+
+    def __post_init__(self) -> None:
+        self.busy = BusyClock(self.track, stretch="serving")
+
+    @property
+    def in_flight(self) -> int:
+        return self.busy.open
 
     def request_sent(self) -> None:
         """Count a request sent to it; the first with none in flight opens a busy stretch."""
-        if self.in_flight == 0:
-            self.busy_since, self.busy_requests = time.time(), 0
-        self.in_flight += 1
+        self.busy.started()
         self.sent += 1
-        self.busy_requests += 1
 
     def request_done(self) -> None:
         """Count a request answered (or failed); the last in flight closes the busy stretch on its track."""
-        self.in_flight -= 1
-        if self.in_flight == 0 and self.busy_since is not None:
-            recorder.add(Span("serving", self.track, self.busy_since, time.time(), {"requests": self.busy_requests}))
-            self.busy_since = None
+        self.busy.finished()
 
 
 @dataclass
