@@ -4,6 +4,7 @@ from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
 from agentrl.backend.remote.client import RemoteBackend
+from agentrl.backend.training.rank_hosts import JoinPoint
 from agentrl.call_helpers import limit_concurrency, retry
 from agentrl.capture import capture_trajectory, current_trajectory
 from agentrl.config import (
@@ -107,6 +108,7 @@ __all__ = [
     "AfterEach",
     "EnvironmentCommands",
     "JudgeModel",
+    "JoinPoint",
     "handle_stop_signals",
     "DEFAULT_BASE_PATH",
     "RunFolder",

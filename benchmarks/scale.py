@@ -13,6 +13,14 @@ token ids, default TrainConfig) on one trainer (both cores), on two data-paralle
 each) and on two sharded ranks (FSDP2); the median of `--steps` steps after a warm-up step, the
 time the ranks spent summing gradients, and the weights each rank holds. Writes
 benchmarks/results/scale.json and the README table.
+
+    .venv/bin/python -m benchmarks.scale --hosts [--steps 3]
+
+Two data-parallel ranks on one host against the same two ranks as two "hosts" on this machine (rank 1
+joined with `agentrl backend rank --join` from its own process group and folders, over loopback):
+what crossing hosts costs, in rendezvous (start), summing gradients, and pushing a checkpoint to the
+ranks (a remote rank gets the files over its connection). Writes benchmarks/results/scale_hosts.json
+and its README table.
 """
 
 from __future__ import annotations
@@ -21,9 +29,12 @@ import argparse
 import asyncio
 import datetime
 import os
+import secrets
+import shutil
 import statistics
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,6 +49,8 @@ SCALE_RESULTS = RESULTS.with_name("scale.json")
 START, END = "<!-- benchmark:scale:start -->", "<!-- benchmark:scale:end -->"
 CONCURRENCY, TOKENS = 32, 64
 RANK_SETUPS = {"1 trainer": (1, False), "2 ranks (DDP)": (2, False), "2 ranks (FSDP2)": (2, True)}
+HOST_SETUPS = ("2 ranks, one host", "2 ranks, two hosts (loopback)")
+HOSTS_START, HOSTS_END = "<!-- benchmark:scale-hosts:start -->", "<!-- benchmark:scale-hosts:end -->"
 
 
 async def measure(replicas: int, requests: int) -> dict[str, Any]:
@@ -83,16 +96,30 @@ def measure_ranks(setup: str, steps: int) -> dict[str, Any]:
     """GRPO step time of one trainer or of trainer ranks on the same synthetic groups."""
     from transformers import AutoTokenizer
 
+    from agentrl.backend.processes import free_port
+    from agentrl.backend.training.rank_hosts import JoinPoint
     from agentrl.backend.training.ranks import TrainerRanks
     from agentrl.backend.training.trainer import Trainer
     from agentrl.base_models import resolve_base_model
-    from tests.helpers import synthetic_groups
+    from tests.helpers import join_from_another_host, synthetic_groups
 
-    ranks, sharded = RANK_SETUPS[setup]
+    ranks, sharded = RANK_SETUPS.get(setup, (2, False))
     path = resolve_base_model("smollm2-135m-instruct")
     tokenizer = AutoTokenizer.from_pretrained(path)
+    folder, other_host, join = Path(tempfile.mkdtemp(prefix="agentrl-scale-")), None, None
+    if setup == HOST_SETUPS[1]:
+        port, token = free_port(), secrets.token_urlsafe(16)
+        cores = sorted(os.sched_getaffinity(0))  # the "hosts" split this machine's cores, as two ranks on it do
+        half = len(cores) // 2 or 1
+        other_host = join_from_another_host(folder, port, token, cpus=cores[half:] or cores)
+        join = JoinPoint("127.0.0.1", port, token, remote_ranks=1)
+        os.sched_setaffinity(0, cores[:half])  # the head's rank 0 takes this process's cores
     started = time.perf_counter()
-    trainer = Trainer(path) if ranks == 1 else TrainerRanks(path, ranks=ranks, sharded=sharded)
+    try:
+        trainer = Trainer(path) if ranks == 1 else TrainerRanks(path, ranks=ranks, sharded=sharded, join=join)
+    finally:
+        if join is not None:
+            os.sched_setaffinity(0, cores)
     trainer.add_adapter("default", agentrl.LoRAConfig())
     start_s = time.perf_counter() - started
     outcomes = []
@@ -103,8 +130,17 @@ def measure_ranks(setup: str, steps: int) -> dict[str, Any]:
             outcome = trainer.train_step("default", groups, agentrl.TrainConfig())
             outcomes.append((time.perf_counter() - started, outcome.metrics))
         held = trainer.parameter_bytes()
+        (folder / "checkpoint").mkdir()
+        trainer.save("default", folder / "checkpoint")
+        started = time.perf_counter()
+        trainer.load("default", folder / "checkpoint")  # what a resume asks of every rank
+        load_s = time.perf_counter() - started
+        checkpoint_bytes = sum(f.stat().st_size for f in (folder / "checkpoint").iterdir())
     finally:
         trainer.close()
+        if other_host is not None:
+            other_host.wait(30)
+        shutil.rmtree(folder, ignore_errors=True)
     timed = outcomes[1:]
     step_s = statistics.median(s for s, _ in timed)
     tokens = statistics.median(m["total_tokens"] for _, m in timed)
@@ -117,17 +153,51 @@ def measure_ranks(setup: str, steps: int) -> dict[str, Any]:
         "tokens_per_step": tokens,
         "trained_tokens_per_s": tokens / step_s,
         "allreduce_s_median": statistics.median(m.get("allreduce_s", 0.0) for _, m in timed),
+        "allreduce_bytes": statistics.median(m.get("allreduce_bytes", 0.0) for _, m in timed),
         "weights_gib_per_rank": [b / 2**30 for b in held],
+        "load_s": load_s,
+        "checkpoint_bytes": checkpoint_bytes,
     }
     print(result, flush=True)
     return result
+
+
+def compare_hosts(steps: int) -> None:
+    """Two ranks on one host against two "hosts" on loopback: scale_hosts.json and its README table."""
+    runs = [measure_ranks(setup, steps) for setup in HOST_SETUPS]
+    machine = f"{cpu_name()}, {os.cpu_count()} cores"
+    result = {"machine": machine, "date": datetime.date.today().isoformat(), "runs": runs}
+    write_json_atomic(SCALE_RESULTS.with_name("scale_hosts.json"), result)
+    rows = [
+        f"| {r['setup']} | {r['start_s']:.1f} s | {r['step_s_median']:.1f} s | {r['allreduce_s_median'] * 1000:.0f} ms "
+        f"({r['allreduce_bytes'] / 2**20:.1f} MiB) | {r['load_s']:.2f} s ({r['checkpoint_bytes'] / 2**20:.1f} MiB) |"
+        for r in runs
+    ]
+    table = "\n".join(
+        [
+            HOSTS_START,
+            f'Two trainer ranks, one host against two "hosts" on loopback ({machine}, {result["date"]}; '
+            f"GRPO steps on 8 x 8 synthetic answers, median of {steps}; each rank on half the cores):",
+            "",
+            "| ranks | start (rendezvous, both trainers built) | step | summing gradients (bytes a step) | checkpoint to every rank |",
+            "| --- | --- | --- | --- | --- |",
+            *rows,
+            HOSTS_END,
+        ]
+    )
+    replace_section(HOSTS_START, HOSTS_END, table)
+    print(table)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--hosts", action="store_true", help="only one host against two hosts on loopback")
     args = parser.parse_args()
+    if args.hosts:
+        compare_hosts(args.steps)
+        return
     runs = [asyncio.run(measure(replicas, args.requests)) for replicas in (1, 2)]
     rank_runs = [measure_ranks(setup, args.steps) for setup in RANK_SETUPS]
     result = {

@@ -6,6 +6,8 @@ import json
 import os
 import random
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +296,17 @@ def spans_by_track(events: list[dict]) -> dict[str, list[dict]]:
     for event in (e for e in events if e["ph"] == "X"):
         tracks.setdefault(names[event["tid"]], []).append(event)
     return tracks
+
+
+def join_from_another_host(
+    home: Path, port: int, token: str, *, cpus: list[int] | None = None
+) -> subprocess.Popen[bytes]:
+    """`agentrl backend rank --join 127.0.0.1:PORT` as another host would run it: its own process group, working
+    folder, home and caches under `home` (nothing on disk shared with the head), reaching the head over loopback;
+    on `cpus` (default: one thread, wherever it runs)."""
+    threads = len(cpus) if cpus else 1
+    env = {**os.environ, "AGENTRL_RANK_TOKEN": token, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
+           "HF_HOME": str(home / "hf"), "TMPDIR": str(home)}  # fmt: skip
+    command = [sys.executable, "-m", "agentrl.cli", "backend", "rank", "--join", f"127.0.0.1:{port}"]
+    pinned = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
+    return subprocess.Popen([*pinned, *command, "--threads", str(threads)], cwd=home, env=env, start_new_session=True)

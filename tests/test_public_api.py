@@ -68,6 +68,7 @@ EXPECTED = {
     "EnvironmentCommands",
     "AfterEach",
     "JudgeModel",
+    "JoinPoint",
     "handle_stop_signals",
 }
 

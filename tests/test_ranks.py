@@ -4,19 +4,27 @@ Real parts throughout: the packaged model, spawned rank processes, a gloo proces
 vLLM-backed half (a 2-rank run killed and resumed) is in tests/test_resume.py.
 """
 
+import logging
 import os
+import secrets
 import signal
+import socket
+import threading
 import time
 
 import pytest
 import torch
 
 import agentrl
+from agentrl.backend.processes import free_port
+from agentrl.backend.training.rank_hosts import JoinPoint, accept_ranks, parse_address
+from agentrl.backend.training.rank_joiner import join_as_rank
 from agentrl.backend.training.ranks import TrainerRanks, rank_cpus, rank_devices
 from agentrl.backend.training.trainer import Trainer
+from agentrl.cli import app
 from agentrl.rl.tokenize import split_by_tokens
 from agentrl.timeline import recorder
-from tests.helpers import synthetic_groups
+from tests.helpers import join_from_another_host, runner, synthetic_groups
 
 
 def test_sequences_are_dealt_to_ranks_by_tokens():
@@ -43,11 +51,26 @@ def test_ranks_get_their_own_devices_and_cores():
     assert rank_cpus([5], 2) == [[5], [5]]  # oversubscribed, but it runs
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["replicated", "sharded"])
-def two_ranks(base_model_path, request):
-    ranks = TrainerRanks(base_model_path, ranks=2, seed=3, sharded=request.param)
+@pytest.fixture(scope="module", params=["replicated", "sharded", "two_hosts"])
+def two_ranks(base_model_path, request, tmp_path_factory):
+    if request.param != "two_hosts":
+        ranks = TrainerRanks(base_model_path, ranks=2, seed=3, sharded=request.param == "sharded")
+        yield ranks
+        ranks.close()
+        return
+    # Rank 1 joins from "another host"; rank 0 runs on one core, as each rank does on one host.
+    port, token, cores = free_port(), secrets.token_urlsafe(16), os.sched_getaffinity(0)
+    other_host = join_from_another_host(tmp_path_factory.mktemp("other-host"), port, token)
+    os.sched_setaffinity(0, sorted(cores)[:1])
+    try:
+        ranks = TrainerRanks(
+            base_model_path, ranks=2, seed=3, join=JoinPoint("127.0.0.1", port, token, 1), startup_timeout_s=180
+        )
+    finally:
+        os.sched_setaffinity(0, cores)
     yield ranks
     ranks.close()
+    assert other_host.wait(30) == 0  # the head's stop ended its session
 
 
 @pytest.mark.slow
@@ -158,9 +181,9 @@ def test_a_rank_that_dies_stops_the_ranks_and_says_which(base_model_path, tokeni
         with pytest.raises(agentrl.TrainingError, match=rf"trainer rank 1 \(pid {victim}\) died with exit code -9"):
             ranks.train_step("default", synthetic_groups(tokenizer, seed=0), agentrl.TrainConfig())
         deadline = time.monotonic() + 15
-        while any(p.is_alive() for p in ranks._processes) and time.monotonic() < deadline:
+        while any(link.alive() for link in ranks._links) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not any(p.is_alive() for p in ranks._processes)  # rank 0 was stopped too
+        assert not any(link.alive() for link in ranks._links)  # rank 0 was stopped too
         with pytest.raises(agentrl.TrainingError, match="register the model again"):
             ranks.add_adapter("other", agentrl.LoRAConfig())
     finally:
@@ -176,3 +199,75 @@ def test_rank_settings_that_cannot_work_are_refused_with_the_fix():
         TrainerRanks("unused", ranks=1)
     with pytest.raises(agentrl.ConfigurationError, match="this machine has 0"):
         TrainerRanks("unused", ranks=2, device="cuda:0")  # checked before any process starts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gone", ["killed", "frozen"])
+def test_a_rank_on_another_host_that_is_gone_stops_the_ranks_and_names_its_host(
+    base_model_path, tokenizer, tmp_path_factory, gone
+):
+    """Killed, its connection closes; frozen (as behind a network that stopped answering), it falls silent."""
+    port, token = free_port(), secrets.token_urlsafe(16)
+    other_host = join_from_another_host(tmp_path_factory.mktemp("other-host"), port, token)
+    join = JoinPoint("127.0.0.1", port, token, 1, silence_s=10)
+    ranks = TrainerRanks(base_model_path, ranks=2, join=join, startup_timeout_s=180)
+    try:
+        ranks.add_adapter("default", agentrl.LoRAConfig())
+        os.killpg(other_host.pid, signal.SIGKILL if gone == "killed" else signal.SIGSTOP)
+        why = (
+            "closed its connection during train_step" if gone == "killed" else "sent nothing for 10 s during train_step"
+        )
+        pattern = rf"trainer rank 1 on host {socket.gethostname()} \(pid {ranks.pids[1]}\) {why}"
+        with pytest.raises(agentrl.TrainingError, match=pattern):
+            ranks.train_step("default", synthetic_groups(tokenizer, seed=0), agentrl.TrainConfig())
+        assert not ranks._links[0].alive()  # rank 0 was stopped too
+        with pytest.raises(agentrl.TrainingError, match="register the model again"):
+            ranks.add_adapter("other", agentrl.LoRAConfig())
+    finally:
+        ranks.close()
+        os.killpg(other_host.pid, signal.SIGKILL)
+        other_host.wait(30)
+
+
+def test_a_rank_with_the_wrong_token_is_refused_and_too_few_ranks_say_how_to_start_them(caplog):
+    port = free_port()
+    refused: list[BaseException] = []
+
+    def impostor() -> None:
+        try:
+            join_as_rank(f"127.0.0.1:{port}", "not-the-token", model_path=None, device="cpu", wait_s=10)
+        except BaseException as error:  # noqa: BLE001 - checked below
+            refused.append(error)
+
+    joining = threading.Thread(target=impostor)
+    joining.start()
+    command = rf"waited 2 s for 1 trainer ranks to join at 127\.0\.0\.1:{port}; 0 joined\. On each other host run: agentrl backend rank --join 127\.0\.0\.1:{port}"
+    with caplog.at_level(logging.WARNING), pytest.raises(agentrl.TrainingError, match=command):
+        accept_ranks(JoinPoint("127.0.0.1", port, "the-token", 1), [1], 2, "tcp://127.0.0.1:1", {}, timeout_s=2)
+    joining.join(10)
+    assert len(refused) == 1 and isinstance(refused[0], agentrl.ConfigurationError)
+    assert "refused this rank's token" in str(refused[0]) and "AGENTRL_RANK_TOKEN" in str(refused[0])
+    assert any("refused a trainer rank" in record.message for record in caplog.records)
+    with pytest.raises(agentrl.ConfigurationError, match="is not HOST:PORT"):
+        parse_address("head-without-a-port")
+    with pytest.raises(agentrl.ConfigurationError, match="between two of its heartbeats"):
+        JoinPoint("127.0.0.1", port, "t", 1, silence_s=1)
+    with pytest.raises(agentrl.ConfigurationError, match="leave none here"):
+        TrainerRanks("unused", ranks=2, join=JoinPoint("127.0.0.1", port, "t", 2))
+
+
+def test_the_command_lines_for_ranks_on_other_hosts_name_what_is_missing(monkeypatch, tmp_path):
+    monkeypatch.delenv("AGENTRL_RANK_TOKEN", raising=False)
+    joined = runner.invoke(app, ["backend", "rank", "--join", "127.0.0.1:9"])
+    assert joined.exit_code == 2 and "set AGENTRL_RANK_TOKEN" in joined.output
+    served = runner.invoke(app, ["backend", "serve", "--trainer-ranks", "2", "--remote-ranks", "1"])
+    assert served.exit_code == 2 and "--rank-join HOST:PORT" in served.output
+    served = runner.invoke(
+        app, ["backend", "serve", "--trainer-ranks", "2", "--remote-ranks", "1", "--rank-join", "h:1"]
+    )
+    assert served.exit_code == 2 and "need AGENTRL_RANK_TOKEN set" in served.output
+    monkeypatch.setenv("AGENTRL_RANK_TOKEN", "t")
+    served = runner.invoke(
+        app, ["backend", "serve", "--remote-ranks", "1", "--rank-join", "h:1", "--runs", str(tmp_path)]
+    )
+    assert served.exit_code == 2 and "need trainer_ranks of at least" in served.output, served.output

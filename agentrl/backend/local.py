@@ -29,6 +29,7 @@ from agentrl.backend.run_lock import RunLock
 from agentrl.backend.serving.replicas import ServerReplicas
 from agentrl.backend.session import ModelSession, TrainerThread
 from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome, train_sft
+from agentrl.backend.training.rank_hosts import JoinPoint
 from agentrl.backend.training.step_input import StepInput
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import AgentRLError, BackendBrokenError, ConfigurationError
@@ -55,18 +56,17 @@ logger = logging.getLogger(__name__)
 class LocalBackend:
     """Serves and trains `TrainableModel`s of one base model on this machine (vLLM + torch/peft).
 
-    `trainer_device` ("cuda:1") puts the trainer on a GPU of its own: the server (on the first GPU)
-    then keeps sampling while a step trains, which pipelined training needs. By default the trainer
-    shares the server's device, and the server sleeps while it trains.
-    `trainer_ranks` > 1 trains data-parallel in that many processes under `torch.distributed` (gloo
-    on CPU, NCCL on GPUs from `trainer_device` up), each on its token-balanced share of a step;
-    `shard_trainer` also shards the decoder layers over them (FSDP2), for a base model too large
-    for one device (one model per backend then). `deterministic` trains with kernels that give the
-    same bytes for the same input (slower on a GPU): a recorded step then replays bit for bit there.
-    `host`, `port` and `token` say where its OpenAI-compatible gateway listens (by default a free
-    port on loopback, with a token generated here: another user of a shared host can neither sample
-    the adapters nor read their tokens). `admin_token` opens `routes` (a backend service's own);
-    `limits` bound what one request may ask (`GatewayLimits`).
+    `trainer_device` ("cuda:1") puts the trainer on a GPU of its own: the server (on the first GPU) then keeps
+    sampling while a step trains, which pipelined training needs. By default the trainer shares the server's
+    device, and the server sleeps while it trains. `trainer_ranks` > 1 trains data-parallel in that many
+    processes under `torch.distributed` (gloo on CPU, NCCL on GPUs from `trainer_device` up), each on its
+    token-balanced share of a step; `shard_trainer` also shards the decoder layers over them (FSDP2), for a
+    base model too large for one device (one model per backend then); `trainer_join` has some ranks join from
+    other hosts (`agentrl backend rank --join`). `deterministic` trains with kernels that give the same bytes
+    for the same input (slower on a GPU): a recorded step then replays bit for bit there. `host`, `port` and
+    `token` say where its OpenAI-compatible gateway listens (by default a free port on loopback, with a token
+    generated here: another user of a shared host can neither sample the adapters nor read their tokens).
+    `admin_token` opens `routes` (a backend service's own); `limits` bound what one request may ask.
     """
 
     def __init__(
@@ -76,6 +76,7 @@ class LocalBackend:
         trainer_device: str | None = None,
         trainer_ranks: int = 1,
         shard_trainer: bool = False,
+        trainer_join: JoinPoint | None = None,
         deterministic: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -84,19 +85,16 @@ class LocalBackend:
         routes: Sequence[BaseRoute] = (),
         limits: GatewayLimits | None = None,
     ) -> None:
-        self.placement = TrainerPlacement(seed, trainer_device, trainer_ranks, shard_trainer, deterministic)
+        self.placement = TrainerPlacement(
+            seed, trainer_device, trainer_ranks, shard_trainer, deterministic, trainer_join
+        )
         """Where the trainer runs (a `ConfigurationError` here for ranks that cannot be)."""
         self.sessions: dict[str, ModelSession] = {}
         """Registered models by run folder."""
         self._sampling_token = token or secrets.token_urlsafe(32)
         """What clients send as their API key: the gateway's sampling token (given, or generated here)."""
         self.gateway = Gateway(
-            host=host,
-            port=port,
-            token=self._sampling_token,
-            admin_token=admin_token,
-            routes=routes,
-            limits=limits,
+            host=host, port=port, token=self._sampling_token, admin_token=admin_token, routes=routes, limits=limits
         )
         """The OpenAI-compatible door to the server, for any client; rollouts sample through it."""
         self._engine: Engine | None = None  # started by the first register

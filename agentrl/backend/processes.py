@@ -8,10 +8,10 @@ import socket
 import sys
 
 
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on the interface of `host` (loopback by default)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import typer
@@ -37,6 +38,12 @@ def backend_serve(
     shard_trainer: bool = typer.Option(
         False, help="shard the model's layers over the trainer ranks (FSDP2), for a model too large for one device"
     ),
+    remote_ranks: int = typer.Option(
+        0, min=0, help="how many of the trainer ranks join from other hosts (agentrl backend rank --join RANK_JOIN)"
+    ),
+    rank_join: str = typer.Option(
+        "", help="HOST:PORT on this host where ranks from other hosts join (HOST: the address they reach it at)"
+    ),
     base_model: list[str] = BASE_MODELS_OPTION,
     server_config: str | None = typer.Option(
         None, help="JSON file of ServerConfig fields (context, parser, extra vLLM flags, ...); clients cannot change it"
@@ -48,10 +55,16 @@ def backend_serve(
     Its admin token comes from AGENTRL_TOKEN, or is generated once and kept (mode 0600) in
     RUNS/backend.token; it opens every route. Rollouts get a sampling token (AGENTRL_SAMPLING_TOKEN, or
     derived from the admin token) that opens /v1 only. The base models, server settings and LoRA rank
-    are the operator's: clients choose within them. Ctrl-C stops it."""
+    are the operator's: clients choose within them. Trainer ranks from other hosts present
+    AGENTRL_RANK_TOKEN, set to the same value here and there. Ctrl-C stops it."""
     from agentrl.backend.remote.service import OperatorPolicy, serve_backend
+    from agentrl.backend.training.rank_hosts import rank_join_point
     from agentrl.config import ServerConfig
 
+    try:
+        join = rank_join_point(rank_join, remote_ranks, os.environ.get("AGENTRL_RANK_TOKEN", ""))
+    except ConfigurationError as error:
+        raise typer.BadParameter(str(error)) from error
     try:
         server = ServerConfig()
         if server_config is not None:
@@ -72,9 +85,45 @@ def backend_serve(
                 trainer_device=trainer_device or None,
                 trainer_ranks=trainer_ranks,
                 shard_trainer=shard_trainer,
+                trainer_join=join,
             )
         )
     except KeyboardInterrupt:
         pass
     except ConfigurationError as error:
         raise typer.BadParameter(str(error)) from error
+
+
+@backend_app.command("rank")
+def backend_rank(
+    join: str = typer.Option(..., help="HOST:PORT where the head's backend waits for trainer ranks from other hosts"),
+    model: str | None = typer.Option(None, help="this host's copy of the base model (default: the head's folder)"),
+    device: str = typer.Option("", help="this rank's device (default: cuda:0 where this host has a GPU, else the CPU)"),
+    threads: int = typer.Option(0, min=0, help="CPU threads for this rank (default: torch's, every core)"),
+    wait: float = typer.Option(600.0, min=0, help="seconds to keep trying to reach the head"),
+) -> None:
+    """Join a head's trainer as one rank from this host, and serve it until the head stops it or goes away.
+
+    The head gives the rank its number, the torch.distributed rendezvous and the trainer's settings; both
+    sides hold the same AGENTRL_RANK_TOKEN. Run it again (or under a supervisor) to rejoin after a restart."""
+    import logging
+
+    import torch
+
+    from agentrl.backend.training.rank_joiner import join_as_rank
+    from agentrl.errors import TrainingError
+
+    token = os.environ.get("AGENTRL_RANK_TOKEN", "")
+    if not token:
+        raise typer.BadParameter("set AGENTRL_RANK_TOKEN to the head's rank token (the same value on every host)")
+    if threads:
+        torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        rank = join_as_rank(join, token, model_path=model, device=device or None, wait_s=wait)
+    except ConfigurationError as error:
+        raise typer.BadParameter(str(error)) from error
+    except TrainingError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from error
+    typer.echo(f"trainer rank {rank} done: the head at {join} stopped it or went away")

@@ -49,7 +49,7 @@ def sum_across_ranks(
     Done by hand, not by wrapping the model in DistributedDataParallel: ranks run different
     numbers of micro-batches (token-balanced shares), and the trainable tensors change with the
     active adapter, neither of which DDP's per-backward hooks allow. One flat tensor, one call.
-    Returns the time it took (the ranks' coordination cost) as a metric; nothing alone.
+    Returns the time it took and the bytes summed (the ranks' coordination cost) as metrics; nothing alone.
     """
     if world_size == 1:
         return {}
@@ -69,7 +69,11 @@ def sum_across_ranks(
         largest = torch.stack([sums[n] for n in maxima]).float()
         dist.all_reduce(largest, op=dist.ReduceOp.MAX)
         sums.update(zip(maxima, largest, strict=True))
-    return {"trainer_ranks": float(world_size), "allreduce_s": time.perf_counter() - started}
+    return {
+        "trainer_ranks": float(world_size),
+        "allreduce_s": time.perf_counter() - started,
+        "allreduce_bytes": float(flat.numel() * flat.element_size()),  # what each rank sends, as a sum's input
+    }
 
 
 def _abort_if_not_finite(what: str, value: float, detail: str) -> None:

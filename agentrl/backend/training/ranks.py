@@ -7,7 +7,8 @@ every rank applies the same update and holds the same weights. Sharded (`sharded
 `agentrl.backend.training.sharding`), each rank holds 1/M of the decoder layers instead, and calls that touch
 the layers run on every rank together. Rank 0 alone writes checkpoints; every rank loads one on
 resume. A rank that dies stops them all and says which, with its exit code: the run resumes from
-its last checkpoint by registering the model again.
+its last checkpoint by registering the model again. Ranks may also join from other hosts
+(`agentrl.backend.training.rank_hosts`): the backend then drives them the same way.
 """
 
 from __future__ import annotations
@@ -32,8 +33,17 @@ from typing import Any, NoReturn
 
 import torch
 
-from agentrl.backend.processes import split_contiguous
+from agentrl.backend.processes import free_port, split_contiguous
 from agentrl.backend.training.adapter_trainer import StepOutcome
+from agentrl.backend.training.rank_hosts import (
+    BeatingConnection,
+    JoinPoint,
+    ShippedFolder,
+    accept_ranks,
+    is_loopback,
+    run_shipped,
+)
+from agentrl.backend.training.rank_links import LocalRank, RemoteRank
 from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import ConfigurationError, TrainingError
 from agentrl.timeline import recorder
@@ -98,28 +108,39 @@ def keep_rank_sockets_on_loopback() -> None:
             os.environ.setdefault(variable, loopback)
 
 
+def _place_rank(device: str, cpus: list[int] | None, rendezvous: str) -> None:
+    """Put this rank's process on its device (and its cores, if given); keep its sockets on loopback when
+    every rank is on this machine."""
+    if device == "cpu" and cpus is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(len(cpus))
+    elif device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    if rendezvous.startswith("file:") or is_loopback(rendezvous.removeprefix("tcp://").rpartition(":")[0]):
+        keep_rank_sockets_on_loopback()
+
+
 def serve_rank(
     rank: int,
     world_size: int,
     rendezvous: str,
     device: str,
-    cpus: list[int],
-    connection: Connection,
+    cpus: list[int] | None,
+    connection: Connection | BeatingConnection,
     trainer_args: dict[str, Any],
 ) -> None:
-    """A rank's process: join the group, build its Trainer, then run the driver's calls until told to stop."""
+    """A rank's process: join the group, build its Trainer, then run the driver's calls until told to stop.
+
+    `cpus`: the cores of a rank the backend spawned, which also dies with the backend; None for a rank
+    that joined from another host, which uses its host's cores and lives as long as its connection."""
     from agentrl.backend.processes import die_with_parent
     from agentrl.backend.training.step_input import use_deterministic_kernels
     from agentrl.backend.training.trainer import Trainer
 
-    die_with_parent()
-    if device == "cpu" and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cpus)
-        torch.set_num_threads(len(cpus))
-    elif device.startswith("cuda"):
-        torch.cuda.set_device(device)
+    if cpus is not None:
+        die_with_parent()
+    _place_rank(device, cpus, rendezvous)
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    keep_rank_sockets_on_loopback()
     try:
         torch.distributed.init_process_group(
             backend, init_method=rendezvous, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
@@ -136,7 +157,7 @@ def serve_rank(
             if method == "stop":
                 return
             try:
-                answer = getattr(trainer, method)(*args, **kwargs)
+                answer = run_shipped(getattr(trainer, method), args, kwargs)
                 connection.send(("ok", answer, recorder.take()))  # the driver puts its spans on this rank's track
             except Exception as error:  # noqa: BLE001 - every failure goes back to the driver, which raises it
                 connection.send(("error", _portable_error(error), traceback.format_exc()))
@@ -153,7 +174,9 @@ class TrainerRanks:
 
     `device` is the first rank's device ("cuda:1": ranks on cuda:1, cuda:2, ...; the CPU by
     default without GPUs, each rank then on its own share of this process's cores). `sharded`
-    shards the decoder layers over the ranks (FSDP2) for a model too large for one device.
+    shards the decoder layers over the ranks (FSDP2) for a model too large for one device. With
+    `join`, the last `join.remote_ranks` ranks are on other hosts: they join at `join`'s address
+    (`agentrl backend rank --join HOST:PORT`) and torch.distributed meets at a TCP store there.
     """
 
     def __init__(
@@ -165,23 +188,31 @@ class TrainerRanks:
         device: str | None = None,
         sharded: bool = False,
         deterministic: bool = False,
+        join: JoinPoint | None = None,
         startup_timeout_s: float = 600.0,
     ) -> None:
         if ranks < 2:
             raise ConfigurationError(f"TrainerRanks is for 2 or more ranks (got {ranks}); use Trainer for one")
+        local = ranks - (join.remote_ranks if join is not None else 0)
+        if local < 1:
+            raise ConfigurationError(
+                f"{ranks} trainer ranks with {ranks - local} on other hosts leave none here: rank 0 runs on the head"
+            )
         gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        self.devices = rank_devices(device, ranks, gpu_count=gpu_count)
+        self.devices = rank_devices(device, local, gpu_count=gpu_count)
         cpus = list(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-        shares = rank_cpus(cpus, ranks)
+        shares = rank_cpus(cpus, local)
         self._folder = Path(tempfile.mkdtemp(prefix="agentrl-ranks-"))
         rendezvous = (self._folder / "rendezvous").as_uri()
+        if join is not None:  # a TCP store on the head, which rank 0 keeps
+            rendezvous = f"tcp://{join.host}:{free_port(join.host)}"
         context = multiprocessing.get_context("spawn")  # never fork a process that holds torch threads
         self._connections: list[Connection] = []
-        self._processes: list[Any] = []
+        self._links: list[LocalRank | RemoteRank] = []
         self._broken: str | None = None
         self.sharded = sharded
         trainer_args = {"model_path": model_path, "seed": seed, "sharded": sharded, "deterministic": deterministic}
-        for rank in range(ranks):
+        for rank in range(local):
             ours, theirs = context.Pipe()
             process = context.Process(
                 target=serve_rank,
@@ -192,13 +223,25 @@ class TrainerRanks:
             process.start()
             theirs.close()
             self._connections.append(ours)
-            self._processes.append(process)
+            self._links.append(LocalRank(process))
+        if join is not None:
+            try:
+                joined = accept_ranks(
+                    join, list(range(local, ranks)), ranks, rendezvous, trainer_args, timeout_s=startup_timeout_s
+                )
+            except BaseException:
+                self.close()
+                raise
+            for connection, remote in joined:
+                self._connections.append(connection)
+                self._links.append(remote)
+                self.devices.append(f"host {remote.host}")
         self.pids: list[int] = self._collect(list(range(ranks)), "start", timeout_s=startup_timeout_s)
         logger.info("%d trainer ranks on %s (pids %s)", ranks, ", ".join(self.devices), self.pids)
 
     @property
     def world_size(self) -> int:
-        return len(self._processes)
+        return len(self._links)
 
     # --- the Trainer's methods, on every rank or on rank 0 ---
 
@@ -206,7 +249,9 @@ class TrainerRanks:
         self._call(self._all, "add_adapter", name, lora)
 
     def load(self, name: str, folder: Path) -> None:
-        self._call(self._all, "load", name, folder)
+        """Every rank loads the checkpoint; a rank on another host gets its files over its connection."""
+        remote = any(isinstance(link, RemoteRank) for link in self._links)
+        self._call(self._all, "load", name, folder, remote_args=(name, ShippedFolder.of(folder)) if remote else None)
 
     def save(self, name: str, folder: Path) -> None:
         """Rank 0 writes the checkpoint (sharded, after gathering the whole tensors from every rank)."""
@@ -263,22 +308,26 @@ class TrainerRanks:
         """Who runs a call that passes through the layers: rank 0 alone, or (sharded) every rank."""
         return self._all if self.sharded else [0]
 
-    def _call(self, ranks: list[int], method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Send the call to `ranks` and return their answers, in rank order, once all have answered."""
+    def _call(
+        self, ranks: list[int], method: str, *args: Any, remote_args: tuple[Any, ...] | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """Send the call to `ranks` (`remote_args` instead of `args` to ranks on other hosts) and return their
+        answers, in rank order, once all have answered."""
         if self._broken is not None:
             raise TrainingError(self._broken)
         for rank in ranks:
+            link = self._links[rank]
+            sent = remote_args if remote_args is not None and isinstance(link, RemoteRank) else args
             try:
-                self._connections[rank].send((method, args, kwargs))
+                link.heard()  # its silence is counted from the call on
+                if isinstance(link, RemoteRank):  # by value: a tensor must not travel as a handle to this host's memory
+                    self._connections[rank].send_bytes(pickle.dumps((method, sent, kwargs)))
+                else:
+                    self._connections[rank].send((method, sent, kwargs))
             except OSError:
-                self._processes[rank].join(5)
-                self._fail(self._death(rank, method))
+                link.settle(5)
+                self._fail(link.death(rank, method))
         return self._collect(ranks, method)
-
-    def _death(self, rank: int, method: str) -> str:
-        process = self._processes[rank]
-        how = "closed its pipe" if process.exitcode is None else f"died with exit code {process.exitcode}"
-        return f"trainer rank {rank} (pid {process.pid}) {how} during {method}"
 
     def _collect(self, ranks: list[int], method: str, *, timeout_s: float | None = None) -> list[Any]:  # noqa: C901 - over the limit when the rule came on; split it when next changed
         """Every rank's answer to `method`, in rank order; a rank's error, death or silence is raised.
@@ -293,17 +342,19 @@ class TrainerRanks:
             for rank in ranks:
                 if rank in answers or rank in errors:
                     continue
-                connection, process = self._connections[rank], self._processes[rank]
+                connection, link = self._connections[rank], self._links[rank]
                 reply = None
                 try:
                     if connection.poll(POLL_S / len(ranks)):
                         reply = connection.recv()
                 except (EOFError, OSError):  # the rank's end closed: it died, or is dying
-                    process.join(5)
-                    self._fail(self._death(rank, method))
+                    link.settle(5)
+                    self._fail(link.death(rank, method))
                 if reply is None:
-                    if not process.is_alive():
-                        self._fail(self._death(rank, method))
+                    if not link.alive():
+                        self._fail(link.death(rank, method))
+                elif reply[0] == "beat":  # a rank on another host, still at work
+                    link.heard()
                 elif reply[0] == "ok":
                     answers[rank] = reply[1]
                     for span in reply[2]:
@@ -339,11 +390,9 @@ class TrainerRanks:
             with contextlib.suppress(OSError, BrokenPipeError):
                 connection.send(("stop", (), {}))
         deadline = time.monotonic() + 10
-        for process in self._processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-                process.join(5)
+        for link in self._links:
+            link.settle(max(0.0, deadline - time.monotonic()))
+            link.stop()
         for connection in self._connections:
             connection.close()
         shutil.rmtree(self._folder, ignore_errors=True)
