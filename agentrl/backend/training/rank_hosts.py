@@ -109,7 +109,6 @@ def accept_ranks(
     and logged; too few ranks within `timeout_s` is a TrainingError that says how to start them."""
     joined: list[tuple[Connection, RemoteRank]] = []
     with Listener((join.host, join.port), authkey=join.token.encode()) as listener:
-        failure: list[BaseException] = []
 
         def accept_all() -> None:
             while len(joined) < len(ranks):
@@ -118,8 +117,7 @@ def accept_ranks(
                 except AuthenticationError as error:
                     logger.warning("refused a trainer rank at %s:%d: %s (wrong token)", join.host, join.port, error)
                     continue
-                except OSError as error:  # the listener was closed: the wait is over
-                    failure.append(error)
+                except OSError:  # the listener was closed: the wait is over
                     return
                 _, host, pid = connection.recv()
                 rank = ranks[len(joined)]
