@@ -140,6 +140,12 @@ def accept_ranks(
     return joined
 
 
+def send_by_value(connection: Connection, message: Any) -> None:
+    """Send `message` to another host: by value, where `connection.send` would pass a tensor as a handle to
+    this host's shared memory."""
+    connection.send_bytes(pickle.dumps(message))
+
+
 class BeatingConnection:
     """A rank's end of its connection to a head on another host: sends are serialized, and while `working`
     a thread sends a heartbeat every `HEARTBEAT_S`, which the head reads as "still here"."""
@@ -164,10 +170,9 @@ class BeatingConnection:
         return message
 
     def send(self, message: Any) -> None:
-        """Send by value: multiprocessing would pass a tensor as a handle to this host's shared memory."""
         self._working.clear()
         with self._lock:
-            self._connection.send_bytes(pickle.dumps(message))
+            send_by_value(self._connection, message)
 
     def close(self) -> None:
         self._closed.set()

@@ -42,6 +42,7 @@ from agentrl.backend.training.rank_hosts import (
     accept_ranks,
     is_loopback,
     run_shipped,
+    send_by_value,
 )
 from agentrl.backend.training.rank_links import LocalRank, RemoteRank
 from agentrl.config import LoRAConfig, TrainConfig
@@ -316,14 +317,13 @@ class TrainerRanks:
         if self._broken is not None:
             raise TrainingError(self._broken)
         for rank in ranks:
-            link = self._links[rank]
-            sent = remote_args if remote_args is not None and isinstance(link, RemoteRank) else args
+            link, connection = self._links[rank], self._connections[rank]
             try:
                 link.heard()  # its silence is counted from the call on
-                if isinstance(link, RemoteRank):  # by value: a tensor must not travel as a handle to this host's memory
-                    self._connections[rank].send_bytes(pickle.dumps((method, sent, kwargs)))
+                if isinstance(link, RemoteRank):
+                    send_by_value(connection, (method, args if remote_args is None else remote_args, kwargs))
                 else:
-                    self._connections[rank].send((method, sent, kwargs))
+                    connection.send((method, args, kwargs))
             except OSError:
                 link.settle(5)
                 self._fail(link.death(rank, method))
