@@ -65,7 +65,8 @@ async def timed_completions(
             started = time.perf_counter()
             response = await client.post(f"{url}/chat/completions", json=request)
             latencies.append(time.perf_counter() - started)
-            response.raise_for_status()
+            if response.status_code != 200:
+                raise RuntimeError(f"request {index}: {response.status_code} {response.text[:2000]}")
             tokens += response.json()["usage"]["completion_tokens"]
 
     started = time.perf_counter()

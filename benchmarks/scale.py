@@ -19,8 +19,10 @@ benchmarks/results/scale.json and the README table.
 Two data-parallel ranks on one host against the same two ranks as two "hosts" on this machine (rank 1
 joined with `agentrl backend rank --join` from its own process group and folders, over loopback):
 what crossing hosts costs, in rendezvous (start), summing gradients, and pushing a checkpoint to the
-ranks (a remote rank gets the files over its connection). Writes benchmarks/results/scale_hosts.json
-and its README table.
+ranks (a remote rank gets the files over its connection). Then two inference replicas on this host
+against one here and one joined with `agentrl backend replica --join` (its adapters pushed over HTTP):
+sampling, the swap, the bytes pushed a step, and how long the other host took to join. Writes
+benchmarks/results/scale_hosts.json and its README tables.
 """
 
 from __future__ import annotations
@@ -53,17 +55,41 @@ HOST_SETUPS = ("2 ranks, one host", "2 ranks, two hosts (loopback)")
 HOSTS_START, HOSTS_END = "<!-- benchmark:scale-hosts:start -->", "<!-- benchmark:scale-hosts:end -->"
 
 
-async def measure(replicas: int, requests: int) -> dict[str, Any]:
+async def measure(replicas: int, requests: int, *, other_host: bool = False) -> dict[str, Any]:
+    """Sampling through the gateway and the swap (a checkpoint into every replica) for `replicas` on this host,
+    or (`other_host`) one here and one joined from another "host" on loopback, each on half the cores."""
+    from agentrl.backend.serving.remote_replica import RemoteReplica
+    from tests.helpers import as_another_host
+
+    cores = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         model = agentrl.TrainableModel(
-            name="scale", project="scale", base_path=tmp, server=agentrl.ServerConfig(replicas=replicas)
+            name="scale", project="scale", base_path=tmp, server=agentrl.ServerConfig(replicas=replicas - other_host)
         )
-        backend = agentrl.LocalBackend()
+        token = secrets.token_urlsafe(16)
+        backend = agentrl.LocalBackend(join_token=token if other_host else None)
+        agent, join_s = None, None
         try:
             started = time.perf_counter()
-            await model.register(backend)
+            if other_host:  # this host's replica takes the first half of the cores (vLLM inherits them)
+                os.sched_setaffinity(0, cores[: len(cores) // 2 or 1])
+            try:
+                await model.register(backend)
+            finally:
+                os.sched_setaffinity(0, cores)
             start_s = time.perf_counter() - started
-            async with httpx.AsyncClient(timeout=600) as client:
+            if other_host:
+                (Path(tmp) / "host").mkdir()
+                args = ["backend", "replica", "--join", f"127.0.0.1:{backend.gateway.port}"]
+                started = time.perf_counter()
+                agent = as_another_host(Path(tmp) / "host", token, args, cpus=cores[len(cores) // 2 :] or cores)
+                while len(backend.gateway.upstream.replicas) < 2:
+                    if agent.poll() is not None:
+                        raise RuntimeError("the replica agent exited before it joined")
+                    await asyncio.sleep(0.5)
+                join_s = time.perf_counter() - started
+            sampling = {"Authorization": f"Bearer {backend.gateway.token}"}
+            async with httpx.AsyncClient(timeout=600, headers=sampling) as client:
                 url, name = backend.base_url, model.inference_name
                 await timed_completions(client, url, name, CONCURRENCY, CONCURRENCY, distinct_prompts=True)  # warm-up
                 before = [r.sent for r in backend.gateway.upstream.replicas]
@@ -72,21 +98,29 @@ async def measure(replicas: int, requests: int) -> dict[str, Any]:
                 )
                 sent = [r.sent - b for r, b in zip(backend.gateway.upstream.replicas, before)]
             checkpoint = backend.session(model).store.path(0)
-            swaps = []
+            swaps, pushes = [], []
             for index in range(5):
                 swap_started = time.perf_counter()
                 await backend.server.load_adapter(f"swap-{index}@0", checkpoint)
                 swaps.append(time.perf_counter() - swap_started)
+                pushes += [(r.push_s, r.pushed_bytes) for r in backend.server.replicas if isinstance(r, RemoteReplica)]
                 await backend.server.unload_adapter(f"swap-{index}@0")
         finally:
             await backend.close()
+            if agent is not None:
+                agent.terminate()
+                agent.wait(60)
     result = {
         "replicas": replicas,
+        "other_host": other_host,
         "start_s": start_s,
+        "join_s": join_s,
         "requests": requests,
         "tokens_per_s": tokens / wall_s,
         "requests_per_replica": sent,
         "swap_s_median": statistics.median(swaps),
+        "push_s_median": statistics.median(s for s, _ in pushes) if pushes else None,
+        "push_bytes": pushes[0][1] if pushes else None,
     }
     print(result, flush=True)
     return result
@@ -162,11 +196,23 @@ def measure_ranks(setup: str, steps: int) -> dict[str, Any]:
     return result
 
 
-def compare_hosts(steps: int) -> None:
-    """Two ranks on one host against two "hosts" on loopback: scale_hosts.json and its README table."""
+def _replica_row(run: dict[str, Any]) -> str:
+    where = "one here, one on another host" if run["other_host"] else "both on one host"
+    pushed = f"{run['push_s_median'] * 1000:.0f} ms ({run['push_bytes'] / 2**20:.1f} MiB)" if run["push_bytes"] else "-"
+    joined = f"{run['join_s']:.0f} s" if run["join_s"] else "-"
+    return (
+        f"| {where} | {run['tokens_per_s']:.0f} | {' / '.join(map(str, run['requests_per_replica']))} | "
+        f"{run['swap_s_median'] * 1000:.0f} ms | {pushed} | {joined} |"
+    )
+
+
+def compare_hosts(steps: int, requests: int) -> None:
+    """Two ranks, and two inference replicas, on one host against two "hosts" on loopback: scale_hosts.json and
+    its README tables."""
     runs = [measure_ranks(setup, steps) for setup in HOST_SETUPS]
+    replica_runs = [asyncio.run(measure(2, requests, other_host=other)) for other in (False, True)]
     machine = f"{cpu_name()}, {os.cpu_count()} cores"
-    result = {"machine": machine, "date": datetime.date.today().isoformat(), "runs": runs}
+    result = {"machine": machine, "date": datetime.date.today().isoformat(), "runs": runs, "replica_runs": replica_runs}
     write_json_atomic(SCALE_RESULTS.with_name("scale_hosts.json"), result)
     rows = [
         f"| {r['setup']} | {r['start_s']:.1f} s | {r['step_s_median']:.1f} s | {r['allreduce_s_median'] * 1000:.0f} ms "
@@ -182,6 +228,14 @@ def compare_hosts(steps: int) -> None:
             "| ranks | start (rendezvous, both trainers built) | step | summing gradients (bytes a step) | checkpoint to every rank |",
             "| --- | --- | --- | --- | --- |",
             *rows,
+            "",
+            f'Two inference replicas, one host against one replica joined from another "host" on loopback '
+            f"({requests} distinct chats of {TOKENS} tokens at concurrency {CONCURRENCY}; each replica on half the "
+            "cores; the swap loads a checkpoint into both, median of 5; the other host's adapter travels over HTTP):",
+            "",
+            "| replicas | sampled tokens/s | requests per replica | swap | adapter pushed (bytes) | joined in |",
+            "| --- | --- | --- | --- | --- | --- |",
+            *map(_replica_row, replica_runs),
             HOSTS_END,
         ]
     )
@@ -196,7 +250,7 @@ def main() -> None:
     parser.add_argument("--hosts", action="store_true", help="only one host against two hosts on loopback")
     args = parser.parse_args()
     if args.hosts:
-        compare_hosts(args.steps)
+        compare_hosts(args.steps, args.requests)
         return
     runs = [asyncio.run(measure(replicas, args.requests)) for replicas in (1, 2)]
     rank_runs = [measure_ranks(setup, args.steps) for setup in RANK_SETUPS]

@@ -7,7 +7,7 @@ SkyPilot is not an agentrl dependency (it would pin older click and uvicorn into
 so this runs in a throwaway virtualenv. Checks each task against SkyPilot's task schema and builds
 the `sky.Task` with the required secret given, as `sky launch --secret AGENTRL_TOKEN` would; the
 accelerator names are checked against the cloud catalogs only by `sky launch` (they need a network).
-Last run: skypilot 0.14.1, 2026-11-22, passed.
+Last run: skypilot 0.14.1, 2026-11-27, passed (gpu-backend.yaml; multi-node.yaml, 2 nodes).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def main() -> int:
         secrets = [(name, "check") for name in (config.get("secrets") or {})]
         task = sky.Task.from_yaml_config(config, secrets_overrides=secrets)
         print(
-            f"{path.relative_to(ROOT)}: valid; resources {sorted(map(str, task.resources))}; secrets {sorted(task.secrets)}"
+            f"{path.relative_to(ROOT)}: valid; {task.num_nodes} node(s); resources {sorted(map(str, task.resources))}; "
+            f"secrets {sorted(task.secrets)}"
         )
     return 0
 

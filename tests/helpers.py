@@ -8,6 +8,7 @@ import random
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -298,15 +299,26 @@ def spans_by_track(events: list[dict]) -> dict[str, list[dict]]:
     return tracks
 
 
-def join_from_another_host(
-    home: Path, port: int, token: str, *, cpus: list[int] | None = None
+def as_another_host(
+    home: Path, token: str, args: list[str], *, cpus: list[int] | None = None, torchrun: bool = False
 ) -> subprocess.Popen[bytes]:
-    """`agentrl backend rank --join 127.0.0.1:PORT` as another host would run it: its own process group, working
-    folder, home and caches under `home` (nothing on disk shared with the head), reaching the head over loopback;
-    on `cpus` (default: one thread, wherever it runs)."""
-    threads = len(cpus) if cpus else 1
-    env = {**os.environ, "AGENTRL_RANK_TOKEN": token, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
-           "HF_HOME": str(home / "hf"), "TMPDIR": str(home)}  # fmt: skip
-    command = [sys.executable, "-m", "agentrl.cli", "backend", "rank", "--join", f"127.0.0.1:{port}"]
+    """`agentrl ARGS` as another host would run it: its own process group, working folder, home, caches and
+    temporary folder under `home` (nothing on disk shared with the head), AGENTRL_JOIN_TOKEN=`token`, reaching
+    the head over loopback; pinned to `cpus` when given; launched by torchrun (one process) when asked."""
+    # A temporary folder of its own, short: vLLM's engine sockets live there, and a socket's path has 107 bytes.
+    env = {**os.environ, "AGENTRL_JOIN_TOKEN": token, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
+           "HF_HOME": str(home / "hf"), "TMPDIR": tempfile.mkdtemp(prefix="host-")}  # fmt: skip
     pinned = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
-    return subprocess.Popen([*pinned, *command, "--threads", str(threads)], cwd=home, env=env, start_new_session=True)
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"] if torchrun else []
+    command = [*pinned, sys.executable, *launcher, "-m", "agentrl.cli", *args]
+    return subprocess.Popen(command, cwd=home, env=env, start_new_session=True)
+
+
+def join_from_another_host(
+    home: Path, port: int, token: str, *, cpus: list[int] | None = None, torchrun: bool = False
+) -> subprocess.Popen[bytes]:
+    """`agentrl backend rank --join 127.0.0.1:PORT` from another "host" (`as_another_host`), with one thread, or
+    one per core of `cpus`."""
+    threads = len(cpus) if cpus else 1
+    args = ["backend", "rank", "--join", f"127.0.0.1:{port}", "--threads", str(threads)]
+    return as_another_host(home, token, args, cpus=cpus, torchrun=torchrun)

@@ -210,6 +210,46 @@ async def test_a_dead_upstream_is_reported_with_its_notice():
         await gateway.stop()
 
 
+async def test_a_request_on_a_connection_the_server_closed_is_resent_once_and_only_once():
+    """An upstream speaking raw HTTP/1.1: it reads each request, then either closes without a word (as a server
+    whose keep-alive timeout fires as a pooled connection is reused) or answers as vLLM does."""
+    plan: list[str] = []
+    answer = {"id": "c", "object": "chat.completion", "model": "m", "prompt_token_ids": [1, 2],
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop",
+                           "token_ids": [5], "logprobs": {"content": [{"token": "hi", "logprob": -0.1}]}}]}  # fmt: skip
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+        )
+        await reader.readexactly(length)
+        if plan.pop(0) == "answer":
+            body = json.dumps(answer).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
+            writer.write(body)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    gateway = Gateway(token="t")
+    await gateway.start()
+    gateway.connect([Replica(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", "k", lambda: None)])
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        async with httpx.AsyncClient(timeout=30, headers={"Authorization": "Bearer t"}) as client:
+            plan[:] = ["close", "answer"]  # closed once: resent on a fresh connection, answered
+            resent = await client.post(f"{gateway.base_url}/chat/completions", json=request)
+            assert resent.status_code == 200 and resent.json()["choices"][0]["message"]["content"] == "hi"
+            plan[:] = ["close", "close", "answer"]  # closed twice: a server that drops requests is reported
+            dropped = await client.post(f"{gateway.base_url}/chat/completions", json=request)
+            assert dropped.status_code == 503 and "did not answer" in dropped.json()["error"]["message"]
+            assert plan == ["answer"]  # sent twice, never a third time
+    finally:
+        await gateway.stop()
+        server.close()
+
+
 def test_the_store_is_bounded_and_an_evicted_completion_names_the_fix():
     store = SampledStore(max_completions=2)
     for name in ("a", "b", "c"):

@@ -58,9 +58,11 @@ def two_ranks(base_model_path, request, tmp_path_factory):
         yield ranks
         ranks.close()
         return
-    # Rank 1 joins from "another host"; rank 0 runs on one core, as each rank does on one host.
+    # Rank 1 joins from "another host", launched by torchrun as a multi-node job would launch it (torchrun's own
+    # RANK, WORLD_SIZE and MASTER_PORT say 0 of 1 on its host: the head's rendezvous must win); rank 0 runs on one
+    # core, as each rank does on one host.
     port, token, cores = free_port(), secrets.token_urlsafe(16), os.sched_getaffinity(0)
-    other_host = join_from_another_host(tmp_path_factory.mktemp("other-host"), port, token)
+    other_host = join_from_another_host(tmp_path_factory.mktemp("other-host"), port, token, torchrun=True)
     os.sched_setaffinity(0, sorted(cores)[:1])
     try:
         ranks = TrainerRanks(
@@ -246,7 +248,7 @@ def test_a_rank_with_the_wrong_token_is_refused_and_too_few_ranks_say_how_to_sta
         accept_ranks(JoinPoint("127.0.0.1", port, "the-token", 1), [1], 2, "tcp://127.0.0.1:1", {}, timeout_s=2)
     joining.join(10)
     assert len(refused) == 1 and isinstance(refused[0], agentrl.ConfigurationError)
-    assert "refused this rank's token" in str(refused[0]) and "AGENTRL_RANK_TOKEN" in str(refused[0])
+    assert "refused this rank's token" in str(refused[0]) and "AGENTRL_JOIN_TOKEN" in str(refused[0])
     assert any("refused a trainer rank" in record.message for record in caplog.records)
     with pytest.raises(agentrl.ConfigurationError, match="is not HOST:PORT"):
         parse_address("head-without-a-port")
@@ -257,17 +259,31 @@ def test_a_rank_with_the_wrong_token_is_refused_and_too_few_ranks_say_how_to_sta
 
 
 def test_the_command_lines_for_ranks_on_other_hosts_name_what_is_missing(monkeypatch, tmp_path):
-    monkeypatch.delenv("AGENTRL_RANK_TOKEN", raising=False)
+    monkeypatch.delenv("AGENTRL_JOIN_TOKEN", raising=False)
     joined = runner.invoke(app, ["backend", "rank", "--join", "127.0.0.1:9"])
-    assert joined.exit_code == 2 and "set AGENTRL_RANK_TOKEN" in joined.output
+    assert joined.exit_code == 2 and "set AGENTRL_JOIN_TOKEN" in joined.output
     served = runner.invoke(app, ["backend", "serve", "--trainer-ranks", "2", "--remote-ranks", "1"])
     assert served.exit_code == 2 and "--rank-join HOST:PORT" in served.output
     served = runner.invoke(
         app, ["backend", "serve", "--trainer-ranks", "2", "--remote-ranks", "1", "--rank-join", "h:1"]
     )
-    assert served.exit_code == 2 and "need AGENTRL_RANK_TOKEN set" in served.output
-    monkeypatch.setenv("AGENTRL_RANK_TOKEN", "t")
+    assert served.exit_code == 2 and "need AGENTRL_JOIN_TOKEN set" in served.output
+    monkeypatch.setenv("AGENTRL_JOIN_TOKEN", "t")
     served = runner.invoke(
         app, ["backend", "serve", "--remote-ranks", "1", "--rank-join", "h:1", "--runs", str(tmp_path)]
     )
     assert served.exit_code == 2 and "need trainer_ranks of at least" in served.output, served.output
+    # A launcher's MASTER_ADDR and MASTER_PORT name the head's join point, unless torchrun set them (its own).
+    for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    unnamed = runner.invoke(app, ["backend", "rank", "--wait", "0"])
+    assert unnamed.exit_code == 2 and "pass --join HOST:PORT" in unnamed.output
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "9")
+    from_launcher = runner.invoke(app, ["backend", "rank", "--wait", "0"])
+    assert from_launcher.exit_code == 1 and "no head listened at 127.0.0.1:9" in from_launcher.output
+    served = runner.invoke(app, ["backend", "serve", "--remote-ranks", "1", "--runs", str(tmp_path)])
+    assert "need trainer_ranks of at least" in served.output  # the join point came from MASTER_ADDR:MASTER_PORT
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    under_torchrun = runner.invoke(app, ["backend", "rank", "--wait", "0"])
+    assert under_torchrun.exit_code == 2 and "pass --join HOST:PORT" in under_torchrun.output

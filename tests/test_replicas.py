@@ -1,23 +1,34 @@
 """Inference replicas: where each one runs, how the gateway spreads requests, and (on the real server)
-swaps that never send a request to a replica without its adapter, and a replica dying mid-run."""
+swaps that never send a request to a replica without its adapter, and a replica dying mid-run; the same
+for a replica on another "host" (its own process tree and folders, reached over loopback), which joins
+the gateway with a token and gets each adapter pushed over HTTP."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
+import io
 import logging
 import os
 import signal
+import tarfile
 
 import httpx
+import psutil
 import pytest
 
 import agentrl
+from agentrl.backend.serving.remote_replica import pack_adapter, unpack_adapter
 from agentrl.backend.serving.replicas import placements
 from agentrl.backend.serving.server import server_command
+from agentrl.backend.training.adapter_files import ADAPTER_FILE
+from agentrl.cli import app
+from agentrl.errors import ServerError
+from agentrl.gateway.serve import Gateway
 from agentrl.gateway.upstream import AFFINITY_SLACK, Replica, Upstream, conversation_key
 from agentrl.timeline import TIMELINE_FILE, read_timeline, recorder
-from tests.helpers import spans_by_track
+from tests.helpers import as_another_host, runner, spans_by_track
 
 
 def test_cpu_replicas_get_their_own_cores_and_gpu_replicas_their_own_devices():
@@ -113,6 +124,45 @@ async def two_sampled(model: agentrl.TrainableModel) -> agentrl.TrajectoryGroup:
     return agentrl.TrajectoryGroup(await asyncio.gather(one(0.0), one(1.0)))
 
 
+class KeepAsking:
+    """Clients that ask for whatever the model serves now, as rollouts would, until `finish`: each answer's status
+    and the name asked for are counted."""
+
+    def __init__(self, model: agentrl.TrainableModel, backend: agentrl.LocalBackend, clients: int) -> None:
+        self.model, self.backend = model, backend
+        self.statuses: collections.Counter[int] = collections.Counter()
+        self.names: collections.Counter[str] = collections.Counter()
+        self.stop = asyncio.Event()
+        self.tasks = [asyncio.create_task(self.ask()) for _ in range(clients)]
+
+    async def ask(self) -> None:
+        headers = {"Authorization": f"Bearer {self.backend.gateway.token}"}
+        async with httpx.AsyncClient(timeout=120, headers=headers) as client:
+            while not self.stop.is_set():
+                request = {
+                    "model": self.model.inference_name,
+                    "messages": [{"role": "user", "content": f"Say {self.statuses.total()}."}],
+                    "max_tokens": 2,
+                }
+                answer = await client.post(f"{self.backend.base_url}/chat/completions", json=request)
+                self.statuses[answer.status_code] += 1
+                self.names[request["model"]] += 1
+                # Pauses leave the trainer its cores: with both replicas busy on two cores, measured here, a
+                # two-trajectory step took 44-54 s instead of ~2 s (threads spinning on shared cores).
+                await asyncio.sleep(1.0)
+
+    async def until_asked(self, name: str, times: int) -> None:
+        """Until `name` was asked for `times` times. Under a step's load on two cores one request can take seconds
+        (CI saw two per asker in a whole step), so this waits for the asks rather than for a fixed time."""
+        async with asyncio.timeout(180):
+            while self.names[name] < times:
+                await asyncio.sleep(0.2)
+
+    async def finish(self) -> None:
+        self.stop.set()
+        await asyncio.gather(*self.tasks)
+
+
 @pytest.mark.slow
 async def test_two_replicas_serve_through_swaps_without_a_404_and_survive_one_dying(tmp_path, caplog):
     model = agentrl.TrainableModel(
@@ -122,43 +172,18 @@ async def test_two_replicas_serve_through_swaps_without_a_404_and_survive_one_dy
         server=agentrl.ServerConfig(replicas=2, kv_cache_gib=1),
     )
     backend = agentrl.LocalBackend()
-    statuses: collections.Counter[int] = collections.Counter()
-    names: collections.Counter[str] = collections.Counter()
-    stop = asyncio.Event()
-
-    async def keep_asking() -> None:
-        """Ask for whatever the model serves now, as a rollout would, until told to stop."""
-        async with httpx.AsyncClient(
-            timeout=120, headers={"Authorization": f"Bearer {backend.gateway.token}"}
-        ) as client:
-            while not stop.is_set():
-                request = {
-                    "model": model.inference_name,
-                    "messages": [{"role": "user", "content": f"Say {statuses.total()}."}],
-                    "max_tokens": 2,
-                }
-                statuses[(await client.post(f"{backend.base_url}/chat/completions", json=request)).status_code] += 1
-                names[request["model"]] += 1
-                # Pauses leave the trainer its cores: with both replicas busy on two cores, measured here, a
-                # two-trajectory step took 44-54 s instead of ~2 s (threads spinning on shared cores).
-                await asyncio.sleep(1.0)
-
+    askers = None
     try:
         await model.register(backend)
         servers = backend.server.replicas
         assert len(servers) == 2 and {s.placement["VLLM_CPU_OMP_THREADS_BIND"] for s in servers} == {"0", "1"}
-        askers = [asyncio.create_task(keep_asking()) for _ in range(4)]
+        askers = KeepAsking(model, backend, clients=4)
         result = await model.train([await two_sampled(model)], agentrl.TrainConfig(learning_rate=1e-4))
         assert not result.skipped and result.step == 1  # a swap while requests stream
-        # And the new name asked for at once. Under a step's load on two cores one request can take seconds
-        # (CI saw two per asker in a whole step), so wait for the asks rather than for a fixed time.
-        async with asyncio.timeout(180):
-            while names["replicated@1"] < 4:
-                await asyncio.sleep(0.2)
-        stop.set()
-        await asyncio.gather(*askers)
-        assert set(statuses) == {200}, statuses  # no 404 for a name, no error at all
-        assert names["replicated@0"] > 0 and names["replicated@1"] >= 4, names
+        await askers.until_asked("replicated@1", 4)  # and the new name asked for at once
+        await askers.finish()
+        assert set(askers.statuses) == {200}, askers.statuses  # no 404 for a name, no error at all
+        assert askers.names["replicated@0"] > 0 and askers.names["replicated@1"] >= 4, askers.names
         sent = [replica.sent for replica in backend.gateway.upstream.replicas]
         assert all(count > 0 for count in sent), sent  # both replicas answered
 
@@ -182,5 +207,124 @@ async def test_two_replicas_serve_through_swaps_without_a_404_and_survive_one_dy
         serving = [e for track in ("replica 0", "replica 1") for e in tracks[track]]
         assert {e["name"] for e in serving} == {"serving"} and all(e["args"]["requests"] >= 1 for e in serving)
     finally:
-        stop.set()
+        if askers is not None:
+            await askers.finish()
         await backend.close()
+
+
+def test_an_adapter_push_is_written_only_when_its_checksum_matches(tmp_path):
+    source = tmp_path / "checkpoint"
+    source.mkdir()
+    (source / ADAPTER_FILE).write_bytes(os.urandom(4096))
+    (source / "adapter_config.json").write_text('{"r": 8}')
+    (source / "optimizer.pt").write_bytes(b"stays on the head")
+    data = pack_adapter(source)
+    sha256 = hashlib.sha256(data).hexdigest()
+    torn = data[:-1] + bytes([data[-1] ^ 1])
+    with pytest.raises(ServerError, match="push it again"):
+        unpack_adapter(torn, sha256, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    unpack_adapter(data, sha256, tmp_path / "served")
+    assert sorted(p.name for p in (tmp_path / "served").iterdir()) == sorted([ADAPTER_FILE, "adapter_config.json"])
+    assert (tmp_path / "served" / ADAPTER_FILE).read_bytes() == (source / ADAPTER_FILE).read_bytes()
+    buffer = io.BytesIO()  # a push with anything but the served files is refused, however its checksum reads
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(source / "optimizer.pt", arcname="../optimizer.pt")
+    other = buffer.getvalue()
+    with pytest.raises(ServerError, match="not"):
+        unpack_adapter(other, hashlib.sha256(other).hexdigest(), tmp_path / "other")
+
+
+async def test_only_the_join_token_opens_the_replica_door():
+    closed = Gateway(token="sample")
+    door = Gateway(token="sample", admin_token="admin", join_token="join")
+    await closed.start()
+    await door.start()
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+
+            async def settings(gateway: Gateway, token: str) -> httpx.Response:
+                headers = {"Authorization": f"Bearer {token}"}
+                return await client.get(f"{gateway.root_url}/replicas/settings", headers=headers)
+
+            assert (await settings(closed, "sample")).status_code == 404
+            assert "AGENTRL_JOIN_TOKEN" in (await settings(closed, "sample")).json()["error"]["message"]
+            for token in ("sample", "admin", "wrong"):  # the gateway's other tokens do not open it
+                refused = await settings(door, token)
+                assert refused.status_code == 401 and "AGENTRL_JOIN_TOKEN" in refused.text
+            assert (await settings(door, "join")).status_code == 503  # no model registered yet: try again
+            offer = await client.post(f"{door.root_url}/replicas/join", headers={"Authorization": "Bearer join"},
+                                      content=b"{}")  # fmt: skip
+            assert offer.status_code == 503
+            models = await client.get(f"{door.base_url}/models", headers={"Authorization": "Bearer join"})
+            assert models.status_code == 401  # and the join token opens nothing else
+    finally:
+        await closed.stop()
+        await door.stop()
+
+
+def test_the_replica_command_names_what_is_missing(monkeypatch):
+    monkeypatch.delenv("AGENTRL_JOIN_TOKEN", raising=False)
+    missing = runner.invoke(app, ["backend", "replica", "--join", "127.0.0.1:9"])
+    assert missing.exit_code == 2 and "set AGENTRL_JOIN_TOKEN" in missing.output
+    monkeypatch.setenv("AGENTRL_JOIN_TOKEN", "t")
+    bad = runner.invoke(app, ["backend", "replica", "--join", "nowhere"])
+    assert bad.exit_code == 2 and "HOST:PORT" in bad.output
+    unreachable = runner.invoke(app, ["backend", "replica", "--join", "127.0.0.1:9", "--wait", "0"])
+    assert unreachable.exit_code == 1 and "is it serving?" in unreachable.output
+
+
+@pytest.mark.slow
+async def test_a_replica_on_another_host_gets_each_adapter_over_http_and_leaves_when_its_host_dies(tmp_path, caplog):
+    model = agentrl.TrainableModel(
+        name="spread", project="replicas", base_path=str(tmp_path / "head"), server=agentrl.ServerConfig(kv_cache_gib=1)
+    )
+    backend = agentrl.LocalBackend(join_token="join-secret")
+    askers = None
+
+    other_host = tmp_path / "other-host"
+    other_host.mkdir()
+    agent = None
+    try:
+        await model.register(backend)
+        port = backend.gateway.port
+        agent = as_another_host(other_host, "join-secret", ["backend", "replica", "--join", f"127.0.0.1:{port}"])
+        async with asyncio.timeout(400):  # its vLLM server starts while the head's runs: ~1-3 min on 2 cores
+            while len(backend.gateway.upstream.replicas) < 2:
+                assert agent.poll() is None, "the replica agent exited before it joined"
+                await asyncio.sleep(1.0)
+        remote = backend.server.replicas[1]
+        assert remote.pushed_bytes > 0  # step 0's adapter reached it before it took a request
+
+        def served_on_the_other_host(step: int) -> bool:
+            ours = (model.run_dir / "checkpoints" / f"{step:04d}" / ADAPTER_FILE).read_bytes()
+            theirs = [p.read_bytes() for p in (other_host / "agentrl-replica" / "adapters").glob(f"*/{ADAPTER_FILE}")]
+            return ours in theirs
+
+        assert served_on_the_other_host(0)
+        askers = KeepAsking(model, backend, clients=3)
+        result = await model.train([await two_sampled(model)], agentrl.TrainConfig(learning_rate=1e-4))
+        assert not result.skipped and result.step == 1 and served_on_the_other_host(1)
+        await askers.until_asked("spread@1", 6)
+        await askers.finish()
+        assert set(askers.statuses) == {200}, askers.statuses  # no 404 through the swap, on either host
+        sent = [replica.sent for replica in backend.gateway.upstream.replicas]
+        assert all(count > 0 for count in sent), sent  # the other host answered its share
+
+        # The other host dies (its agent and its vLLM server): it leaves the rotation, named; the run trains on.
+        doomed = [psutil.Process(agent.pid), *psutil.Process(agent.pid).children(recursive=True)]
+        for process in doomed:
+            process.send_signal(signal.SIGKILL)
+        psutil.wait_procs(doomed, timeout=30)
+        with caplog.at_level(logging.WARNING):
+            result = await model.train([await two_sampled(model)], agentrl.TrainConfig(learning_rate=1e-4))
+            await two_sampled(model)
+        assert not result.skipped and result.step == 2
+        assert any("left the rotation (1 left)" in r.message and "on host" in r.message for r in caplog.records)
+        assert backend.gateway.upstream.in_rotation() == backend.gateway.upstream.replicas[:1]
+    finally:
+        if askers is not None:
+            await askers.finish()
+        await backend.close()
+        if agent is not None and agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)

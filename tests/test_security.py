@@ -188,8 +188,8 @@ async def test_a_failed_load_on_one_replica_is_unloaded_from_all_and_a_retry_loa
             return None
 
     with FakeVLLM() as good, FakeVLLM(fail_loads=True) as bad:
-        replicas = ServerReplicas.__new__(ServerReplicas)
-        replicas.replicas = []
+        replicas = ServerReplicas.__new__(ServerReplicas)  # its servers are these two, not ones it would start
+        replicas.replicas, replicas.adapters, replicas._changing = [], {}, asyncio.Lock()
         for fake in (good, bad):
             server = Running("model", tmp_path / "log", ServerConfig(), max_lora_rank=8)
             server.port, server.api_key = fake.port, "k"
@@ -200,6 +200,7 @@ async def test_a_failed_load_on_one_replica_is_unloaded_from_all_and_a_retry_loa
         bad.fail_loads = False
         await replicas.load_adapter("agent@3", tmp_path)  # no "already loaded" on the retry
         assert good.loaded == bad.loaded == {"agent@3"}
+        assert replicas.adapters == {"agent@3": tmp_path}  # what a replica joining from another host gets first
 
 
 # --- Medium 6 and 7, low items: the gateway's bounds and its own completion ids ----------------------------------

@@ -66,7 +66,8 @@ class LocalBackend:
     for the same input (slower on a GPU): a recorded step then replays bit for bit there. `host`, `port` and
     `token` say where its OpenAI-compatible gateway listens (by default a free port on loopback, with a token
     generated here: another user of a shared host can neither sample the adapters nor read their tokens).
-    `admin_token` opens `routes` (a backend service's own); `limits` bound what one request may ask.
+    `admin_token` opens `routes` (a backend service's own); `limits` bound what one request may ask;
+    `join_token` lets inference replicas on other hosts join its gateway (`agentrl backend replica --join`).
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class LocalBackend:
         admin_token: str | None = None,
         routes: Sequence[BaseRoute] = (),
         limits: GatewayLimits | None = None,
+        join_token: str | None = None,
     ) -> None:
         self.placement = TrainerPlacement(
             seed, trainer_device, trainer_ranks, shard_trainer, deterministic, trainer_join
@@ -94,8 +96,9 @@ class LocalBackend:
         self._sampling_token = token or secrets.token_urlsafe(32)
         """What clients send as their API key: the gateway's sampling token (given, or generated here)."""
         self.gateway = Gateway(
-            host=host, port=port, token=self._sampling_token, admin_token=admin_token, routes=routes, limits=limits
-        )
+            host=host, port=port, token=self._sampling_token, admin_token=admin_token, routes=routes, limits=limits,
+            join_token=join_token,
+        )  # fmt: skip
         """The OpenAI-compatible door to the server, for any client; rollouts sample through it."""
         self._engine: Engine | None = None  # started by the first register
         self._broken: str | None = None  # why the engine can no longer be trusted; the next register rebuilds it
@@ -191,7 +194,9 @@ class LocalBackend:
         self._engine = engine = await start_engine(model, self.placement, self._trainer_thread)
         await self.gateway.start()
         server = engine.server
-        self.gateway.connect(server.gateway_replicas(), drop_seed=not server.gpu, context=model.server.max_model_len)
+        self.gateway.connect(
+            server.gateway_replicas(), drop_seed=not server.gpu, context=model.server.max_model_len, door=server
+        )
         return engine
 
     async def _open_session(self, model: TrainableModel, engine: Engine, lock: RunLock) -> ModelSession:
@@ -238,12 +243,8 @@ class LocalBackend:
         if (error := judge_failure_error(screened, config.max_judge_failure_rate)) is not None:
             raise error
         if screened.num_judge_failed:
-            logger.warning(
-                "judge failures dropped %d of %d groups this step; last judge error: %s",
-                screened.num_judge_failed,
-                screened.num_given,
-                screened.last_judge_error,
-            )
+            logger.warning("judge failures dropped %d of %d groups this step; last judge error: %s",
+                           screened.num_judge_failed, screened.num_given, screened.last_judge_error)  # fmt: skip
         if screened.trainable:
             async with self._updating(session):
                 outcome = await self._trainer_thread.run(

@@ -42,7 +42,9 @@ def backend_serve(
         0, min=0, help="how many of the trainer ranks join from other hosts (agentrl backend rank --join RANK_JOIN)"
     ),
     rank_join: str = typer.Option(
-        "", help="HOST:PORT on this host where ranks from other hosts join (HOST: the address they reach it at)"
+        "",
+        help="HOST:PORT on this host where ranks from other hosts join (HOST: the address they reach it at; "
+        "default with --remote-ranks: MASTER_ADDR:MASTER_PORT when set)",
     ),
     base_model: list[str] = BASE_MODELS_OPTION,
     server_config: str | None = typer.Option(
@@ -55,14 +57,16 @@ def backend_serve(
     Its admin token comes from AGENTRL_TOKEN, or is generated once and kept (mode 0600) in
     RUNS/backend.token; it opens every route. Rollouts get a sampling token (AGENTRL_SAMPLING_TOKEN, or
     derived from the admin token) that opens /v1 only. The base models, server settings and LoRA rank
-    are the operator's: clients choose within them. Trainer ranks from other hosts present
-    AGENTRL_RANK_TOKEN, set to the same value here and there. Ctrl-C stops it."""
+    are the operator's: clients choose within them. Trainer ranks and inference replicas from other hosts
+    (agentrl backend rank / replica --join) present AGENTRL_JOIN_TOKEN, set to the same value here and there;
+    without it none may join. Ctrl-C stops it."""
     from agentrl.backend.remote.service import OperatorPolicy, serve_backend
-    from agentrl.backend.training.rank_hosts import rank_join_point
+    from agentrl.backend.training.rank_hosts import launcher_join_address, rank_join_point
     from agentrl.config import ServerConfig
 
     try:
-        join = rank_join_point(rank_join, remote_ranks, os.environ.get("AGENTRL_RANK_TOKEN", ""))
+        address = rank_join or (launcher_join_address(os.environ) if remote_ranks else "")
+        join = rank_join_point(address, remote_ranks, os.environ.get("AGENTRL_JOIN_TOKEN", ""))
     except ConfigurationError as error:
         raise typer.BadParameter(str(error)) from error
     try:
@@ -86,6 +90,7 @@ def backend_serve(
                 trainer_ranks=trainer_ranks,
                 shard_trainer=shard_trainer,
                 trainer_join=join,
+                join_token=os.environ.get("AGENTRL_JOIN_TOKEN") or None,
             )
         )
     except KeyboardInterrupt:
@@ -96,28 +101,47 @@ def backend_serve(
 
 @backend_app.command("rank")
 def backend_rank(
-    join: str = typer.Option(..., help="HOST:PORT where the head's backend waits for trainer ranks from other hosts"),
+    join: str = typer.Option(
+        "",
+        help="HOST:PORT where the head's backend waits for trainer ranks from other hosts (default: "
+        "MASTER_ADDR:MASTER_PORT when a launcher set them, torchrun aside)",
+    ),
     model: str | None = typer.Option(None, help="this host's copy of the base model (default: the head's folder)"),
-    device: str = typer.Option("", help="this rank's device (default: cuda:0 where this host has a GPU, else the CPU)"),
-    threads: int = typer.Option(0, min=0, help="CPU threads for this rank (default: torch's, every core)"),
+    device: str = typer.Option(
+        "",
+        help="this rank's device (default: cuda:LOCAL_RANK where this host has a GPU, LOCAL_RANK=0 unless torchrun "
+        "set it; else the CPU)",
+    ),
+    threads: int = typer.Option(
+        0, min=0, help="CPU threads for this rank (default: torch's, every core, shared by torchrun's LOCAL_WORLD_SIZE)"
+    ),
     wait: float = typer.Option(600.0, min=0, help="seconds to keep trying to reach the head"),
 ) -> None:
     """Join a head's trainer as one rank from this host, and serve it until the head stops it or goes away.
 
     The head gives the rank its number, the torch.distributed rendezvous and the trainer's settings; both
-    sides hold the same AGENTRL_RANK_TOKEN. Run it again (or under a supervisor) to rejoin after a restart."""
+    sides hold the same AGENTRL_JOIN_TOKEN. Run it again (or under a supervisor) to rejoin after a restart. For
+    one rank per GPU of a host: `torchrun --nproc-per-node G -m agentrl.cli backend rank --join HOST:PORT`."""
     import logging
 
     import torch
 
+    from agentrl.backend.training.rank_hosts import launcher_join_address
     from agentrl.backend.training.rank_joiner import join_as_rank
     from agentrl.errors import TrainingError
 
-    token = os.environ.get("AGENTRL_RANK_TOKEN", "")
+    token = os.environ.get("AGENTRL_JOIN_TOKEN", "")
     if not token:
-        raise typer.BadParameter("set AGENTRL_RANK_TOKEN to the head's rank token (the same value on every host)")
-    if threads:
-        torch.set_num_threads(threads)
+        raise typer.BadParameter("set AGENTRL_JOIN_TOKEN to the head's join token (the same value on every host)")
+    join = join or launcher_join_address(os.environ)
+    if not join:
+        raise typer.BadParameter(
+            "pass --join HOST:PORT, the head's --rank-join (or set MASTER_ADDR and MASTER_PORT to it; under torchrun "
+            "those are torchrun's own, so pass --join)"
+        )
+    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's processes on this host
+    if threads or sharing > 1:
+        torch.set_num_threads(threads or max(1, len(os.sched_getaffinity(0)) // sharing))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         rank = join_as_rank(join, token, model_path=model, device=device or None, wait_s=wait)
@@ -127,3 +151,39 @@ def backend_rank(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from error
     typer.echo(f"trainer rank {rank} done: the head at {join} stopped it or went away")
+
+
+@backend_app.command("replica")
+def backend_replica(
+    join: str = typer.Option(..., help="HOST:PORT (or http://HOST:PORT) of the head's gateway"),
+    model: str | None = typer.Option(None, help="this host's copy of the base model (default: the head's folder)"),
+    host: str = typer.Option("", help="the address the head reaches this host at (default: the one toward the head)"),
+    port: int = typer.Option(0, min=0, help="port of this replica's agent (default: a free one)"),
+    folder: str = typer.Option("agentrl-replica", help="where its vLLM log and the adapters pushed to it are kept"),
+    wait: float = typer.Option(600.0, min=0, help="seconds to keep trying to reach the head at the start"),
+) -> None:
+    """Serve the head's model from this host: a vLLM server here, in the head gateway's rotation.
+
+    The head pushes every adapter it serves over HTTP (checked by SHA-256) before sending this replica a
+    request; both sides hold the same AGENTRL_JOIN_TOKEN. When the head stops or restarts, the replica
+    offers itself again. Runs until its server dies or Ctrl-C."""
+    import logging
+
+    from agentrl.backend.serving.replica_agent import serve_replica
+    from agentrl.errors import ServerError
+
+    token = os.environ.get("AGENTRL_JOIN_TOKEN", "")
+    if not token:
+        raise typer.BadParameter("set AGENTRL_JOIN_TOKEN to the head's join token (the same value on every host)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(
+            serve_replica(join, token, folder=Path(folder), model=model, host=host or None, port=port, wait_s=wait)
+        )
+    except KeyboardInterrupt:
+        pass
+    except ConfigurationError as error:
+        raise typer.BadParameter(str(error)) from error
+    except ServerError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from error

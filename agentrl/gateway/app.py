@@ -37,12 +37,25 @@ from agentrl.gateway import messages_api, responses_api, responses_stream
 from agentrl.gateway.auth import TokenGuard
 from agentrl.gateway.limits import RequestRefused, check_sampling_request, parse_json_object, read_body
 from agentrl.gateway.relay import OnAnswer, relay_as, relay_chat
+from agentrl.gateway.replica_door import replica_routes
 from agentrl.gateway.sessions import SessionLog
 from agentrl.gateway.store import SampledStore, sampled_choices
-from agentrl.gateway.upstream import UPSTREAM_HEADER, UPSTREAM_TIMEOUT, Replica, Upstream, conversation_key
+from agentrl.gateway.upstream import (
+    UPSTREAM_HEADER,
+    UPSTREAM_KEEPALIVE_S,
+    UPSTREAM_TIMEOUT,
+    Replica,
+    Upstream,
+    conversation_key,
+)
 from agentrl.rl.ledger import ROLLOUT_HEADER
 
 logger = logging.getLogger(__name__)
+
+STALE_CONNECTION_ERRORS = (httpx.ReadError, httpx.RemoteProtocolError)
+"""What a request on a pooled connection that the server closed meanwhile fails with, before any answer: a
+keep-alive race that an expiry below the server's narrows (seen even with idle connections dropped after 2 s:
+1 request in 128 of a burst through two replicas on two cores failed with a ReadError)."""
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -73,7 +86,10 @@ class _GatewayRoutes:
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self._client = httpx.AsyncClient(
-            timeout=UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=256, max_keepalive_connections=256)
+            timeout=UPSTREAM_TIMEOUT,
+            limits=httpx.Limits(
+                max_connections=256, max_keepalive_connections=256, keepalive_expiry=UPSTREAM_KEEPALIVE_S
+            ),
         )
         yield
         await self.client.aclose()
@@ -93,8 +109,9 @@ class _GatewayRoutes:
         return self.client.build_request(method, replica.url + path, json=body, headers=headers)
 
     async def send(self, body: dict[str, Any], path: str) -> tuple[Replica, httpx.Response] | JSONResponse:
-        """Send to a replica; when its process died, take it out and try the next (nothing was returned yet)."""
-        conversation = conversation_key(body)
+        """Send to a replica; when its process died, take it out and try the next (nothing was returned yet).
+        A connection the server closed as it was reused is retried once, on a fresh one."""
+        conversation, resent = conversation_key(body), False
         while (replica := self.upstream.pick(conversation)) is not None:
             replica.request_sent()
             try:
@@ -103,8 +120,12 @@ class _GatewayRoutes:
                 )
             except httpx.TransportError as error:
                 replica.request_done()
-                if replica.death_notice is None or replica.death_notice() is None:
-                    return self.unreachable(replica, error)  # alive but not answering: no safe retry elsewhere
+                if await replica.gone():
+                    continue
+                if not resent and isinstance(error, STALE_CONNECTION_ERRORS):
+                    resent = True
+                    continue
+                return self.unreachable(replica, error)  # alive but not answering: no safe retry elsewhere
             except asyncio.CancelledError:  # the client hung up: httpx closed the connection, vLLM aborts
                 replica.request_done()
                 raise
@@ -311,12 +332,14 @@ def create_gateway_app(
     admin_token: str | None = None,
     routes: Sequence[BaseRoute] = (),
     sessions: SessionLog | None = None,
+    join_token: str | None = None,
 ) -> Any:
     """The ASGI app: routes /v1/chat/completions, /v1/responses (OpenAI Responses), /v1/messages (Anthropic
     Messages), /v1/completions, /v1/models, /v1/sampled/{id}, /health, the same three sampling routes and
     /models under /v1/sessions/{id}/ (a rollout session's prefix, logged into `sessions`), and `routes` (a
     remote backend's own, under /backend/). With `token` (sampling), every route needs a token: the
-    sampling token or `admin_token` for /v1 and /health, the admin token alone for /backend/."""
+    sampling token or `admin_token` for /v1 and /health, the admin token alone for /backend/; /replicas/ takes
+    `join_token` alone (replicas on other hosts, replica_door.py)."""
     handlers = _GatewayRoutes(upstream, store, sessions)
     app = Starlette(
         routes=[
@@ -332,6 +355,7 @@ def create_gateway_app(
             Route("/v1/sessions/{session_id}/messages", handlers.session_route, methods=["POST"]),
             Route("/v1/sessions/{session_id}/v1/messages", handlers.session_route, methods=["POST"]),
             Route("/v1/sessions/{session_id}/models", handlers.session_models),
+            *replica_routes(upstream, join_token),
             *routes,
         ],
         lifespan=handlers.lifespan,

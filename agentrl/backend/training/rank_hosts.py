@@ -19,6 +19,7 @@ import pickle
 import shutil
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
@@ -61,9 +62,17 @@ def rank_join_point(address: str, remote_ranks: int, token: str) -> JoinPoint | 
     if not remote_ranks or not address:
         raise ConfigurationError("ranks on other hosts need both --remote-ranks N and --rank-join HOST:PORT")
     if not token:
-        raise ConfigurationError("ranks on other hosts need AGENTRL_RANK_TOKEN set, to the same value on every host")
+        raise ConfigurationError("ranks on other hosts need AGENTRL_JOIN_TOKEN set, to the same value on every host")
     host, port = parse_address(address)
     return JoinPoint(host, port, token, remote_ranks)
+
+
+def launcher_join_address(environ: Mapping[str, str]) -> str:
+    """MASTER_ADDR:MASTER_PORT where a launcher (a SkyPilot or Slurm script) set both to the head's join point,
+    else "". Under torchrun (TORCHELASTIC_RUN_ID set) they are torchrun's own rendezvous, never the head's."""
+    if "TORCHELASTIC_RUN_ID" in environ or not environ.get("MASTER_ADDR") or not environ.get("MASTER_PORT"):
+        return ""
+    return f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -135,7 +144,7 @@ def accept_ranks(
             raise TrainingError(
                 f"waited {timeout_s:.0f} s for {len(ranks)} trainer ranks to join at {join.host}:{join.port}; "
                 f"{len(joined)} joined. On each other host run: agentrl backend rank --join "
-                f"{join.host}:{join.port} (with AGENTRL_RANK_TOKEN set to this head's rank token)"
+                f"{join.host}:{join.port} (with AGENTRL_JOIN_TOKEN set to this head's join token)"
             )
     return joined
 

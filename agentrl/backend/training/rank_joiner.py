@@ -38,7 +38,7 @@ def join_as_rank(address: str, token: str, *, model_path: str | None, device: st
             time.sleep(1.0)
         except AuthenticationError as error:
             raise ConfigurationError(
-                f"the head at {address} refused this rank's token ({error}): set AGENTRL_RANK_TOKEN to the head's"
+                f"the head at {address} refused this rank's token ({error}): set AGENTRL_JOIN_TOKEN to the head's"
             ) from error
     connection.send(("hello", socket.gethostname(), os.getpid()))
     rank, world_size, rendezvous, trainer_args = connection.recv()
@@ -50,7 +50,9 @@ def join_as_rank(address: str, token: str, *, model_path: str | None, device: st
             f"the head's model {trainer_args['model_path']} is not a folder on this host: pass --model with this "
             "host's copy of the same model"
         )
-    device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+    # Under torchrun (one process per device of this host) LOCAL_RANK names this process's device; the head's
+    # rendezvous, not torchrun's (its MASTER_ADDR, RANK and WORLD_SIZE are its own), makes the process group.
+    device = device or (f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu")
     logger.info("serving trainer rank %d of %d on %s for the head at %s", rank, world_size, device, address)
     link = BeatingConnection(connection)
     try:
