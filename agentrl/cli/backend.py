@@ -23,6 +23,14 @@ BASE_MODELS_OPTION = typer.Option(  # a list option: one shared default object, 
 )
 
 
+def required_join_token() -> str:
+    """AGENTRL_JOIN_TOKEN, which a host joining a head presents; a usage error naming it when unset."""
+    token = os.environ.get("AGENTRL_JOIN_TOKEN", "")
+    if not token:
+        raise typer.BadParameter("set AGENTRL_JOIN_TOKEN to the head's join token (the same value on every host)")
+    return token
+
+
 @backend_app.command("serve")
 def backend_serve(
     host: str = typer.Option("127.0.0.1", help="interface to listen on (0.0.0.0: every interface)"),
@@ -130,9 +138,7 @@ def backend_rank(
     from agentrl.backend.training.rank_joiner import join_as_rank
     from agentrl.errors import TrainingError
 
-    token = os.environ.get("AGENTRL_JOIN_TOKEN", "")
-    if not token:
-        raise typer.BadParameter("set AGENTRL_JOIN_TOKEN to the head's join token (the same value on every host)")
+    token = required_join_token()
     join = join or launcher_join_address(os.environ)
     if not join:
         raise typer.BadParameter(
@@ -172,9 +178,7 @@ def backend_replica(
     from agentrl.backend.serving.replica_agent import serve_replica
     from agentrl.errors import ServerError
 
-    token = os.environ.get("AGENTRL_JOIN_TOKEN", "")
-    if not token:
-        raise typer.BadParameter("set AGENTRL_JOIN_TOKEN to the head's join token (the same value on every host)")
+    token = required_join_token()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(
