@@ -11,13 +11,14 @@ import hashlib
 import hmac
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 SERVER_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable for --api-key, so its /v1 check uses the same key
 OPEN_PATHS = frozenset({"/health"})
 
 
-def presented_digest(scope: dict[str, Any]) -> bytes | None:
+def presented_digest(scope: Mapping[str, Any]) -> bytes | None:
     """SHA-256 of the request's bearer token (`Authorization: Bearer ...`, or `x-api-key`, where the Anthropic
     SDK sends it; None without either), for constant-time comparison: neither a key's length nor its prefix
     leaks through timing."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -20,7 +19,8 @@ from starlette.routing import Route
 
 from agentrl.errors import AgentRLError
 from agentrl.gateway.auth import JOIN_PREFIX
-from agentrl.gateway.upstream import ReplicaOffer, Upstream
+from agentrl.gateway.upstream import ReplicaDoor, ReplicaOffer, Upstream
+from agentrl_vllm.server_guard import digest_matches, presented_digest
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -34,28 +34,28 @@ class _JoinRoutes:
         self.upstream = upstream
         self.digest = hashlib.sha256(join_token.encode()).digest() if join_token else None
 
-    def refused(self, request: Request) -> JSONResponse | None:
+    def door(self, request: Request) -> ReplicaDoor | JSONResponse:
+        """The backend's servers, or the answer that refuses this request (no join token, a wrong one, no servers)."""
         if self.digest is None:
             return _error(
                 404,
                 "this backend takes no inference replicas from other hosts: start it with AGENTRL_JOIN_TOKEN set "
                 "(LocalBackend(join_token=...))",
             )
-        presented = request.headers.get("authorization", "").removeprefix("Bearer ").encode()
-        if not hmac.compare_digest(hashlib.sha256(presented).digest(), self.digest):
+        if not digest_matches(presented_digest(request.scope), self.digest):
             return _error(401, "the head refused this replica's token: set AGENTRL_JOIN_TOKEN to the head's join token")
         if self.upstream.door is None:
             return _error(503, "the backend has no servers yet (no model registered); try again shortly")
-        return None
+        return self.upstream.door
 
     async def settings(self, request: Request) -> JSONResponse:
-        if (refusal := self.refused(request)) is not None or (door := self.upstream.door) is None:
-            return refusal or _error(503, "no servers")
-        return JSONResponse(door.settings())
+        door = self.door(request)
+        return door if isinstance(door, JSONResponse) else JSONResponse(door.settings())
 
     async def join(self, request: Request) -> JSONResponse:
-        if (refusal := self.refused(request)) is not None or (door := self.upstream.door) is None:
-            return refusal or _error(503, "no servers")
+        door = self.door(request)
+        if isinstance(door, JSONResponse):
+            return door
         try:
             offer = ReplicaOffer.model_validate_json(await request.body())
         except ValidationError as error:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import logging
 import secrets
 import shutil
@@ -33,6 +32,7 @@ from agentrl.backend.serving.server import VLLMServer
 from agentrl.config import ServerConfig
 from agentrl.errors import ConfigurationError, ServerError
 from agentrl.gateway.upstream import ReplicaOffer
+from agentrl_vllm.server_guard import digest_matches, presented_digest
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +77,7 @@ class ReplicaAgent:
         ]
 
     def refused(self, request: Request) -> Response | None:
-        presented = request.headers.get("authorization", "").removeprefix("Bearer ")
-        if hmac.compare_digest(presented.encode(), self.key.encode()):
+        if digest_matches(presented_digest(request.scope), hashlib.sha256(self.key.encode()).digest()):
             return None
         return PlainTextResponse("Unauthorized: only the head this replica joined may call it", status_code=401)
 
