@@ -93,7 +93,7 @@ class ServerReplicas:
         return [
             r.gateway_replica()
             if isinstance(r, RemoteReplica)
-            else Replica(f"http://127.0.0.1:{r.port}", r.api_key, r.death_notice, track=f"replica {index}")
+            else Replica(r.root_url, r.api_key, r.death_notice, track=f"replica {index}")
             for index, r in enumerate(self.replicas)
         ]
 
