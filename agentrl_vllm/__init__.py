@@ -1,6 +1,6 @@
 """Code that runs inside vLLM's own processes, loaded through vLLM's plugin entry points.
 
 Its own top-level package so that vLLM's processes import only this (not agentrl and its
-dependencies). `lora_ops`: grouped CPU LoRA ops; `server_guard`: the bearer-key middleware vLLM loads
-through `--middleware`.
+dependencies). `lora_ops`: grouped CPU LoRA ops; `engine_fork`: the CPU engine process forked, not
+spawned; `server_guard`: the bearer-key middleware vLLM loads through `--middleware`.
 """

@@ -2,9 +2,11 @@
 processes, and the records W&B writes."""
 
 import asyncio
+import atexit
 import json
 import os
 import random
+import shutil
 import struct
 import subprocess
 import sys
@@ -306,8 +308,11 @@ def as_another_host(
     temporary folder under `home` (nothing on disk shared with the head), AGENTRL_JOIN_TOKEN=`token`, reaching
     the head over loopback; pinned to `cpus` when given; launched by torchrun (one process) when asked."""
     # A temporary folder of its own, short: vLLM's engine sockets live there, and a socket's path has 107 bytes.
+    # It holds the other host's compile caches (~150 MB), so it goes when the suite's process ends.
+    temporary = tempfile.mkdtemp(prefix="host-")
+    atexit.register(shutil.rmtree, temporary, ignore_errors=True)
     env = {**os.environ, "AGENTRL_JOIN_TOKEN": token, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
-           "HF_HOME": str(home / "hf"), "TMPDIR": tempfile.mkdtemp(prefix="host-")}  # fmt: skip
+           "HF_HOME": str(home / "hf"), "TMPDIR": temporary}  # fmt: skip
     pinned = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"] if torchrun else []
     command = [*pinned, sys.executable, *launcher, "-m", "agentrl.cli", *args]

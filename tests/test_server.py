@@ -69,12 +69,14 @@ def test_gpu_command_and_env_enable_sleep_mode_and_runtime_lora():
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     # One CPU replica of one rank runs its model in the engine process, on all usable cores; replicas and
     # ranks keep vLLM's worker processes, which pin each to its cores.
+    # With no worker to pin, its engine process is forked from the API server (agentrl_vllm.engine_fork).
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and int(env["OMP_NUM_THREADS"]) >= 1
+    assert env["AGENTRL_VLLM_FORK_ENGINE"] == "1"
     for pinned in ({"replicas": 2}, {"tensor_parallel_size": 2}, {"data_parallel_size": 2}):
-        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(
-            config.model_copy(update=pinned), gpu=False, api_key="k"
-        )
-    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(config, gpu=True, api_key="k")
+        pinned_env = server_env(config.model_copy(update=pinned), gpu=False, api_key="k")
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in pinned_env and "AGENTRL_VLLM_FORK_ENGINE" not in pinned_env
+    gpu_env = server_env(config, gpu=True, api_key="k")
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in gpu_env and "AGENTRL_VLLM_FORK_ENGINE" not in gpu_env
     # The key guards every route, on CPU and GPU, and never appears on the command line (`ps` shows it).
     assert env["VLLM_API_KEY"] == "k" and "k" not in gpu + cpu
     for command in (gpu, cpu):
@@ -129,7 +131,10 @@ async def test_the_cpu_server_loads_the_grouped_lora_ops_plugin(served_model):
     server = served_model.backend.server.replicas[0]
     assert server_env(server.config, gpu=False, api_key="k")["AGENTRL_VLLM_GROUPED_LORA"] == "1"
     log = server.log_path.read_text(errors="replace")
-    assert "agentrl: grouped CPU LoRA ops in use" in log
+    # Once: the engine process was forked from the API server, which had loaded the plugins; a spawned
+    # engine imports vLLM again and loads them a second time.
+    assert log.count("agentrl: grouped CPU LoRA ops in use") == 1
+    assert "agentrl: vLLM's engine process is forked from its API server" in log
     # The model runs in the engine process: no worker process started (it would log as "Worker pid=").
     assert "(EngineCore pid=" in log and "Worker pid=" not in log
     vllm_processes = [p.name() for p in psutil.Process(server.process.pid).children(recursive=True)]
