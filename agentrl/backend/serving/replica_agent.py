@@ -68,6 +68,9 @@ class ReplicaAgent:
     joined: bool = False
     last_asked: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.key_digest = hashlib.sha256(self.key.encode()).digest()  # once, not on every request the head sends
+
     def routes(self) -> list[Route]:
         return [
             Route("/health", self.health),
@@ -77,7 +80,7 @@ class ReplicaAgent:
         ]
 
     def refused(self, request: Request) -> Response | None:
-        if digest_matches(presented_digest(request.scope), hashlib.sha256(self.key.encode()).digest()):
+        if digest_matches(presented_digest(request.scope), self.key_digest):
             return None
         return PlainTextResponse("Unauthorized: only the head this replica joined may call it", status_code=401)
 
