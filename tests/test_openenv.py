@@ -22,7 +22,7 @@ async def test_an_unreachable_environment_and_an_app_that_cannot_start_are_clear
         await openenv_rollout(model, f"http://127.0.0.1:{free_port()}")
     before = children()
     with pytest.raises(agentrl.ServerError, match="exited"):
-        async with serve_openenv("tests.openenv_envs:no_such_app", startup_timeout_s=60):
+        async with serve_openenv("tests.no_such_module:app", startup_timeout_s=60):
             pass
     await asyncio.sleep(0.3)
     assert children() <= before
