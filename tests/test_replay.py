@@ -73,6 +73,51 @@ async def test_replay_says_what_is_missing(tiny_model_path, tokenizer, tmp_path)
         replay_step(model.run_dir, 1)
 
 
+def demonstrations() -> list[agentrl.Trajectory]:
+    """Supervised targets with a system prompt, a tool call and its result, and the tools offered."""
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    system = {"role": "system", "content": "You answer briefly."}
+    return [
+        agentrl.Trajectory(messages_and_choices=[system, {"role": "user", "content": f"What is {n} + {n}?"},
+                                                 {"role": "assistant", "content": str(2 * n)}])
+        for n in (2, 7)
+    ] + [
+        agentrl.Trajectory(
+            messages_and_choices=[system, {"role": "user", "content": "Look it up."},
+                                  {"role": "assistant", "content": None, "tool_calls": [call]},
+                                  {"role": "tool", "tool_call_id": "c1", "content": "42"},
+                                  {"role": "assistant", "content": "It is 42."}],
+            tools=[tool],
+        )
+    ]  # fmt: skip
+
+
+async def test_a_supervised_call_records_its_demonstrations_and_replays_to_the_same_bytes(
+    tiny_model_path, tokenizer, tmp_path
+):
+    """A `train_sft` call (two epochs of two batches: four optimizer updates, one checkpoint) after a
+    GRPO step: its demonstrations and `SFTConfig` are recorded, and replay trains the whole call again."""
+    model = trainable_on_tiny_model(tiny_model_path, tmp_path)
+    await model.train(synthetic_groups(tokenizer, seed=9, size=2, max_words=6), agentrl.TrainConfig())
+    config = agentrl.SFTConfig(learning_rate=1e-3, epochs=2, batch_size=2, micro_batch_tokens=64)
+    result = await model.train_sft(demonstrations(), config)
+    assert result.step == 2 and result.metrics["step_input_bytes"] > 0
+    step_input = read_step_input(model.run_dir / "checkpoints" / "0002")
+    assert step_input.supervised and step_input.config == config and not step_input.groups
+    assert [(d.messages(), d.tools) for d in step_input.demonstrations] == [
+        (d.messages(), d.tools) for d in demonstrations()
+    ]
+    assert step_input.conditions["micro_batch_tokens"] == 64
+
+    report = replay_step(model.run_dir, 2)
+    assert report.identical and report.largest_difference == 0.0 and not report.differing_conditions
+    assert replay_step(model.run_dir, 1).identical  # the GRPO step before it, as ever
+    shown = runner.invoke(app, ["whatif", str(model.run_dir), "--from", "2", "--loss", "gspo", "--name", "sft"])
+    assert shown.exit_code != 0 and "step 2 is a supervised step" in flat(shown.output)
+    assert not (tmp_path / "p" / "sft").exists()
+
+
 async def test_whatif_with_the_same_config_repeats_the_steps_and_with_another_loss_differs(
     tiny_model_path, tokenizer, tmp_path
 ):

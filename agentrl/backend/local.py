@@ -308,7 +308,8 @@ class LocalBackend:
         async with session.busy, self._keeps_breakage():
             async with self._updating(session):
                 outcome = await self._trainer_thread.run(train_sft, self.trainer, session.adapter, histories, config)
-            return await session.commit(outcome, split="sft", groups=[])
+            trained_on = StepInput([], config, outcome.conditions, histories) if outcome.updated else None
+            return await session.commit(outcome, split="sft", groups=[], step_input=trained_on)
 
     @contextlib.asynccontextmanager
     async def _keeps_breakage(self) -> AsyncIterator[None]:

@@ -54,8 +54,10 @@ class AdapterTrainer(Protocol):
 
 def train_sft(trainer: AdapterTrainer, name: str, histories: Sequence[History], config: SFTConfig) -> StepOutcome:
     """`config.epochs` passes of supervised steps of `config.batch_size` demonstrations over adapter `name`,
-    with a progress bar; the outcome carries the last step's metrics (no update if no step trained)."""
+    with a progress bar; the outcome carries the last step's metrics and conditions (no update if no step
+    trained)."""
     metrics: dict[str, float] = {}
+    conditions: dict[str, Any] = {}
     starts = range(0, len(histories), config.batch_size)
     with tqdm(total=config.epochs * len(starts), desc="sft", unit="batch") as progress:
         for epoch in range(config.epochs):
@@ -67,7 +69,7 @@ def train_sft(trainer: AdapterTrainer, name: str, histories: Sequence[History], 
                     micro_batch_tokens=config.micro_batch_tokens,
                     shared_prefix=config.shared_prefix,
                 )
-                metrics = {**outcome.metrics, "epoch": float(epoch)}
+                metrics, conditions = {**outcome.metrics, "epoch": float(epoch)}, outcome.conditions
                 progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)
                 progress.update(1)
-    return StepOutcome(bool(metrics), metrics)
+    return StepOutcome(bool(metrics), metrics, conditions)

@@ -1,7 +1,8 @@
 """Train a recorded step again and compare it with its checkpoint: `agentrl replay RUN --step K`.
 
-Checkpoint K-1 is loaded into a fresh trainer, step K's recorded input (`step_input`) is trained under
-its recorded micro-batch size and thread count, and the adapter and optimizer state that come out are
+Checkpoint K-1 is loaded into a fresh trainer, step K's recorded input (`step_input`: a GRPO step's
+groups, or a `train_sft` call's demonstrations, every batch and epoch of it) is trained under its
+recorded micro-batch size and thread count, and the adapter and optimizer state that come out are
 compared, tensor by tensor, with checkpoint K. Under the same conditions (`training_conditions`: same
 threads, number format, device, torch and one rank) the bytes are the same; elsewhere the report names
 the conditions that differ and the largest difference.
@@ -21,7 +22,7 @@ import torch
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.training.adapter_files import ADAPTER_FILE, OPTIMIZER_FILE
 from agentrl.backend.training.step_input import StepInput, read_step_input, use_deterministic_kernels
-from agentrl.config import LoRAConfig, TrainConfig
+from agentrl.config import LoRAConfig, SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -114,10 +115,16 @@ def trainer_at(store: CheckpointStore, step: int, *, device: str | None) -> Trai
     return trainer
 
 
-def train_recorded(trainer: Trainer, step_input: StepInput, config: TrainConfig) -> StepOutcome:
-    """One step of `REPLAY_ADAPTER` on a recorded input under `config`, with its recorded micro-batch size."""
+def train_recorded(trainer: Trainer, step_input: StepInput, config: TrainConfig | SFTConfig) -> StepOutcome:
+    """One step of `REPLAY_ADAPTER` on a recorded input under `config`, with its recorded micro-batch size:
+    a GRPO step, or (a supervised input) the whole `train_sft` call."""
+    from agentrl.backend.training.adapter_trainer import train_sft
+
     trainer.micro_batch_tokens = int(step_input.conditions["micro_batch_tokens"])
-    outcome = trainer.train_step(REPLAY_ADAPTER, step_input.groups, config)
+    if isinstance(config, SFTConfig):
+        outcome = train_sft(trainer, REPLAY_ADAPTER, step_input.demonstrations, config)
+    else:
+        outcome = trainer.train_step(REPLAY_ADAPTER, step_input.groups, config)
     if not outcome.updated:
         raise CheckpointError("a recorded step input trained no update when trained again")
     return outcome

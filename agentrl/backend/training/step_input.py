@@ -1,7 +1,7 @@
 """A trained step's input, kept in its checkpoint, so the step can be trained again (`replay`).
 
-The groups the trainer was given (their exact sampled tokens, logprobs and rewards), the `TrainConfig`,
-and the conditions a bit-exact repeat needs (micro-batch size, threads, number format, device, torch,
+The groups the trainer was given (their exact sampled tokens, logprobs and rewards) and the `TrainConfig`,
+or a supervised call's demonstrations and `SFTConfig`; and the conditions a bit-exact repeat needs (micro-batch size, threads, number format, device, torch,
 ranks): gzip-compressed JSON lines, written into the checkpoint's staging folder, so the input exists
 exactly when its checkpoint does and goes when retention deletes it.
 """
@@ -12,28 +12,34 @@ import gzip
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import TrainConfig
+from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError
 from agentrl.tracking import groups_from_rows, trajectory_lines
-from agentrl.trajectory import TrajectoryGroup
+from agentrl.trajectory import History, TrajectoryGroup
 
 STEP_INPUT_FILE = "step_input.jsonl.gz"
 
 
 @dataclass(frozen=True)
 class StepInput:
-    """What one GRPO step trained on, and under which conditions."""
+    """What one step trained on, and under which conditions: a GRPO step's groups under a `TrainConfig`,
+    or (`supervised`) one `train_sft` call's demonstrations under an `SFTConfig`."""
 
     groups: list[TrajectoryGroup]
-    config: TrainConfig
+    config: TrainConfig | SFTConfig
     conditions: dict[str, Any]
+    demonstrations: list[History] = field(default_factory=list)
+
+    @property
+    def supervised(self) -> bool:
+        return isinstance(self.config, SFTConfig)
 
 
-def training_conditions(*, micro_batch_tokens: int, bf16: bool, device: str, ranks: int) -> dict[str, Any]:
+def training_conditions(micro_batch_tokens: int, *, bf16: bool, device: str, ranks: int) -> dict[str, Any]:
     """What must be the same for a step to give the same bytes again: the micro-batch plan (the order
     gradients are summed in), CPU threads (how each matmul splits its sums), deterministic kernels (on a
     GPU), the number format, the device, torch's version and the number of ranks."""
@@ -64,8 +70,14 @@ def use_deterministic_kernels(on: bool = True) -> None:
 
 def write_step_input(folder: Path, step_input: StepInput) -> int:
     """Write `STEP_INPUT_FILE` into `folder` (a checkpoint being staged); returns its size in bytes."""
-    head = {"config": step_input.config.model_dump(mode="json"), "conditions": step_input.conditions}
-    lines = [json.dumps(head), *trajectory_lines(step_input.groups)]
+    head = {
+        "config": step_input.config.model_dump(mode="json"),
+        "conditions": step_input.conditions,
+        "supervised": step_input.supervised,
+    }
+    # A demonstration may be a Trajectory: what SFT trains on is its History (messages and tools).
+    rows = [json.dumps(h.model_dump(mode="json", include=set(History.model_fields))) for h in step_input.demonstrations]
+    lines = [json.dumps(head), *(rows if step_input.supervised else trajectory_lines(step_input.groups))]
     buffer = io.BytesIO()
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as compressed:  # mtime 0: the same input, the same bytes
         compressed.write(("\n".join(lines) + "\n").encode())
@@ -78,13 +90,14 @@ def read_step_input(folder: Path) -> StepInput:
     path = folder / STEP_INPUT_FILE
     if not path.exists():
         raise CheckpointError(
-            f"{path} does not exist: this step's input was not recorded (a supervised step, the first "
-            "checkpoint, or a run from before agentrl recorded step inputs)"
+            f"{path} does not exist: this step's input was not recorded (the first checkpoint, or a run "
+            "from before agentrl recorded step inputs)"
         )
     try:
         head, *rows = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
-        groups = groups_from_rows(rows)
-        config = TrainConfig.model_validate(head["config"])
+        if head.get("supervised", False):
+            demonstrations = [History.model_validate(row) for row in rows]
+            return StepInput([], SFTConfig.model_validate(head["config"]), dict(head["conditions"]), demonstrations)
+        return StepInput(groups_from_rows(rows), TrainConfig.model_validate(head["config"]), dict(head["conditions"]))
     except Exception as error:  # noqa: BLE001 - gzip, JSON and validation errors alike: the file is damaged
         raise CheckpointError(f"cannot read the step input {path}: {type(error).__name__}: {error}") from error
-    return StepInput(groups, config, dict(head["conditions"]))

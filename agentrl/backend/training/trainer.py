@@ -233,10 +233,10 @@ class Trainer:
             grad_norm=grad_norm,
             train_s=time.perf_counter() - train_started,
         )
-        conditions = training_conditions(
-            micro_batch_tokens=plan.max_tokens, bf16=self.bf16, device=self.device.type, ranks=self.world_size
-        )
-        return StepOutcome(updated=True, metrics=metrics, conditions=conditions)
+        return StepOutcome(updated=True, metrics=metrics, conditions=self._conditions(plan))
+
+    def _conditions(self, plan: MicroBatches) -> dict[str, Any]:  # what a bit-exact replay of the step needs
+        return training_conditions(plan.max_tokens, bf16=self.bf16, device=self.device.type, ranks=self.world_size)
 
     def _micro_batches(
         self, sequences: list[TokenizedSequence], max_tokens: int, *, shared_prefix: bool | None = False
@@ -383,6 +383,7 @@ class Trainer:
                 "tokenize_s": tokenize_s,
                 "train_s": time.perf_counter() - started - tokenize_s,
             },
+            conditions=self._conditions(plan),
         )
 
     @torch.no_grad()

@@ -30,7 +30,7 @@ from agentrl.backend.training.replay import (
     trainer_state,
 )
 from agentrl.backend.training.step_input import StepInput, write_step_input
-from agentrl.config import TrainConfig
+from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError, ConfigurationError
 from agentrl.runs import COMPARED
 from agentrl.tracking import append_metrics
@@ -49,8 +49,14 @@ class WhatIfStep:
     """Adapter and optimizer state byte for byte the original checkpoint's."""
 
 
-def changed_config(config: TrainConfig, changes: dict[str, Any]) -> TrainConfig:
-    """`config` with `changes` applied and validated; `ConfigurationError` naming the bad setting."""
+def changed_config(step: int, config: TrainConfig | SFTConfig, changes: dict[str, Any]) -> TrainConfig:
+    """Step `step`'s `config` with `changes` applied and validated; `ConfigurationError` naming the bad
+    setting, or the supervised step in the range (what-if changes a `TrainConfig`)."""
+    if isinstance(config, SFTConfig):
+        raise ConfigurationError(
+            f"step {step} is a supervised step (train_sft), which a TrainConfig change does not apply to: "
+            "choose a range of RL steps with --from and --steps (`agentrl replay` trains a supervised step again)"
+        )
     try:
         return TrainConfig.model_validate({**config.model_dump(), **changes})
     except ValidationError as error:
@@ -72,7 +78,7 @@ def what_if(
         raise ConfigurationError(f"--steps must be at least 1, not {steps}")
     store, last = CheckpointStore(run_dir), first + steps - 1
     inputs = checked_steps(store, first, last)
-    configs = [changed_config(step_input.config, changes) for step_input in inputs]
+    configs = [changed_config(step, step_input.config, changes) for step, step_input in enumerate(inputs, first)]
     out = CheckpointStore(out_dir)
     if out.steps() or (out_dir / "metrics.jsonl").exists():
         raise CheckpointError(f"{out_dir} already holds a run; runs are never overwritten: name another")
