@@ -25,7 +25,7 @@ import torch
 
 import agentrl
 from agentrl.backend.checkpoints import CheckpointStore
-from agentrl.backend.engine import TrainerPlacement, _start_trainer
+from agentrl.backend.training.placement import TrainerPlacement, start_trainer
 from agentrl.backend.training.replay import replay_step
 from agentrl.backend.training.step_input import STEP_INPUT_FILE, StepInput, write_step_input
 from agentrl.base_models import resolve_base_model
@@ -37,7 +37,7 @@ STEPS = 4
 
 
 def measure(name: str, path: Path, run_dir: Path, deterministic: bool) -> dict[str, Any]:
-    trainer: Any = _start_trainer(str(path), TrainerPlacement(device="cuda", deterministic=deterministic))
+    trainer: Any = start_trainer(str(path), TrainerPlacement(device="cuda", deterministic=deterministic))
     trainer.add_adapter("default", agentrl.LoRAConfig())
     store = CheckpointStore(run_dir)
     store.save(0, functools.partial(trainer.save, "default"), {"metrics": {}})

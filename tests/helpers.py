@@ -251,10 +251,12 @@ async def alternating_reward_groups(served_model: Any, *, size: int = 4) -> list
     ]
 
 
-def model_on_a_server_seam(tiny_model_path: str, tmp_path: Any, server: Any, *, trainer_device: str) -> Any:
-    """A model registered by hand on a LocalBackend whose trainer, checkpoints and step transaction are
-    real (the tiny model) and whose inference server is `server`, a seam the test controls. Returns the
-    model's session (its trainer, store and lock)."""
+def model_on_a_server_seam(
+    tiny_model_path: str, tmp_path: Any, server: Any, *, trainer_device: str, ranks: int = 1
+) -> Any:
+    """A model registered by hand on a LocalBackend whose trainer (`ranks` of it), checkpoints and step
+    transaction are real (the tiny model) and whose inference server is `server`, a seam the test
+    controls. Returns the model's session (its trainer, store and lock)."""
     import functools
 
     from agentrl.backend.checkpoints import CheckpointStore
@@ -262,10 +264,11 @@ def model_on_a_server_seam(tiny_model_path: str, tmp_path: Any, server: Any, *, 
     from agentrl.backend.local import LocalBackend
     from agentrl.backend.run_lock import RunLock
     from agentrl.backend.session import ModelSession
-    from agentrl.backend.training.trainer import Trainer
+    from agentrl.backend.training.placement import TrainerPlacement, start_trainer
 
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
-    backend, trainer = LocalBackend(trainer_device=trainer_device), Trainer(tiny_model_path)
+    backend = LocalBackend(trainer_device=trainer_device)
+    trainer = start_trainer(tiny_model_path, TrainerPlacement(ranks=ranks))
     trainer.add_adapter("default", agentrl.LoRAConfig())
     backend._engine = Engine(model.base_model, tiny_model_path, server, trainer, vocab_size=49152)
     store, lock = CheckpointStore(model.run_dir), RunLock(model.run_dir)

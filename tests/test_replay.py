@@ -169,12 +169,12 @@ async def test_a_deterministic_trainer_records_it_and_replay_trains_deterministi
     turns them on for its step and off again after."""
     import torch
 
-    from agentrl.backend.engine import TrainerPlacement, _start_trainer
+    from agentrl.backend.training.placement import TrainerPlacement, start_trainer
 
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded, so the teardown puts it back as it was
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     try:
-        trainer = _start_trainer(tiny_model_path, TrainerPlacement(deterministic=True))
+        trainer = start_trainer(tiny_model_path, TrainerPlacement(deterministic=True))
         assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
         trainer.add_adapter("default", agentrl.LoRAConfig())
         outcome = trainer.train_step("default", synthetic_groups(tokenizer, seed=7, size=2), agentrl.TrainConfig())
@@ -201,6 +201,26 @@ async def test_a_deterministic_trainer_records_it_and_replay_trains_deterministi
     report = replay_step(model.run_dir, 1)
     assert seen == [True] and not torch.are_deterministic_algorithms_enabled()
     assert report.identical  # a CPU step's kernels are deterministic either way
+
+
+@pytest.mark.slow
+async def test_a_step_of_two_trainer_ranks_replays_on_two_ranks_to_the_same_bytes(tiny_model_path, tokenizer, tmp_path):
+    """Two `torch.distributed` ranks (one core each) train a step; replay starts two ranks too (the
+    report's conditions are the replay's own: no difference means it ran on two) and gets the same bytes."""
+    session = model_on_a_server_seam(tiny_model_path, tmp_path, AdapterSlots(), trainer_device="cpu", ranks=2)
+    try:
+        config = agentrl.TrainConfig(learning_rate=1e-3, micro_batch_tokens=64)  # micro-batches on each rank
+        result = await session.model.train(synthetic_groups(tokenizer, seed=10, size=3, max_words=10), config)
+        assert result.metrics["trainer_ranks"] == 2
+    finally:
+        session.trainer.close()
+    conditions = read_step_input(session.model.run_dir / "checkpoints" / "0001").conditions
+    assert (conditions["ranks"], conditions["sharded"]) == (2, False)
+    report = replay_step(session.model.run_dir, 1)
+    assert report.identical and not report.differing_conditions, (
+        report.largest_difference,
+        report.differing_conditions,
+    )
 
 
 @pytest.mark.slow

@@ -8,10 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentrl.backend.serving.replicas import ServerReplicas
-from agentrl.backend.training.rank_hosts import JoinPoint
-from agentrl.backend.training.ranks import TrainerRanks
-from agentrl.backend.training.step_input import use_deterministic_kernels
-from agentrl.backend.training.trainer import Trainer
+from agentrl.backend.training.placement import TrainerPlacement, start_trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.errors import ConfigurationError
 from agentrl.run_folder import RunFolder
@@ -20,34 +17,6 @@ if TYPE_CHECKING:
     from agentrl.backend.session import TrainerThread
     from agentrl.backend.training.adapter_trainer import AdapterTrainer
     from agentrl.model import TrainableModel
-
-
-@dataclass(frozen=True)
-class TrainerPlacement:
-    """Where the trainer runs: its device ("cuda:1", or None for the server's), how many `torch.distributed`
-    ranks, whether they shard the decoder layers (FSDP2), the seed of a fresh adapter, whether its
-    kernels are deterministic (what a bit-exact replay on a GPU needs), and where ranks on other hosts
-    join (`join`: the last `join.remote_ranks` of the ranks)."""
-
-    seed: int = 0
-    device: str | None = None
-    ranks: int = 1
-    sharded: bool = False
-    deterministic: bool = False
-    join: JoinPoint | None = None
-
-    def __post_init__(self) -> None:
-        if self.ranks < 1:
-            raise ConfigurationError(f"trainer_ranks must be 1 or more, got {self.ranks}")
-        if self.sharded and self.ranks < 2:
-            raise ConfigurationError(
-                "shard_trainer shards the model over trainer ranks: set trainer_ranks to 2 or more"
-            )
-        if self.join is not None and self.join.remote_ranks >= self.ranks:
-            raise ConfigurationError(
-                f"{self.join.remote_ranks} trainer ranks on other hosts need trainer_ranks of at least "
-                f"{self.join.remote_ranks + 1}: rank 0 runs on this host"
-            )
 
 
 @dataclass
@@ -91,7 +60,7 @@ async def start_engine(model: TrainableModel, placement: TrainerPlacement, threa
     # free as it starts, so there the trainer loads first.
     starting = None if server.gpu else asyncio.ensure_future(server.start())
     try:
-        trainer = await thread.run(_start_trainer, model_path, placement)
+        trainer = await thread.run(start_trainer, model_path, placement)
     except BaseException:
         if starting is not None:
             starting.cancel()
@@ -105,23 +74,6 @@ async def start_engine(model: TrainableModel, placement: TrainerPlacement, threa
         await asyncio.to_thread(trainer.close)
         raise
     return Engine(model.base_model, model_path, server, trainer, vocab_size)
-
-
-def _start_trainer(model_path: str, placement: TrainerPlacement) -> AdapterTrainer:
-    if placement.ranks > 1:
-        ranks = placement.ranks
-        return TrainerRanks(
-            model_path,
-            ranks=ranks,
-            seed=placement.seed,
-            device=placement.device,
-            sharded=placement.sharded,
-            deterministic=placement.deterministic,
-            join=placement.join,
-        )
-    if placement.deterministic:  # process-wide, before the trainer's first matmul (cuBLAS reads its setting then)
-        use_deterministic_kernels()
-    return Trainer(model_path, seed=placement.seed, device=placement.device)
 
 
 def _vocab_size(model_path: str) -> int:

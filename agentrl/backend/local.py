@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.endpoint import InferenceEndpoint
-from agentrl.backend.engine import Engine, TrainerPlacement, start_engine
+from agentrl.backend.engine import Engine, start_engine
 from agentrl.backend.run_lock import RunLock
 from agentrl.backend.serving.replicas import ServerReplicas
 from agentrl.backend.session import ModelSession, TrainerThread
 from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome, train_sft
+from agentrl.backend.training.placement import TrainerPlacement
 from agentrl.backend.training.rank_hosts import JoinPoint
 from agentrl.backend.training.step_input import StepInput
 from agentrl.config import SFTConfig, TrainConfig

@@ -2,15 +2,17 @@
 
 Checkpoint K-1 is loaded into a fresh trainer, step K's recorded input (`step_input`: a GRPO step's
 groups, or a `train_sft` call's demonstrations, every batch and epoch of it) is trained under its
-recorded micro-batch size and thread count, and the adapter and optimizer state that come out are
-compared, tensor by tensor, with checkpoint K. Under the same conditions (`training_conditions`: same
-threads, number format, device, torch and one rank) the bytes are the same; elsewhere the report names
-the conditions that differ and the largest difference.
+recorded micro-batch size and thread count, on as many trainer ranks as trained it (each with its
+share of the cores, as `TrainerRanks` deals them), and the adapter and optimizer state that come out
+(as a checkpoint holds them) are compared, tensor by tensor, with checkpoint K. Under the same
+conditions (`training_conditions`: threads, number format, device, torch, ranks, sharding) the bytes
+are the same; elsewhere the report names the conditions that differ and the largest difference.
 """
 
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,8 +28,7 @@ from agentrl.config import LoRAConfig, SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from agentrl.backend.training.adapter_trainer import StepOutcome
-    from agentrl.backend.training.trainer import Trainer
+    from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome
 
 REPLAY_ADAPTER = "replay"
 
@@ -98,12 +99,20 @@ def checked_steps(store: CheckpointStore, first: int, last: int) -> list[StepInp
     return [read_step_input(store.path(step)) for step in range(first, last + 1)]
 
 
-def trainer_at(store: CheckpointStore, step: int, *, device: str | None) -> Trainer:
-    """A fresh trainer on the run's base model with adapter `REPLAY_ADAPTER` at checkpoint `step`."""
-    from agentrl.backend.training.trainer import Trainer
+def trainer_at(store: CheckpointStore, step: int, conditions: dict[str, Any], *, device: str | None) -> AdapterTrainer:
+    """A fresh trainer on the run's base model, placed as the recorded `conditions` say (its ranks, their
+    sharding, deterministic kernels; `device`, else the recorded one), with adapter `REPLAY_ADAPTER` at
+    checkpoint `step`. The caller closes it."""
+    from agentrl.backend.training.placement import TrainerPlacement, start_trainer
 
     adapter = store.adapter_config(step)
-    trainer = Trainer(adapter["base_model_name_or_path"], device=device)
+    placement = TrainerPlacement(
+        device=device or conditions.get("device"),
+        ranks=int(conditions.get("ranks", 1)),
+        sharded=bool(conditions.get("sharded", False)),
+        deterministic=bool(conditions.get("deterministic", False)),
+    )
+    trainer = start_trainer(adapter["base_model_name_or_path"], placement)
     lora = LoRAConfig(
         rank=int(adapter["r"]),
         alpha=int(adapter["lora_alpha"]),
@@ -115,12 +124,12 @@ def trainer_at(store: CheckpointStore, step: int, *, device: str | None) -> Trai
     return trainer
 
 
-def train_recorded(trainer: Trainer, step_input: StepInput, config: TrainConfig | SFTConfig) -> StepOutcome:
+def train_recorded(trainer: AdapterTrainer, step_input: StepInput, config: TrainConfig | SFTConfig) -> StepOutcome:
     """One step of `REPLAY_ADAPTER` on a recorded input under `config`, with its recorded micro-batch size:
     a GRPO step, or (a supervised input) the whole `train_sft` call."""
     from agentrl.backend.training.adapter_trainer import train_sft
 
-    trainer.micro_batch_tokens = int(step_input.conditions["micro_batch_tokens"])
+    config = config.model_copy(update={"micro_batch_tokens": int(step_input.conditions["micro_batch_tokens"])})
     if isinstance(config, SFTConfig):
         outcome = train_sft(trainer, REPLAY_ADAPTER, step_input.demonstrations, config)
     else:
@@ -150,10 +159,11 @@ def checkpoint_state(folder: Path) -> dict[str, torch.Tensor]:
     return state_tensors(load_file(folder / ADAPTER_FILE), torch.load(folder / OPTIMIZER_FILE, weights_only=True))
 
 
-def trainer_state(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return state_tensors(
-        trainer.adapter_weights(REPLAY_ADAPTER), trainer.adapters[REPLAY_ADAPTER].optimizer.state_dict()
-    )
+def trainer_state(trainer: AdapterTrainer) -> dict[str, torch.Tensor]:
+    """`REPLAY_ADAPTER`'s state as its checkpoint would hold it (with ranks, what rank 0 writes)."""
+    with tempfile.TemporaryDirectory(prefix="agentrl-replay-") as folder:
+        trainer.save(REPLAY_ADAPTER, Path(folder))
+        return checkpoint_state(Path(folder))
 
 
 def replay_step(run_dir: Path, step: int, *, device: str | None = None) -> ReplayReport:
@@ -163,9 +173,12 @@ def replay_step(run_dir: Path, step: int, *, device: str | None = None) -> Repla
     (recorded_input,) = checked_steps(store, step, step)
     conditions = recorded_input.conditions
     with recorded_conditions(conditions):
-        trainer = trainer_at(store, step - 1, device=device or conditions.get("device"))
-        here = train_recorded(trainer, recorded_input, recorded_input.config).conditions
-        replayed = trainer_state(trainer)
+        trainer = trainer_at(store, step - 1, conditions, device=device)
+        try:
+            here = train_recorded(trainer, recorded_input, recorded_input.config).conditions
+            replayed = trainer_state(trainer)
+        finally:
+            trainer.close()
     recorded = checkpoint_state(store.path(step))
     worst, where = largest_difference(recorded, replayed)
     differing = {k: (v, here.get(k)) for k, v in conditions.items() if here.get(k) != v}

@@ -39,10 +39,11 @@ class StepInput:
         return isinstance(self.config, SFTConfig)
 
 
-def training_conditions(micro_batch_tokens: int, *, bf16: bool, device: str, ranks: int) -> dict[str, Any]:
+def training_conditions(micro_batch_tokens: int, bf16: bool, device: str, ranks: int, sharded: bool) -> dict[str, Any]:
     """What must be the same for a step to give the same bytes again: the micro-batch plan (the order
-    gradients are summed in), CPU threads (how each matmul splits its sums), deterministic kernels (on a
-    GPU), the number format, the device, torch's version and the number of ranks."""
+    gradients are summed in), CPU threads (how each matmul splits its sums; rank 0's), deterministic
+    kernels (on a GPU), the number format, the device, torch's version, the number of ranks (how the
+    sequences are dealt and their gradients summed) and whether they shard the layers."""
     import torch
 
     return {
@@ -53,6 +54,7 @@ def training_conditions(micro_batch_tokens: int, *, bf16: bool, device: str, ran
         "device": device,
         "torch": torch.__version__,
         "ranks": ranks,
+        "sharded": sharded,
     }
 
 

@@ -236,7 +236,7 @@ class Trainer:
         return StepOutcome(updated=True, metrics=metrics, conditions=self._conditions(plan))
 
     def _conditions(self, plan: MicroBatches) -> dict[str, Any]:  # what a bit-exact replay of the step needs
-        return training_conditions(plan.max_tokens, bf16=self.bf16, device=self.device.type, ranks=self.world_size)
+        return training_conditions(plan.max_tokens, self.bf16, self.device.type, self.world_size, self.sharded)
 
     def _micro_batches(
         self, sequences: list[TokenizedSequence], max_tokens: int, *, shared_prefix: bool | None = False

@@ -9,6 +9,7 @@ adapter's weights). With no change to the config, the steps come out identical t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 from dataclasses import dataclass
@@ -83,8 +84,10 @@ def what_if(
     if out.steps() or (out_dir / "metrics.jsonl").exists():
         raise CheckpointError(f"{out_dir} already holds a run; runs are never overwritten: name another")
     results = []
-    with recorded_conditions(inputs[0].conditions):
-        trainer = trainer_at(store, first - 1, device=device or inputs[0].conditions.get("device"))
+    with (
+        recorded_conditions(inputs[0].conditions),
+        contextlib.closing(trainer_at(store, first - 1, inputs[0].conditions, device=device)) as trainer,
+    ):
         origin = {"whatif_of": str(run_dir), "changes": changes}
         out.save(first - 1, lambda folder: _copy_checkpoint(store.path(first - 1), folder), {"metrics": {}, **origin})
         before, recorded = trainer_state(trainer), checkpoint_state(store.path(first - 1))
