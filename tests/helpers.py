@@ -252,9 +252,9 @@ async def alternating_reward_groups(served_model: Any, *, size: int = 4) -> list
 
 
 def model_on_a_server_seam(
-    tiny_model_path: str, tmp_path: Any, server: Any, *, trainer_device: str, ranks: int = 1
+    tiny_model_path: str, tmp_path: Any, server: Any, *, trainer_device: str, ranks: int = 1, sharded: bool = False
 ) -> Any:
-    """A model registered by hand on a LocalBackend whose trainer (`ranks` of it), checkpoints and step
+    """A model registered by hand on a LocalBackend whose trainer (`ranks` of it, `sharded`), checkpoints and step
     transaction are real (the tiny model) and whose inference server is `server`, a seam the test
     controls. Returns the model's session (its trainer, store and lock)."""
     import functools
@@ -268,7 +268,7 @@ def model_on_a_server_seam(
 
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
     backend = LocalBackend(trainer_device=trainer_device)
-    trainer = start_trainer(tiny_model_path, TrainerPlacement(ranks=ranks))
+    trainer = start_trainer(tiny_model_path, TrainerPlacement(ranks=ranks, sharded=sharded))
     trainer.add_adapter("default", agentrl.LoRAConfig())
     backend._engine = Engine(model.base_model, tiny_model_path, server, trainer, vocab_size=49152)
     store, lock = CheckpointStore(model.run_dir), RunLock(model.run_dir)

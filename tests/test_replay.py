@@ -204,10 +204,16 @@ async def test_a_deterministic_trainer_records_it_and_replay_trains_deterministi
 
 
 @pytest.mark.slow
-async def test_a_step_of_two_trainer_ranks_replays_on_two_ranks_to_the_same_bytes(tiny_model_path, tokenizer, tmp_path):
-    """Two `torch.distributed` ranks (one core each) train a step; replay starts two ranks too (the
-    report's conditions are the replay's own: no difference means it ran on two) and gets the same bytes."""
-    session = model_on_a_server_seam(tiny_model_path, tmp_path, AdapterSlots(), trainer_device="cpu", ranks=2)
+@pytest.mark.parametrize("sharded", [False, True], ids=["replicated", "sharded"])
+async def test_a_step_of_two_trainer_ranks_replays_on_two_ranks_to_the_same_bytes(
+    tiny_model_path, tokenizer, tmp_path, sharded
+):
+    """Two `torch.distributed` ranks (one core each) train a step; replay starts two ranks too, sharded
+    where they were (the report's conditions are the replay's own: no difference means it ran so), and gets
+    the same bytes."""
+    session = model_on_a_server_seam(
+        tiny_model_path, tmp_path, AdapterSlots(), trainer_device="cpu", ranks=2, sharded=sharded
+    )
     try:
         config = agentrl.TrainConfig(learning_rate=1e-3, micro_batch_tokens=64)  # micro-batches on each rank
         result = await session.model.train(synthetic_groups(tokenizer, seed=10, size=3, max_words=10), config)
@@ -215,7 +221,7 @@ async def test_a_step_of_two_trainer_ranks_replays_on_two_ranks_to_the_same_byte
     finally:
         session.trainer.close()
     conditions = read_step_input(session.model.run_dir / "checkpoints" / "0001").conditions
-    assert (conditions["ranks"], conditions["sharded"]) == (2, False)
+    assert (conditions["ranks"], conditions["sharded"]) == (2, sharded)
     report = replay_step(session.model.run_dir, 1)
     assert report.identical and not report.differing_conditions, (
         report.largest_difference,
