@@ -9,13 +9,6 @@ import pytest
 # litellm fetches a model price list at import unless told to use its bundled copy; the suite has no network.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-# Under pytest-xdist each worker takes its share of the cores for torch's threads (set before torch is
-# imported): two workers of two threads each on a 2-core machine contend (float32 EPYC, fast tier with
-# `-n 2`: 167 s with two threads a worker, 149 s with one).
-_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if _workers > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _workers)))
-
 
 @pytest.fixture(scope="session")
 def base_model_path() -> str:
