@@ -254,9 +254,9 @@ async def alternating_reward_groups(served_model: Any, *, size: int = 4) -> list
 def model_on_a_server_seam(
     tiny_model_path: str, tmp_path: Any, server: Any, *, trainer_device: str, ranks: int = 1, sharded: bool = False
 ) -> Any:
-    """A model registered by hand on a LocalBackend whose trainer (`ranks` of it, `sharded`), checkpoints and step
-    transaction are real (the tiny model) and whose inference server is `server`, a seam the test
-    controls. Returns the model's session (its trainer, store and lock)."""
+    """A model registered by hand on a LocalBackend whose trainer (`ranks` of it, `sharded`), checkpoints
+    and step transaction are real (the tiny model) and whose inference server is `server`, a seam the
+    test controls. Returns the model's session (its trainer, store and lock)."""
     import functools
 
     from agentrl.backend.checkpoints import CheckpointStore

@@ -47,10 +47,9 @@ class TrainerPlacement:
 def start_trainer(model_path: str, placement: TrainerPlacement) -> AdapterTrainer:
     """A trainer on `model_path` placed as `placement` says: one `Trainer` in this process, or `TrainerRanks`."""
     if placement.ranks > 1:
-        ranks = placement.ranks
         return TrainerRanks(
             model_path,
-            ranks=ranks,
+            ranks=placement.ranks,
             seed=placement.seed,
             device=placement.device,
             sharded=placement.sharded,

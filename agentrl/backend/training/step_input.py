@@ -1,8 +1,9 @@
 """A trained step's input, kept in its checkpoint, so the step can be trained again (`replay`).
 
-The groups the trainer was given (their exact sampled tokens, logprobs and rewards) and the `TrainConfig`,
-or a supervised call's demonstrations and `SFTConfig`; and the conditions a bit-exact repeat needs (micro-batch size, threads, number format, device, torch,
-ranks): gzip-compressed JSON lines, written into the checkpoint's staging folder, so the input exists
+The groups the trainer was given (their exact sampled tokens, logprobs and rewards) and the
+`TrainConfig`, or a supervised call's demonstrations and `SFTConfig`; and the conditions a bit-exact
+repeat needs (micro-batch size, threads, number format, device, torch, ranks, sharding):
+gzip-compressed JSON lines, written into the checkpoint's staging folder, so the input exists
 exactly when its checkpoint does and goes when retention deletes it.
 """
 
