@@ -23,6 +23,7 @@ import torch
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.training.adapter_files import ADAPTER_FILE, OPTIMIZER_FILE
+from agentrl.backend.training.adapter_trainer import train_sft
 from agentrl.backend.training.step_input import StepInput, read_step_input, use_deterministic_kernels
 from agentrl.config import LoRAConfig, SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError
@@ -127,8 +128,6 @@ def trainer_at(store: CheckpointStore, step: int, conditions: dict[str, Any], *,
 def train_recorded(trainer: AdapterTrainer, step_input: StepInput, config: TrainConfig | SFTConfig) -> StepOutcome:
     """One step of `REPLAY_ADAPTER` on a recorded input under `config`, with its recorded micro-batch size:
     a GRPO step, or (a supervised input) the whole `train_sft` call."""
-    from agentrl.backend.training.adapter_trainer import train_sft
-
     config = config.model_copy(update={"micro_batch_tokens": int(step_input.conditions["micro_batch_tokens"])})
     if isinstance(config, SFTConfig):
         outcome = train_sft(trainer, REPLAY_ADAPTER, step_input.demonstrations, config)
