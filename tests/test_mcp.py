@@ -182,10 +182,12 @@ async def test_a_local_task_writer_is_held_to_the_count_it_was_asked_for_and_a_h
         tasks = await generate_tasks(tools, 8, local)
         asked = [r["response_format"]["json_schema"]["schema"] for r in fake.requests]
         assert sorted(s["properties"]["tasks"]["maxItems"] for s in asked) == [2, 6] and len(tasks) == 8
+        assert all(s["properties"]["tasks"]["minItems"] == 1 for s in asked)  # an empty list cannot be decoded
         fake.requests.clear()
         await generate_tasks(tools, 2, agentrl.Model(name="gpt-4.1-mini", base_url=fake.base_url, api_key="test"))
         (hosted,) = [r["response_format"]["json_schema"]["schema"] for r in fake.requests]
         assert "maxItems" not in hosted["properties"]["tasks"] and "maxLength" not in json.dumps(hosted)
+        assert "minItems" not in hosted["properties"]["tasks"]
     finally:
         fake.close()
 

@@ -95,8 +95,8 @@ def litellm_params(judge_model: JudgeModel) -> dict[str, Any]:
 # Judges served locally (vLLM, Ollama) are often small; decoding greedily they can loop inside an
 # explanation until max_tokens and never close the JSON (seen here with the 135M model), and sampling
 # a list they can keep adding items until max_tokens (a task writer on a float32 CPU then spends its
-# whole timeout on one answer). Their constrained decoders honour maxLength and maxItems, so strings
-# and lists are bounded for them. Hosted strict modes may reject both, so neither goes to other providers.
+# whole timeout on one answer) or close it empty (the 135M writer did so three attempts running in CI).
+# Their constrained decoders honour maxLength, minItems and maxItems, so strings and lists are bounded for them. Hosted strict modes may reject both, so neither goes to other providers.
 LOCAL_ROUTES = ("hosted_vllm/", "ollama/", "ollama_chat/")
 MAX_TEXT_CHARS = 160
 """A sentence of explanation. A small model can spend a token per character, so this bounds a
@@ -111,6 +111,7 @@ def _bound_lengths(node: Any, max_items: int | None) -> None:
             node["maxLength"] = MAX_TEXT_CHARS
         if node.get("type") == "array" and max_items is not None:
             node["maxItems"] = min(node.get("maxItems", max_items), max_items)
+            node["minItems"] = max(node.get("minItems", 1), 1)
         for value in node.values():
             _bound_lengths(value, max_items)
     elif isinstance(node, list):
@@ -122,7 +123,7 @@ def response_format(
     schema_model: type[BaseModel], *, bound_lengths: bool = False, max_items: int | None = None
 ) -> dict[str, Any]:
     """The JSON-schema `response_format` for `schema_model`; with `bound_lengths` (local judges only),
-    strings get `maxLength` and, given `max_items`, lists get `maxItems`."""
+    strings get `maxLength` and, given `max_items`, lists hold 1 to `max_items` items."""
     schema = schema_model.model_json_schema()
     if bound_lengths:
         _bound_lengths(schema, max_items)
@@ -161,7 +162,7 @@ async def structured_judge_call(
     max_items: int | None = None,
 ) -> JudgeCall:
     """Ask, parse into `schema_model`, `validate` (which may repair or raise InvalidJudgeAnswer); retry.
-    `max_items` bounds every list in a local judge's answer (see `LOCAL_ROUTES`)."""
+    `max_items` bounds every list in a local judge's answer to 1..max_items items (see `LOCAL_ROUTES`)."""
     route = litellm_params(judge_model)
     local = route["model"].startswith(LOCAL_ROUTES)  # unpriced: asking litellm's price map only prints its errors
     params = {
