@@ -109,10 +109,24 @@ async def test_a_supervised_call_records_its_demonstrations_and_replays_to_the_s
         (d.messages(), d.tools) for d in demonstrations()
     ]
     assert step_input.conditions["micro_batch_tokens"] == 64
+    assert step_input.conditions["batch_micro_batch_tokens"] == [64, 64, 64, 64]  # each batch's, in order
 
     report = replay_step(model.run_dir, 2)
     assert report.identical and report.largest_difference == 0.0 and not report.differing_conditions
     assert replay_step(model.run_dir, 1).identical  # the GRPO step before it, as ever
+
+    # A GPU that runs out of memory mid-call halves the micro-batch from that batch on; replay runs each
+    # batch at its recorded size, so a record whose first batch ran at 32 tokens (its two demonstrations,
+    # 29 and 30 tokens, then apart and not packed as one tree) trains other bytes.
+    recorded = model.run_dir / "checkpoints" / "0002" / STEP_INPUT_FILE
+    original = recorded.read_bytes()
+    lines = gzip.decompress(original).decode().splitlines()
+    head = json.loads(lines[0])
+    head["conditions"]["batch_micro_batch_tokens"] = [32, 64, 64, 64]
+    recorded.write_bytes(gzip.compress("\n".join([json.dumps(head), *lines[1:]]).encode()))
+    report = replay_step(model.run_dir, 2)
+    assert not report.identical and 0 < report.largest_difference < 1e-2 and not report.differing_conditions
+    recorded.write_bytes(original)  # (Adam's four updates at lr 1e-3 carry the rounding up to ~1e-3)
     shown = runner.invoke(app, ["whatif", str(model.run_dir), "--from", "2", "--loss", "gspo", "--name", "sft"])
     assert shown.exit_code != 0 and "step 2 is a supervised step" in flat(shown.output)
     assert not (tmp_path / "p" / "sft").exists()

@@ -52,12 +52,22 @@ class AdapterTrainer(Protocol):
     def close(self) -> None: ...
 
 
-def train_sft(trainer: AdapterTrainer, name: str, histories: Sequence[History], config: SFTConfig) -> StepOutcome:
+def train_sft(
+    trainer: AdapterTrainer,
+    name: str,
+    histories: Sequence[History],
+    config: SFTConfig,
+    *,
+    batch_micro_batch_tokens: Sequence[int] | None = None,
+) -> StepOutcome:
     """`config.epochs` passes of supervised steps of `config.batch_size` demonstrations over adapter `name`,
     with a progress bar; the outcome carries the last step's metrics and conditions (no update if no step
-    trained)."""
+    trained), with every batch's micro-batch size in order (`batch_micro_batch_tokens`: a GPU that ran
+    out of memory mid-call halved it from that batch on). Given those sizes, each batch runs at its own
+    (a replay of the call)."""
     metrics: dict[str, float] = {}
     conditions: dict[str, Any] = {}
+    sizes: list[int] = []
     starts = range(0, len(histories), config.batch_size)
     with tqdm(total=config.epochs * len(starts), desc="sft", unit="batch") as progress:
         for epoch in range(config.epochs):
@@ -66,10 +76,14 @@ def train_sft(trainer: AdapterTrainer, name: str, histories: Sequence[History], 
                     name,
                     histories[start : start + config.batch_size],
                     learning_rate=config.learning_rate,
-                    micro_batch_tokens=config.micro_batch_tokens,
+                    micro_batch_tokens=(
+                        batch_micro_batch_tokens[len(sizes)] if batch_micro_batch_tokens else config.micro_batch_tokens
+                    ),
                     shared_prefix=config.shared_prefix,
                 )
-                metrics, conditions = {**outcome.metrics, "epoch": float(epoch)}, outcome.conditions
+                if outcome.updated:
+                    metrics, conditions = {**outcome.metrics, "epoch": float(epoch)}, outcome.conditions
+                sizes.append(int(outcome.conditions.get("micro_batch_tokens", 0)))
                 progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)
                 progress.update(1)
-    return StepOutcome(bool(metrics), metrics, conditions)
+    return StepOutcome(bool(metrics), metrics, {**conditions, "batch_micro_batch_tokens": sizes} if metrics else {})

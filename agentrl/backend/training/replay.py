@@ -127,10 +127,13 @@ def trainer_at(store: CheckpointStore, step: int, conditions: dict[str, Any], *,
 
 def train_recorded(trainer: AdapterTrainer, step_input: StepInput, config: TrainConfig | SFTConfig) -> StepOutcome:
     """One step of `REPLAY_ADAPTER` on a recorded input under `config`, with its recorded micro-batch size:
-    a GRPO step, or (a supervised input) the whole `train_sft` call."""
+    a GRPO step, or (a supervised input) the whole `train_sft` call, each batch at its recorded size."""
     config = config.model_copy(update={"micro_batch_tokens": int(step_input.conditions["micro_batch_tokens"])})
     if isinstance(config, SFTConfig):
-        outcome = train_sft(trainer, REPLAY_ADAPTER, step_input.demonstrations, config)
+        batch_sizes = step_input.conditions.get("batch_micro_batch_tokens")  # absent in checkpoints before 2026-11-28
+        outcome = train_sft(
+            trainer, REPLAY_ADAPTER, step_input.demonstrations, config, batch_micro_batch_tokens=batch_sizes
+        )
     else:
         outcome = trainer.train_step(REPLAY_ADAPTER, step_input.groups, config)
     if not outcome.updated:
