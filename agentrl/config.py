@@ -102,9 +102,10 @@ class TrainConfig(BaseModel):
     # loss
     loss: LossConfig = Field(default_factory=PPOLoss)
     """The policy loss: a loss config, or its name ("ppo", "cispo", ...) for its defaults."""
-    loss_normalization: Literal["tokens", "constant"] = "tokens"
-    """"tokens": divide the summed token losses by the step's trained tokens (DAPO);
-    "constant": divide by sequences x `normalization_constant` (Dr. GRPO)."""
+    loss_normalization: Literal["tokens", "all_tokens", "constant"] = "tokens"
+    """"tokens": divide the summed token losses by the step's trained tokens (DAPO); "all_tokens":
+    by those and the tokens of its zero-variance groups (TRL's GRPO: a step of mostly solved groups
+    moves the policy less; the main job's setting); "constant": by sequences x `normalization_constant` (Dr. GRPO)."""
     normalization_constant: int = Field(default=1024, gt=0)
     """Tokens per sequence assumed by "constant" normalisation (e.g. the generation budget)."""
     kl_coef: float = Field(default=0.0, ge=0)

@@ -243,8 +243,10 @@ def test_mismatch_mask_bounds_must_straddle_one():
             TrainConfig(mismatch_sequence_mask=bad)
 
 
-def test_normalisation_tokens_versus_constant():
+def test_normalisation_tokens_versus_all_tokens_versus_constant():
     assert loss_denominator("tokens", num_tokens=37, num_sequences=4, constant=1024) == 37
+    assert loss_denominator("tokens", num_tokens=37, num_sequences=4, constant=1, num_zero_variance_tokens=13) == 37
+    assert loss_denominator("all_tokens", num_tokens=37, num_sequences=4, constant=1, num_zero_variance_tokens=13) == 50
     assert loss_denominator("constant", num_tokens=37, num_sequences=4, constant=10) == 40
     assert loss_denominator("tokens", num_tokens=0, num_sequences=0, constant=10) == 1  # never divides by 0
     out, grad = run(ImportanceSamplingLoss(), denominator=40.0)

@@ -268,3 +268,25 @@ def test_a_step_reports_the_sampler_trainer_gap_and_the_tokens_each_mismatch_mas
     off_sequences = [answer for answer in offsets if abs(sum(answer) / len(answer)) > math.log(1.1)]
     assert 0 < len(off_sequences) < len(offsets)  # the planted offsets put some sequences out, not all
     assert metrics["sequence_mask_fraction"] == pytest.approx(sum(len(a) for a in off_sequences) / n)
+
+
+def test_all_tokens_normalisation_counts_the_zero_variance_groups_tokens(tiny_model_path, tokenizer):
+    """A step of two groups, one with equal rewards (no loss): "all_tokens" divides the same summed loss
+    (and gradient) by the trained tokens plus that group's, "tokens" by the trained tokens alone."""
+    from agentrl.backend.training.trainer import Trainer
+    from tests.helpers import synthetic_groups
+
+    trainer = Trainer(tiny_model_path, seed=0)
+    groups = synthetic_groups(tokenizer, seed=5, size=4, num_groups=2, max_words=10)
+    for trajectory in groups[1].trajectories:
+        trajectory.reward = 0.5
+    metrics = {}
+    for mode in ("tokens", "all_tokens"):
+        trainer.add_adapter(mode, agentrl.LoRAConfig())  # fresh: B is zero, so both start at the base model
+        config = agentrl.TrainConfig(loss_normalization=mode, max_grad_norm=0.0)
+        metrics[mode] = trainer.train_step(mode, groups, config).metrics
+    trained, solved = metrics["tokens"]["trained_tokens"], metrics["tokens"]["tokens_discarded_zero_variance"]
+    assert solved > 0 and metrics["all_tokens"]["trained_tokens"] == trained
+    shrink = trained / (trained + solved)
+    assert metrics["all_tokens"]["loss"] == pytest.approx(metrics["tokens"]["loss"] * shrink, rel=1e-5)
+    assert metrics["all_tokens"]["grad_norm"] == pytest.approx(metrics["tokens"]["grad_norm"] * shrink, rel=1e-4)

@@ -167,16 +167,25 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
 
 
 def loss_denominator(
-    mode: Literal["tokens", "constant"], *, num_tokens: int, num_sequences: int, constant: int
+    mode: Literal["tokens", "all_tokens", "constant"],
+    *,
+    num_tokens: int,
+    num_sequences: int,
+    constant: int,
+    num_zero_variance_tokens: int = 0,
 ) -> float:
     """What the summed token losses of a whole step are divided by.
 
-    "tokens" (DAPO): every trained token weighs the same. "constant" (Dr. GRPO): sequences x a
-    fixed budget, so a response's length does not change how much each of its tokens counts.
+    "tokens" (DAPO): every trained token weighs the same. "all_tokens" (TRL's GRPO): the trained
+    tokens and those of the step's zero-variance groups, which carry no loss, so a step whose groups
+    are mostly solved moves the policy less. "constant" (Dr. GRPO): sequences x a fixed budget, so a
+    response's length does not change how much each of its tokens counts.
     Computed once per step, so gradient accumulation over micro-batches gives the same update.
     """
     if mode == "tokens":
         return float(max(num_tokens, 1))
+    if mode == "all_tokens":
+        return float(max(num_tokens + num_zero_variance_tokens, 1))
     return float(max(num_sequences, 1) * constant)
 
 

@@ -5,10 +5,9 @@ bf16 autocast, on CPU as on GPU (all float32 on a CPU without native bf16: `prec
 fused into addmms (`lora_forward`), logits only at loss positions (`logprobs`), and on a CPU matmul
 attention for short sequences (`attention`). Gradients accumulate over token-budgeted micro-batches
 (`micro_batches`), the loss divided by one denominator for the whole step, so accumulation gives the
-update one big batch would (`grpo_loss`: each micro-batch's loss and the step's running sums), halved
-where a step outgrows the GPU (`memory`); ranks under `torch.distributed` (`ranks`) sum their
-gradients once before the optimizer step (`gradients`), so M ranks apply the update one rank would.
-Checkpoints: `adapter_state` (the live adapter) over `adapter_files` (the files).
+update one big batch would (`grpo_loss`), halved where a step outgrows the GPU (`memory`); ranks under
+`torch.distributed` (`ranks`) sum their gradients once before the optimizer step (`gradients`), so M
+ranks apply the update one rank would. Checkpoints: `adapter_state` (the live adapter) over `adapter_files`.
 """
 
 from __future__ import annotations
@@ -204,6 +203,7 @@ class Trainer:
             num_tokens=num_loss_tokens,
             num_sequences=len(sequences),
             constant=config.normalization_constant,
+            num_zero_variance_tokens=int(metrics["tokens_discarded_zero_variance"]),
         )
         for group in adapter.optimizer.param_groups:
             group["lr"] = config.learning_rate
