@@ -37,11 +37,18 @@ def _is_test(a: int, b: int) -> bool:
 
 
 def scenarios(split: str, count: int, *, seed: int = 0) -> list[Scenario]:
-    """`count` distinct pairs of two-digit numbers from the "train" or "test" split."""
+    """`count` distinct pairs of two-digit numbers from the "train" or "test" split; training pairs
+    alternate larger-first and larger-second."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     pairs = [(a, b) for a in range(10, 100) for b in range(10, 100) if a != b and _is_test(a, b) == (split == "test")]
-    return [Scenario(a, b) for a, b in random.Random(seed).sample(pairs, count)]
+    if split == "test":
+        return [Scenario(a, b) for a, b in random.Random(seed).sample(pairs, count)]
+    # Training alternates which position holds the larger number, so no step's groups favour one: a batch
+    # that happens to ask mostly "larger first" teaches "answer the first number", a policy that scores 0.5
+    # and that its zero-variance groups give no way out of (the main job fell into it, 2026-11-28).
+    smaller_first = random.Random(seed).sample([(a, b) for a, b in pairs if a < b], count)
+    return [Scenario(b, a) if index % 2 == 0 else Scenario(a, b) for index, (a, b) in enumerate(smaller_first)]
 
 
 def reward(response: str, scenario: Scenario) -> float:
