@@ -152,7 +152,9 @@ async def train_2048(backend: LocalBackend, base_model: str) -> art.TrainableMod
 
     for i in range(await model.get_step(), 2):
         train_groups = await art.gather_trajectory_groups(
-            (art.TrajectoryGroup(rollout(model, i, is_validation=False) for _ in range(4)) for _ in range(1)),
+            # Two groups a step: a lone group of 4 ties when no answer names a move (all -1), and when both
+            # steps tie nothing trains; ART's own notebook gathers many groups a step.
+            (art.TrajectoryGroup(rollout(model, i, is_validation=False) for _ in range(4)) for _ in range(2)),
             pbar_desc="gather",
             max_exceptions=4,
         )
