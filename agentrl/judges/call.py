@@ -96,7 +96,8 @@ def litellm_params(judge_model: JudgeModel) -> dict[str, Any]:
 # explanation until max_tokens and never close the JSON (seen here with the 135M model), and sampling
 # a list they can keep adding items until max_tokens (a task writer on a float32 CPU then spends its
 # whole timeout on one answer) or close it empty (the 135M writer did so three attempts running in CI).
-# Their constrained decoders honour maxLength, minItems and maxItems, so strings and lists are bounded for them. Hosted strict modes may reject both, so neither goes to other providers.
+# Their constrained decoders honour maxLength, minItems and maxItems, so strings and lists are bounded
+# for them. Hosted strict modes may reject these, so none goes to other providers.
 LOCAL_ROUTES = ("hosted_vllm/", "ollama/", "ollama_chat/")
 MAX_TEXT_CHARS = 160
 """A sentence of explanation. A small model can spend a token per character, so this bounds a
