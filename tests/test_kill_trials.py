@@ -9,13 +9,15 @@ import random
 
 import pytest
 
+from agentrl.backend.precision import cpu_has_native_bf16
 from benchmarks.kill_trials import trial
 
 SCENARIOS = 9  # three steps of 3 scenarios, groups of 4
-KILL_WINDOW_S = (2.0, 12.0)
+KILL_WINDOW_S = (1.0, 6.0) if cpu_has_native_bf16() else (2.0, 12.0)
 """When the kill lands, seconds after the run started (its server up): within its first steps. Measured on a 2-core
 float32 EPYC: kills 8.9 s in (step 1 saved, not yet reported) and 2.5 s in (step 1's groups in flight); each
-mode's test, two starts of the run included, takes about 2 minutes there."""
+mode's test, two starts of the run included, takes about 2 minutes there. On a bf16 EPYC a synchronous run had
+trained all three steps 9.2 s in (2026-11-28), so the window there is half as long."""
 
 
 @pytest.mark.slow
