@@ -142,6 +142,41 @@ def test_the_whole_layer_method_matches_vllms_wrapper(token_adapters):
     torch.testing.assert_close(decoded, got)
 
 
+def test_the_fused_layer_follows_an_adapter_loaded_into_its_slot_in_place():
+    """vLLM loads an adapter by copying it into the stacked weights' slot; the fused copy built for the
+    slot's previous adapter must not be served after that, nor after the slot is zeroed."""
+    torch.manual_seed(5)
+    slices = (40, 16, 16)
+    a = tuple(torch.randn(2, 1, 8, 48, dtype=torch.bfloat16) for _ in slices)
+    b = tuple(torch.randn(2, 1, width, 8, dtype=torch.bfloat16) for width in slices)
+    x_NI = torch.randn(4, 48, dtype=torch.bfloat16)
+    wrapper = wrapper_for([1] * 4)
+
+    def applied() -> torch.Tensor:
+        y_NO = torch.zeros(4, 72, dtype=torch.bfloat16)
+        grouped.add_lora_linear(wrapper, y_NO, x_NI, a, b, 1.0, slices)
+        expected = torch.zeros(4, 72, dtype=torch.bfloat16)
+        VLLM_ADD_LORA_LINEAR(
+            wrapper_for([1] * 4),
+            expected,
+            x_NI,
+            tuple(map(with_zero_slot, a)),
+            tuple(map(with_zero_slot, b)),
+            1.0,
+            slices,
+        )
+        torch.testing.assert_close(y_NO, expected, rtol=2e-2, atol=0.25)
+        return y_NO
+
+    first = applied()
+    for stacked in (*a, *b):  # as vLLM's set_lora: copy the new adapter into slot 1, in place
+        stacked[1, 0].copy_(torch.randn_like(stacked[1, 0]))
+    assert not torch.equal(applied(), first)
+    for stacked in (*a, *b):  # as vLLM's reset_lora
+        stacked[1] = 0
+    assert applied().abs().max() == 0
+
+
 def test_one_row_expands_into_the_first_row_only_as_vllm_does():
     torch.manual_seed(1)
     y_1R, b = torch.randn(1, 8), torch.randn(2, 1, 40, 8)
