@@ -28,6 +28,11 @@ EXPAND_FLOAT32_ROWS = 256  # up to this many tokens (decode batches), float32 ex
 logger = logging.getLogger(__name__)
 
 
+def per_adapter(weights: torch.Tensor) -> torch.Tensor:
+    """vLLM's stacked LoRA weights, (L, 1, O, I) or (L, O, I), as (L, O, I): one matrix per adapter slot."""
+    return weights.squeeze(1) if weights.dim() == 4 else weights
+
+
 def grouped_lora_products(
     inputs_NI: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor | int, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
@@ -40,7 +45,7 @@ def grouped_lora_products(
     LoRA does), and the caller casts the small result: vLLM's ops cast the activations to float32
     first, which cost more than the products themselves.
     """
-    weights_LOI = weights.squeeze(1) if weights.dim() == 4 else weights
+    weights_LOI = per_adapter(weights)
     dtype = dtype or weights_LOI.dtype
     inputs_NI = inputs_NI.to(dtype)
     values = [indices] if isinstance(indices, int) else sorted(set(indices.tolist()))
@@ -202,8 +207,8 @@ def fused_lora(
     cached = _FUSED.get(key)
     if cached is not None and cached.version == version:
         return cached
-    a_RI = torch.cat([(a.squeeze(1) if a.dim() == 4 else a)[slot] for a in lora_a_stacked])
-    b_slices = [(b.squeeze(1) if b.dim() == 4 else b)[slot] for b in lora_b_stacked]
+    a_RI = torch.cat([per_adapter(a)[slot] for a in lora_a_stacked])
+    b_slices = [per_adapter(b)[slot] for b in lora_b_stacked]
     b_OR = a_RI.new_zeros(sum(b.shape[0] for b in b_slices), a_RI.shape[0])
     row, column = 0, 0
     for b in b_slices:  # slice k's outputs read slice k's rank columns only
