@@ -1,7 +1,11 @@
 """Shared fixtures: the packaged model's real tokenizer; the real vLLM server lives in tests/server_fixtures.py."""
 
 import os
+import shutil
+import subprocess
+import tempfile
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -91,6 +95,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    if any(item.get_closest_marker("slow") for item in items):
+        _start_zygote()
+
+
+_zygote: subprocess.Popen | None = None
+ZYGOTE_ENV = "AGENTRL_VLLM_ZYGOTE"  # agentrl.backend.serving.zygote.ZYGOTE_ENV (imported lazily there)
+
+
+def _start_zygote() -> None:
+    """One vLLM zygote for the session (agentrl_vllm.zygote): the ~26 CPU servers the slow tests start, in this
+    process and in the notebooks and CLI runs it starts, fork from it rather than import vLLM each time.
+    It imports while the first tests run. AGENTRL_VLLM_ZYGOTE="" runs the suite without it."""
+    global _zygote
+    from agentrl.backend.serving.server import without_secrets
+    from agentrl.backend.serving.zygote import start_zygote
+
+    if ZYGOTE_ENV in os.environ:  # set by the caller (empty: no zygote), or by a parent session
+        return
+    folder = Path(tempfile.mkdtemp(prefix="agentrl-zygote-"))  # short: a socket's path has at most 107 bytes
+    _zygote = start_zygote(folder / "zygote.sock", folder / "zygote.log", without_secrets(dict(os.environ)))
+    os.environ[ZYGOTE_ENV] = str(folder / "zygote.sock")
 
 
 @pytest.fixture(autouse=True)
@@ -118,7 +143,7 @@ def _left_behind() -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["pid", "cmdline"]):
         try:
-            if process.pid == os.getpid() or process.status() == psutil.STATUS_ZOMBIE:
+            if process.pid in (os.getpid(), _zygote and _zygote.pid) or process.status() == psutil.STATUS_ZOMBIE:
                 continue
             ours = process.environ().get(SESSION_MARKER) == marker
             # vLLM servers, agentrl commands and test scripts; not helpers that end at this process's
@@ -132,6 +157,16 @@ def _left_behind() -> list[psutil.Process]:
 
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run if a vLLM or agentrl process that the tests started is still alive, and end it."""
+    try:
+        _check_nothing_left_behind(session)
+    finally:
+        if _zygote is not None:  # after the check: its servers would end with it, hiding a leak
+            _zygote.terminate()
+            _zygote.wait(timeout=30)
+            shutil.rmtree(Path(os.environ[ZYGOTE_ENV]).parent, ignore_errors=True)
+
+
+def _check_nothing_left_behind(session) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n 2`: the controller checks, once every worker is done
         return
     leftovers = _left_behind()

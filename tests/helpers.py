@@ -188,6 +188,17 @@ def group_processes(pgid: int) -> list[psutil.Process]:
     return alive
 
 
+def vllm_server_group(port: int) -> list[psutil.Process]:
+    """The processes of the vLLM server listening on `port` (it and its engine), found by its command line:
+    a server started afresh and one forked by the suite's zygote (agentrl_vllm.zygote titles it so) alike."""
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        words = " ".join(proc.info["cmdline"] or []).split()
+        if "vllm.entrypoints.openai.api_server" in words and "--port" in words:
+            if words[words.index("--port") + 1] == str(port):
+                return group_processes(proc.pid)
+    return []
+
+
 BLOCK = 32 * 1024  # W&B's transaction log: a 7-byte file header, then leveldb-style 32 KiB blocks of records
 
 

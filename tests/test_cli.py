@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import openai
 import psutil
@@ -14,7 +15,7 @@ import pytest
 
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.cli import app
-from tests.helpers import flat, make_run, runner
+from tests.helpers import flat, make_run, runner, vllm_server_group
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,8 +122,8 @@ async def test_serve_answers_as_the_checkpoint_until_interrupted(served_model):
         )
         assert completion.choices[0].message.content
         await client.close()
-        children = psutil.Process(server.pid).children(recursive=True)
-        assert children, "the vLLM server should run as a child of agentrl serve"
+        children = vllm_server_group(urlparse(url).port)
+        assert children, f"no vLLM server listens at {url}"
         server.send_signal(signal.SIGINT)
         server.wait(timeout=60)
         _, alive = psutil.wait_procs(children, timeout=60)

@@ -19,6 +19,7 @@ import pytest
 
 import agentrl
 from agentrl.backend.processes import free_port
+from agentrl.backend.serving.zygote import ZYGOTE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # a service with its own vLLM server and trainer
@@ -34,7 +35,9 @@ class Service:
 
     def start(self) -> str:
         """Start it and wait until it listens; returns what it printed (its output goes to a file, never a full pipe)."""
-        env = {k: v for k, v in os.environ.items() if k != "AGENTRL_TOKEN"}
+        # Without the suite's vLLM zygote: the service's servers are its own children (`vllm_processes`), and
+        # the suite keeps a real test of servers started as their own Python.
+        env = {k: v for k, v in os.environ.items() if k not in ("AGENTRL_TOKEN", ZYGOTE_ENV)}
         log = self.runs.parent / f"service-{time.monotonic_ns()}.log"
         command = [sys.executable, "-m", "agentrl.cli", "backend", "serve", "--port", str(self.port)]
         with open(log, "w") as out:

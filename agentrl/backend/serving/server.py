@@ -27,6 +27,7 @@ import httpx
 
 from agentrl.backend.precision import bf16_is_native
 from agentrl.backend.processes import die_with_parent, free_port
+from agentrl.backend.serving.zygote import ZygoteServer, fork_server, zygote_socket
 from agentrl.config import ServerConfig
 from agentrl.errors import ServerError
 from agentrl_vllm.engine_fork import ENV as FORK_ENGINE_ENV
@@ -199,7 +200,7 @@ class VLLMServer:
         self.max_lora_rank = max_lora_rank
         self.gpu = cuda_available()
         self.port = 0
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | ZygoteServer | None = None
         self.api_key = secrets.token_urlsafe(32)
         """Bearer key for every route but /health; only this object and the clients it hands out hold it."""
 
@@ -224,17 +225,24 @@ class VLLMServer:
             gpu=self.gpu,
             host=self.host,
         )
+        env = {**server_env(self.config, gpu=self.gpu, api_key=self.api_key), **self.placement}
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(command)}\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**server_env(self.config, gpu=self.gpu, api_key=self.api_key), **self.placement},
-                start_new_session=True,  # its own process group: stop() ends the engine workers too
-                preexec_fn=die_with_parent,
-            )
+        process: subprocess.Popen[bytes] | ZygoteServer | None = None
+        zygote = zygote_socket()
+        if zygote is not None and env.get(FORK_ENGINE_ENV) == "1" and not self.placement:
+            process = await fork_server(zygote, command[3:], env, self.log_path)  # command[:3]: python -m module
+        if process is None:
+            with open(self.log_path, "ab") as log:
+                process = subprocess.Popen(
+                    command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,  # its own process group: stop() ends the engine workers too
+                    preexec_fn=die_with_parent,
+                )
+        self.process = process
         atexit.register(self.stop)
         await self._wait_healthy()
 
@@ -327,3 +335,5 @@ class VLLMServer:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        if isinstance(process, ZygoteServer):
+            process.close()

@@ -1,0 +1,243 @@
+"""A process that imports vLLM's API server once and forks a CPU server from it per request.
+
+Importing `vllm.entrypoints.openai.api_server` is about half of a CPU server's start (5.6 s of 11 s
+on a 2-core bf16 EPYC). A session that starts many servers (the test suite, its notebooks and CLI
+runs) pays it once here; agentrl uses the zygote when AGENTRL_VLLM_ZYGOTE names its socket
+(`agentrl.backend.serving.zygote`), for the servers it would start with a forked engine (one replica,
+one rank, on a CPU): nothing in them binds threads to cores before the model loads.
+
+Protocol, over a Unix socket, one connection per server: the client sends one JSON line
+`{"argv": [...], "env": {...}, "cwd": dir, "log": path}`; the zygote answers `{"pid": N}` once the server is
+forked and `{"exit": code}` when it has exited. The server lives as long as its connection: when the
+client closes it or dies, the zygote sends its process group SIGTERM, then SIGKILL 5 s later.
+
+Run: `python -m agentrl_vllm.zygote SOCKET_PATH`. It dies with the process that started it, and its
+servers with it. Imports nothing of agentrl (it runs beside vLLM, like the rest of agentrl_vllm).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any, NoReturn
+
+PRELOAD = (
+    "vllm.entrypoints.openai.api_server",
+    "vllm.entrypoints.launchers.cli_args",
+    "vllm.v1.engine.async_llm",
+    "vllm.v1.engine.core",
+)
+"""Modules every CPU server imports before it loads its model; none reads agentrl's settings at import."""
+KILL_AFTER_S = 5.0
+"""Seconds between SIGTERM and SIGKILL for a server whose client went away: nobody waits for its answers,
+and a server still loading its model ignores SIGTERM (it took SIGKILL 20 s later on a 2-core EPYC)."""
+
+
+def die_with_parent() -> None:
+    """SIGTERM to this process when its parent dies, even by SIGKILL (Linux)."""
+    if sys.platform == "linux":
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def exit_code(status: int) -> int:
+    """A wait status as subprocess.Popen.returncode reports it: the exit code, or -signal."""
+    return os.waitstatus_to_exitcode(status)
+
+
+def send(connection: socket.socket, message: dict[str, Any]) -> None:
+    """One JSON line to a client; a client that went away is not an error."""
+    try:
+        connection.sendall(json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def read_message(connection: socket.socket, timeout_s: float) -> dict[str, Any]:
+    """One JSON line, read byte by byte so nothing after its newline is consumed (both ends use it)."""
+    connection.settimeout(timeout_s)
+    data = b""
+    while not data.endswith(b"\n"):
+        byte = connection.recv(1)
+        if not byte:
+            raise ConnectionError("the other end closed the connection before its message")
+        data += byte
+    connection.settimeout(None)
+    message: dict[str, Any] = json.loads(data)
+    return message
+
+
+def show_command(argv: list[str]) -> None:
+    """Show the server in `ps` as the command it stands for, not as the zygote. Before the environment
+    changes: setproctitle finds the room it writes into from the environment's original place, and vLLM's
+    own titles (its engine's `VLLM::EngineCore`) fail without that."""
+    try:
+        import setproctitle
+    except ImportError:  # optional for vLLM too; the server then shows as the zygote
+        return
+    setproctitle.setproctitle(" ".join([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *argv]))
+
+
+def become_server(request: dict[str, Any]) -> None:
+    """In the forked child: the process, files, directory and environment of a server started afresh."""
+    os.setsid()  # its own process group, like `start_new_session`: the group ends with the engine it forks
+    die_with_parent()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    atexit._clear()
+    os.chdir(request["cwd"])  # the client's: a relative --model or log path means what it meant there
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    show_command(request["argv"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = ["vllm.entrypoints.openai.api_server", *request["argv"]]
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads:  # OpenMP read the zygote's environment when torch loaded; the server's count wins
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def run_server(request: dict[str, Any]) -> NoReturn:
+    """In the forked child: become the server `request` describes and exit with its code, whatever
+    happens (it must never return into the zygote's loop)."""
+    code = 1
+    try:
+        become_server(request)
+        from vllm.entrypoints.launchers.api_server.entry import main
+
+        main()  # type: ignore[no-untyped-call]
+        code = 0
+    except SystemExit as error:
+        code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+    except BaseException:  # noqa: BLE001 -- into the log (the zygote's before the log is open); never re-raised
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+
+class Zygote:
+    """The accept/fork/reap loop: one server per connection, ended when its connection closes."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self.listener = listener
+        self.servers: dict[socket.socket, int] = {}  # connection -> server pid
+        self.kill_at: dict[int, float] = {}  # pid of a server told to stop -> when to SIGKILL its group
+
+    def serve_forever(self) -> None:
+        while True:
+            readable, _, _ = select.select([self.listener, *self.servers], [], [], 0.2)
+            for ready in readable:
+                if ready is self.listener:
+                    self.accept()
+                else:
+                    self.client_spoke(ready)
+            self.reap()
+            self.kill_overdue()
+
+    def accept(self) -> None:
+        connection, _ = self.listener.accept()
+        try:
+            request = read_message(connection, timeout_s=10.0)
+        except (OSError, ValueError) as error:
+            send(connection, {"error": f"bad request: {error}"})
+            connection.close()
+            return
+        try:
+            pid = os.fork()
+        except OSError as error:  # out of memory or processes: the client starts its server itself
+            send(connection, {"error": f"fork failed: {error}"})
+            connection.close()
+            return
+        if pid == 0:
+            for other in (self.listener, connection, *self.servers):
+                other.close()
+            run_server(request)
+        self.servers[connection] = pid
+        send(connection, {"pid": pid})
+
+    def client_spoke(self, connection: socket.socket) -> None:
+        """A client sends nothing after its request, so a readable connection has closed (or broken)."""
+        try:
+            data = connection.recv(4096)
+        except OSError:
+            data = b""
+        if data:
+            return
+        pid = self.servers.pop(connection)
+        connection.close()
+        self.signal_group(pid, signal.SIGTERM)
+        self.kill_at[pid] = time.monotonic() + KILL_AFTER_S
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.signal_group(pid, signal.SIGKILL)  # engine processes still in its group end with it
+            self.kill_at.pop(pid, None)
+            for connection, server in list(self.servers.items()):
+                if server == pid:
+                    send(connection, {"exit": exit_code(status)})
+                    del self.servers[connection]
+                    connection.close()
+
+    def kill_overdue(self) -> None:
+        now = time.monotonic()
+        for pid, deadline in list(self.kill_at.items()):
+            if now >= deadline:
+                self.signal_group(pid, signal.SIGKILL)
+                del self.kill_at[pid]
+
+    @staticmethod
+    def signal_group(pid: int, sig: signal.Signals) -> None:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def main(socket_path: str) -> None:
+    """Import vLLM, then listen on `socket_path` (created by rename once ready, so it exists only then)."""
+    die_with_parent()
+    import importlib
+
+    for module in PRELOAD:
+        importlib.import_module(module)
+    import vllm.plugins
+
+    if vllm.plugins.plugins_loaded:  # they read the server's environment: each server must load its own
+        raise RuntimeError("vLLM loaded its plugins while the zygote imported it; the zygote cannot serve")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    staging = f"{socket_path}.{os.getpid()}.tmp"
+    listener.bind(staging)
+    listener.listen(64)
+    os.replace(staging, socket_path)
+    print(f"agentrl_vllm.zygote: ready on {socket_path}", flush=True)
+    Zygote(listener).serve_forever()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m agentrl_vllm.zygote SOCKET_PATH")
+    main(sys.argv[1])
