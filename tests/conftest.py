@@ -95,7 +95,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    if any(item.get_closest_marker("slow") for item in items):
+
+
+def pytest_collection_finish(session):
+    """After `-m` has chosen the tests: a run with slow tests gets the session's vLLM zygote."""
+    if any(item.get_closest_marker("slow") for item in session.items):
         _start_zygote()
 
 
