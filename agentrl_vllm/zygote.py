@@ -42,7 +42,9 @@ and a server still loading its model ignores SIGTERM (it took SIGKILL 20 s later
 
 
 def die_with_parent() -> None:
-    """SIGTERM to this process when its parent dies, even by SIGKILL (Linux)."""
+    """SIGTERM to this process when its parent dies, even by SIGKILL (Linux). In a child before exec too
+    (`preexec_fn`): the signal follows the thread that started the child, so start it from a long-lived
+    thread (the event loop's), never from a short-lived worker thread."""
     if sys.platform == "linux":
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 

@@ -3,9 +3,9 @@ CPU cores, and a child that dies with its parent."""
 
 from __future__ import annotations
 
-import signal
 import socket
-import sys
+
+from agentrl_vllm.zygote import die_with_parent as die_with_parent  # one copy: vLLM's side needs it too
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -25,16 +25,3 @@ def split_contiguous(items: list[int], parts: int) -> list[list[int]]:
         runs.append(items[start:end])
         start = end
     return runs
-
-
-def die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the parent dies, even by SIGKILL (Linux only).
-
-    The signal follows the thread that started the child, so start the server from a long-lived
-    thread (the event loop's), never from a short-lived worker thread.
-    """
-    if sys.platform == "linux":
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
