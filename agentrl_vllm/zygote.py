@@ -49,11 +49,6 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def exit_code(status: int) -> int:
-    """A wait status as subprocess.Popen.returncode reports it: the exit code, or -signal."""
-    return os.waitstatus_to_exitcode(status)
-
-
 def send(connection: socket.socket, message: dict[str, Any]) -> None:
     """One JSON line to a client; a client that went away is not an error."""
     try:
@@ -200,7 +195,7 @@ class Zygote:
             self.kill_at.pop(pid, None)
             for connection, server in list(self.servers.items()):
                 if server == pid:
-                    send(connection, {"exit": exit_code(status)})
+                    send(connection, {"exit": os.waitstatus_to_exitcode(status)})  # Popen's returncode: code or -signal
                     del self.servers[connection]
                     connection.close()
 

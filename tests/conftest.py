@@ -104,7 +104,6 @@ def pytest_collection_finish(session):
 
 
 _zygote: subprocess.Popen | None = None
-ZYGOTE_ENV = "AGENTRL_VLLM_ZYGOTE"  # agentrl.backend.serving.zygote.ZYGOTE_ENV (imported lazily there)
 
 
 def _start_zygote() -> None:
@@ -113,7 +112,7 @@ def _start_zygote() -> None:
     It imports while the first tests run. AGENTRL_VLLM_ZYGOTE="" runs the suite without it."""
     global _zygote
     from agentrl.backend.serving.server import without_secrets
-    from agentrl.backend.serving.zygote import start_zygote
+    from agentrl.backend.serving.zygote import ZYGOTE_ENV, start_zygote
 
     if ZYGOTE_ENV in os.environ:  # set by the caller (empty: no zygote), or by a parent session
         return
@@ -167,7 +166,7 @@ def pytest_sessionfinish(session, exitstatus):
         if _zygote is not None:  # after the check: its servers would end with it, hiding a leak
             _zygote.terminate()
             _zygote.wait(timeout=30)
-            shutil.rmtree(Path(os.environ[ZYGOTE_ENV]).parent, ignore_errors=True)
+            shutil.rmtree(Path(_zygote.args[-1]).parent, ignore_errors=True)  # its socket's folder
 
 
 def _check_nothing_left_behind(session) -> None:

@@ -226,14 +226,14 @@ class VLLMServer:
             host=self.host,
         )
         env = {**server_env(self.config, gpu=self.gpu, api_key=self.api_key), **self.placement}
-        with open(self.log_path, "ab") as log:
-            log.write(f"\n$ {' '.join(command)}\n".encode())
         process: subprocess.Popen[bytes] | ZygoteServer | None = None
         zygote = zygote_socket()
-        if zygote is not None and env.get(FORK_ENGINE_ENV) == "1" and not self.placement:
-            process = await fork_server(zygote, command[3:], env, self.log_path)  # command[:3]: python -m module
-        if process is None:
-            with open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n$ {' '.join(command)}\n".encode())
+            log.flush()
+            if zygote is not None and env.get(FORK_ENGINE_ENV) == "1" and not self.placement:
+                process = await fork_server(zygote, command[3:], env, self.log_path)  # command[:3]: python -m module
+            if process is None:
                 process = subprocess.Popen(
                     command,
                     stdout=log,
