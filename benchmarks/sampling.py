@@ -5,7 +5,8 @@
 One LocalBackend serves the packaged model and a freshly registered model's adapter (its LoRA B is
 zero at step 0, but vLLM runs the LoRA kernels all the same). Measured through the gateway:
 - tokens/s at concurrency 32 and 64: 128 distinct chats, 64 tokens each (greedy, `ignore_eos`),
-  to "base" and to the adapter, alternately, after a warm-up;
+  to "base" and to the adapter back to back, in 3 rounds after a warm-up: the medians of the rates
+  and of the rounds' adapter/base ratios;
 - the rollout phase's start: the main job's burst (64 requests at once: 8 prompts x 8, at most 16
   new tokens, temperature 1) to the adapter; seconds to the first finished completion and to the
   last, median of 3 bursts.
@@ -39,6 +40,7 @@ from benchmarks.step_breakdown import RESULTS, cpu_name
 SAMPLING_RESULTS = RESULTS.with_name("sampling.json")
 START, END = "<!-- benchmark:sampling:start -->", "<!-- benchmark:sampling:end -->"
 REQUESTS, TOKENS = 128, 64
+ROUNDS = 3  # per concurrency; one round's ratio moved by up to 10 points between runs on a 2-core EPYC
 
 
 async def burst(client: httpx.AsyncClient, url: str, name: str, seed: int) -> tuple[float, float]:
@@ -80,22 +82,27 @@ async def measure(vllm_args: list[str]) -> dict[str, Any]:
                 for name in names.values():  # warm-up
                     await timed_completions(client, url, name, 32, 32, distinct_prompts=True, max_tokens=8)
                 for concurrency in (32, 64):
-                    for which, name in names.items():
-                        _, tokens, wall_s = await timed_completions(
-                            client, url, name, REQUESTS, concurrency, distinct_prompts=True, max_tokens=TOKENS
-                        )
-                        result[f"{which}_tok_per_s_c{concurrency}"] = tokens / wall_s
-                        print(f"{which} at concurrency {concurrency}: {tokens / wall_s:.0f} tokens/s", flush=True)
+                    rounds: dict[str, list[float]] = {which: [] for which in names}
+                    for _ in range(ROUNDS):  # base and adapter back to back, so each pair shares the machine's state
+                        for which, name in names.items():
+                            _, tokens, wall_s = await timed_completions(
+                                client, url, name, REQUESTS, concurrency, distinct_prompts=True, max_tokens=TOKENS
+                            )
+                            rounds[which].append(tokens / wall_s)
+                            print(f"{which} at concurrency {concurrency}: {tokens / wall_s:.0f} tokens/s", flush=True)
+                    for which, rates in rounds.items():
+                        result[f"{which}_tok_per_s_c{concurrency}"] = statistics.median(rates)
+                    result[f"adapter_vs_base_c{concurrency}"] = statistics.median(
+                        adapter / base for adapter, base in zip(rounds["adapter"], rounds["base"], strict=True)
+                    )
+                    result[f"rounds_c{concurrency}"] = rounds
+                result["rounds"] = ROUNDS
                 bursts = [await burst(client, url, names["adapter"], seed) for seed in range(3)]
             result["first_completion_s"] = statistics.median(b[0] for b in bursts)
             result["last_completion_s"] = statistics.median(b[1] for b in bursts)
             result["bursts"] = bursts
         finally:
             await backend.close()
-    for concurrency in (32, 64):
-        result[f"adapter_vs_base_c{concurrency}"] = (
-            result[f"adapter_tok_per_s_c{concurrency}"] / result[f"base_tok_per_s_c{concurrency}"]
-        )
     return result
 
 
@@ -114,10 +121,12 @@ def main() -> None:
     lines = [
         START,
         f"Sampling through the gateway, packaged model, {REQUESTS} chats of {TOKENS} tokens per figure; "
+        "medians of the rounds' figures (base and adapter back to back in each round); "
         "burst = the main job's 64 rollouts at once (median of 3):",
         "",
-        "| setting | LoRA ops | base tok/s c32 / c64 | adapter tok/s c32 / c64 | adapter / base | burst: first / last completion | measured |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| setting | LoRA ops | base tok/s c32 / c64 | adapter tok/s c32 / c64 | adapter / base | rounds "
+        "| burst: first / last completion | measured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for label, row in results.items():
         lines.append(
@@ -125,7 +134,7 @@ def main() -> None:
             f"| {'grouped (agentrl_vllm)' if row['grouped_lora'] else 'vLLM torch ops'} "
             f"| {row['base_tok_per_s_c32']:.0f} / {row['base_tok_per_s_c64']:.0f} "
             f"| {row['adapter_tok_per_s_c32']:.0f} / {row['adapter_tok_per_s_c64']:.0f} "
-            f"| {row['adapter_vs_base_c32']:.0%} / {row['adapter_vs_base_c64']:.0%} "
+            f"| {row['adapter_vs_base_c32']:.0%} / {row['adapter_vs_base_c64']:.0%} | {row.get('rounds', 1)} "
             f"| {row['first_completion_s']:.1f} s / {row['last_completion_s']:.1f} s | {row['machine']}, {row['date']} |"
         )
     replace_section(START, END, "\n".join([*lines, END]))

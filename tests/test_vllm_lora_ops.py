@@ -177,6 +177,24 @@ def test_the_fused_layer_follows_an_adapter_loaded_into_its_slot_in_place():
     assert applied().abs().max() == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_prepacked_matmul_is_onednns_where_it_packs_the_weight_and_torchs_elsewhere(dtype):
+    """The fused layer's two matmuls run through vLLM's oneDNN handler (the weight packed once per
+    adapter load) for float32 and bf16; float16, which that handler refuses here, falls back to torch."""
+    from vllm import _custom_ops as ops
+
+    torch.manual_seed(6)
+    weight_KN, inputs_NK = torch.randn(48, 24, dtype=dtype), torch.randn(5, 48, dtype=dtype)
+    matmul = grouped.prepacked_matmul(weight_KN)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        got = matmul(inputs_NK)
+    tolerance = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 0.25}
+    torch.testing.assert_close(got.float(), inputs_NK.float() @ weight_KN.float(), **tolerance)
+    torch.testing.assert_close(matmul(inputs_NK[:1]).float(), got[:1].float())  # other batch sizes too
+    called = {event.name for event in profile.events()}
+    assert ("_C::onednn_mm" in called) == (ops._supports_onednn and dtype != torch.float16), called
+
+
 def test_one_row_expands_into_the_first_row_only_as_vllm_does():
     torch.manual_seed(1)
     y_1R, b = torch.randn(1, 8), torch.randn(2, 1, 40, 8)
