@@ -9,6 +9,7 @@ default on GPUs) is safe, and the engine starts from the API server's imports.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 
@@ -31,6 +32,7 @@ def register() -> None:
     def check_and_update_config(cls: type[CpuPlatform], vllm_config: object) -> None:
         check_config(cls, vllm_config)
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        gc.freeze()  # the imports' objects: the engine's collections skip them (see agentrl_vllm.zygote)
 
     CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
     logger.warning("agentrl: vLLM's engine process is forked from its API server (%s=1)", ENV)
