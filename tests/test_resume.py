@@ -7,6 +7,7 @@ rank is covered by the checkpoint tests in test_bad_input.py.
 """
 
 import asyncio
+import gc
 import hashlib
 import os
 import signal
@@ -113,8 +114,10 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
         trained = model.trained_scenarios()
         assert set(trained) == everything and all(len(steps) == 1 for steps in trained.values())
         assert all(trained[k] == [resumed.step] for k in everything - set(before_kill))
+        assert gc.get_freeze_count() > 0  # the engine took its imports' objects out of collection (freeze_heap)
     finally:
         await backend.close()
+    assert gc.get_freeze_count() == 0  # and its stop put them back: a closed backend's trainer can be collected
     assert os.path.isdir(model.run_dir / "checkpoints" / "0000")
     steps = [m for m in agentrl.tracking.read_metrics(model.run_dir) if m["split"] == "train"]
     assert steps[0]["step"] == 1 and steps[0]["staleness_max"] == 0  # the in-flight groups died with the child

@@ -4,6 +4,7 @@ by the first register and stopped together."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,7 @@ class Engine:
     async def stop(self) -> None:
         await asyncio.to_thread(self.server.stop)
         await asyncio.to_thread(self.trainer.close)
+        gc.unfreeze()  # the stopped trainer's objects become collectable again (`freeze_heap`)
 
 
 async def start_engine(model: TrainableModel, placement: TrainerPlacement, thread: TrainerThread) -> Engine:
@@ -74,7 +76,17 @@ async def start_engine(model: TrainableModel, placement: TrainerPlacement, threa
         await asyncio.to_thread(server.stop)
         await asyncio.to_thread(trainer.close)
         raise
+    freeze_heap()
     return Engine(model.base_model, model_path, server, trainer, vocab_size)
+
+
+def freeze_heap() -> None:
+    """Take the objects alive now (~750k: torch's, transformers' and peft's imports, the loaded model) out of
+    Python's full collections, which otherwise walk all of them each time: in the main job's process a full
+    collection after the start took ~0.4 s, and 0.02-0.05 s once frozen (bf16 EPYC). `Engine.stop` puts
+    them back."""
+    gc.collect()
+    gc.freeze()
 
 
 def _vocab_size(model_path: str) -> int:
