@@ -40,7 +40,7 @@ from benchmarks.step_breakdown import RESULTS, cpu_name
 SAMPLING_RESULTS = RESULTS.with_name("sampling.json")
 START, END = "<!-- benchmark:sampling:start -->", "<!-- benchmark:sampling:end -->"
 REQUESTS, TOKENS = 128, 64
-ROUNDS = 3  # per concurrency; one round's ratio moved by up to 10 points between runs on a 2-core EPYC
+ROUNDS = 3  # per concurrency; one round's ratio moved by up to 20 points between runs on a 2-core EPYC
 
 
 async def burst(client: httpx.AsyncClient, url: str, name: str, seed: int) -> tuple[float, float]:
