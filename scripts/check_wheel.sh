@@ -38,6 +38,8 @@ help=$("$work/user/bin/agentrl" train --help) && grep -q "larger-number" <<<"$he
 grep -q "rubric" <<<"$help"
 # the rubric environment's task files ship inside the wheel
 "$work/user/bin/python" -c 'from agentrl_environments.rubric.env import load_tasks; assert len(load_tasks(split="train")) == 240'
+# and so does the packaged model's chat template with tool calls
+"$work/user/bin/python" -c 'from importlib import resources; assert "tool" in resources.files("agentrl.templates").joinpath("smollm2_tools.jinja").read_text()'
 help=$("$work/user/bin/agentrl" judge check --help) && grep -q "permutations" <<<"$help"
 echo "[check_wheel] ok: agentrl $version with the CPU backend"
 

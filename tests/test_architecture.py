@@ -135,7 +135,14 @@ def test_the_wheel_lists_every_package_and_installs_the_environments_under_their
         for init in (PACKAGE.parent / folder).rglob("__init__.py"):
             parts = init.parent.relative_to(PACKAGE.parent / folder).parts
             found.add(".".join((name, *parts)))
-    assert found == set(setuptools["packages"]), "pyproject.toml's [tool.setuptools] packages: add or drop these"
+    data_folders = set(setuptools["package-data"]) - found  # folders of files only (templates, task data)
+    for name in data_folders:
+        top, *parts = name.split(".")
+        folder = PACKAGE.parent.joinpath(folders[top], *parts)
+        assert folder.is_dir() and not list(folder.glob("*.py")), f"package-data {name}: a folder of data files"
+    assert found | data_folders == set(setuptools["packages"]), (
+        "pyproject.toml's [tool.setuptools] packages: add or drop these"
+    )
     import agentrl_environments.email_agent
 
     assert Path(agentrl_environments.email_agent.__file__).parent == PACKAGE.parent / "environments" / "email_agent"
