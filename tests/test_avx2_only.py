@@ -13,14 +13,21 @@ pytest.importorskip("vllm")
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = """
-import json, torch.cpu
+import json, torch, torch.cpu
 from vllm.platforms import current_platform
 from agentrl.backend.precision import bf16_is_native
 from agentrl.backend.serving.server import server_dtype
 current_platform.import_kernels()
+from vllm import _custom_ops as ops
 kernels = [line.split()[-1].rsplit("/", 1)[1] for line in open("/proc/self/maps") if "/vllm/_C" in line]
+try:  # oneDNN at AVX2 has no bf16 matmul
+    ops.create_onednn_mm(torch.zeros(8, 8, dtype=torch.bfloat16), 32)
+    onednn_bf16 = True
+except RuntimeError:
+    onednn_bf16 = False
 print(json.dumps({"avx512": torch.cpu._is_avx512_supported(), "bf16": bf16_is_native("cpu"),
-                  "serves_in": server_dtype("auto", gpu=False), "kernels": sorted(set(kernels))}))
+                  "serves_in": server_dtype("auto", gpu=False), "kernels": sorted(set(kernels)),
+                  "aten": torch.backends.cpu.get_cpu_capability(), "onednn_bf16": onednn_bf16}))
 """
 
 
@@ -34,4 +41,11 @@ def test_a_command_run_as_on_an_avx2_only_cpu_computes_in_float32_with_vllms_avx
     )
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen == {"avx512": False, "bf16": False, "serves_in": "float32", "kernels": ["_C_AVX2.abi3.so"]}
+    assert seen == {
+        "avx512": False,
+        "bf16": False,
+        "serves_in": "float32",
+        "kernels": ["_C_AVX2.abi3.so"],
+        "aten": "AVX2",
+        "onednn_bf16": False,
+    }
