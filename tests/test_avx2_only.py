@@ -25,7 +25,8 @@ try:  # oneDNN at AVX2 has no bf16 matmul
     onednn_bf16 = True
 except RuntimeError:
     onednn_bf16 = False
-print(json.dumps({"avx512": torch.cpu._is_avx512_supported(), "bf16": bf16_is_native("cpu"),
+beyond_avx2 = [n for n in dir(torch.cpu) if n.startswith("_is_") and n != "_is_avx2_supported" and getattr(torch.cpu, n)()]
+print(json.dumps({"avx512": torch.cpu._is_avx512_supported(), "beyond_avx2": beyond_avx2, "bf16": bf16_is_native("cpu"),
                   "serves_in": server_dtype("auto", gpu=False), "kernels": sorted(set(kernels)),
                   "aten": torch.backends.cpu.get_cpu_capability(), "onednn_bf16": onednn_bf16}))
 """
@@ -43,6 +44,7 @@ def test_a_command_run_as_on_an_avx2_only_cpu_computes_in_float32_with_vllms_avx
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {
         "avx512": False,
+        "beyond_avx2": [],  # every probe torch.cpu has for more than AVX2
         "bf16": False,
         "serves_in": "float32",
         "kernels": ["_C_AVX2.abi3.so"],

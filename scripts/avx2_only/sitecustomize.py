@@ -20,11 +20,12 @@ def _no(*_: Any) -> bool:
 
 
 _ANSWER_NO: dict[str, tuple[str, ...]] = {
-    "torch.cpu": (
+    "torch.cpu": (  # each probe torch 2.13 has beyond AVX2's
         "_is_avx512_supported",
         "_is_avx512_bf16_supported",
-        "_is_avx512_vnni_supported",
+        "_is_vnni_supported",
         "_is_amx_tile_supported",
+        "_is_amx_fp16_supported",
     ),
     "agentrl.backend.precision": ("cpu_has_native_bf16",),
 }
