@@ -184,7 +184,7 @@ def test_a_prepacked_matmul_is_onednns_where_it_packs_the_weight_and_torchs_else
     AVX2-only CPU's oneDNN refuses bf16); float16, which it refuses here, falls back to torch."""
     from vllm import _custom_ops as ops
 
-    from agentrl.backend.precision import cpu_has_native_bf16
+    from agentrl.backend.serving.server import server_dtype
 
     def onednn_packs(dtype: torch.dtype) -> bool:
         try:
@@ -203,7 +203,7 @@ def test_a_prepacked_matmul_is_onednns_where_it_packs_the_weight_and_torchs_else
     torch.testing.assert_close(matmul(inputs_NK[:1]).float(), got[:1].float())  # other batch sizes too
     called = {event.name for event in profile.events()}
     assert ("_C::onednn_mm" in called) == (ops._supports_onednn and onednn_packs(dtype)), called
-    served_here = torch.bfloat16 if cpu_has_native_bf16() else torch.float32  # the type agentrl serves in here
+    served_here = getattr(torch, server_dtype("auto", gpu=False))  # the type agentrl serves in on this CPU
     if ops._supports_onednn and dtype == served_here:
         assert "_C::onednn_mm" in called, called
 
