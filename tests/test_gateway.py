@@ -78,9 +78,9 @@ def clients(model: agentrl.TrainableModel) -> dict[str, Complete]:
         return completion.choices[0]
 
     async def with_litellm(messages):
-        from agentrl.judges.call import litellm  # imported with its bundled price list: no network at import
+        from agentrl.litellm_loader import load_litellm  # with its bundled price list: no network at import
 
-        response = await litellm.acompletion(
+        response = await load_litellm().acompletion(
             model=f"openai/{name}", api_base=gateway.base_url, api_key=gateway.token, messages=messages, **params
         )
         choice = response.choices[0].model_dump(exclude_none=True)

@@ -102,13 +102,14 @@ def test_inference_name_is_name_at_step():
     assert str(model.run_dir).endswith("p/agent-001")
 
 
-def test_import_agentrl_does_not_load_litellm_until_a_judge_is_used():
+def test_agentrl_does_not_load_litellm_until_a_judge_is_called():
     import subprocess
     import sys
 
-    # litellm takes seconds to import: the child refuses it and records who asked, rather than loading it.
+    # litellm takes ~2 s to import: the child refuses it and records who asked, rather than loading it.
+    # A training step imports agentrl.judges (its audit), so the whole judges package must not load it either.
     code = """
-import importlib.abc, sys
+import asyncio, importlib.abc, sys
 asked = []
 class Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
@@ -117,12 +118,17 @@ class Refuse(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Refuse())
 import agentrl
+import agentrl.judges, agentrl.judges.audit, agentrl.tracking, agentrl.art
 assert not asked, asked
+group = agentrl.TrajectoryGroup(
+    [agentrl.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": a}])
+     for a in ("hello", "hey")]
+)
 try:
-    agentrl.ruler_score_group
-except ImportError:
+    asyncio.run(agentrl.ruler_score_group(group, "openai/judge"))
+except ModuleNotFoundError:
     pass
-assert asked, "using a judge did not import litellm"
+assert asked, "calling a judge did not import litellm"
 """
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -17,6 +17,7 @@ from pydantic import PrivateAttr, model_validator
 import agentrl
 from agentrl.errors import ConfigurationError
 from agentrl.files import check_safe_name, write_json_atomic
+from agentrl.litellm_loader import load_litellm
 from agentrl.model import Backend, served_name
 from agentrl.tracking import ART_METRIC_NAMES, append_metrics, read_metrics, summarize
 from agentrl.trajectory import Trajectory, TrajectoryGroup
@@ -39,7 +40,7 @@ def _with_our_names(data: dict[str, Any]) -> dict[str, Any]:
 
 def _has_provider(name: str) -> bool:
     """Whether `name` starts with a litellm route ("openai/gpt-4.1", "together_ai/..."), which litellm must get unchanged."""
-    import litellm  # here: importing it loads its price map, which scripts that never call it should not wait for
+    litellm = load_litellm()  # here, not at import: scripts that never call it should not wait for it
 
     prefix, slash, _ = name.partition("/")
     return bool(slash) and prefix in {str(p.value) if hasattr(p, "value") else str(p) for p in litellm.provider_list}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,13 +21,8 @@ from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from agentrl.errors import JudgeError
+from agentrl.litellm_loader import load_litellm
 from agentrl.model import JudgeModel
-
-# litellm downloads a model price list at import unless told to use its bundled copy; judging
-# needs no prices, and a machine without internet would wait for the download to time out.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-import litellm  # noqa: E402
-import litellm.exceptions  # noqa: E402
 
 logger = logging.getLogger(__name__)
 AnswerT = TypeVar("AnswerT", bound=BaseModel)
@@ -83,7 +77,7 @@ def _usage(response: Any) -> tuple[int, int]:
 
 def _price(response: Any) -> float | None:
     try:
-        return float(litellm.completion_cost(completion_response=response))
+        return float(load_litellm().completion_cost(completion_response=response))
     except Exception:  # noqa: BLE001  litellm raises a bare Exception for a model missing from its price map
         return None
 
@@ -181,6 +175,7 @@ async def structured_judge_call(
     attempts = prompt_tokens = completion_tokens = 0
     last_invalid = False
     cost_usd: float | None = None
+    litellm = load_litellm()
     try:
         async with limiter.semaphore():
             async for attempt in AsyncRetrying(
