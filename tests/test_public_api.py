@@ -177,3 +177,27 @@ def test_the_command_line_without_the_training_backend_names_the_extra_and_docto
     doctor = subprocess.run([sys.executable, "-c", run, "doctor"], capture_output=True, text=True)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "client install" in doctor.stdout
+
+
+def test_import_agentrl_bounds_openmp_spinning_before_torch_loads_and_keeps_a_users_setting():
+    """libgomp reads GOMP_SPINCOUNT once, when torch loads it: `import agentrl` sets it without loading torch,
+    and the servers it starts inherit it (agentrl.openmp_spin)."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import os, sys
+import agentrl
+assert "torch" not in sys.modules
+from agentrl.backend.serving.server import server_env
+from agentrl.config import ServerConfig
+print(os.environ["GOMP_SPINCOUNT"], server_env(ServerConfig(), gpu=False, api_key="k")["GOMP_SPINCOUNT"])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    unset = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert unset.stdout.split() == ["2000", "2000"]
+    chosen = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "50"}, capture_output=True, text=True, check=True
+    )
+    assert chosen.stdout.split() == ["50", "50"]
