@@ -5,6 +5,10 @@ set. Off means `wandb` is never imported and nothing touches the network. The W&
 the run folder, so a resumed run (after a crash, or a later `agentrl train`) appends to the same W&B
 run. Every metric is logged against `training_step`, so evaluations logged at the step they were
 taken (before and after training) line up with the training curves. `WANDB_MODE=offline` works.
+
+A run's W&B run lives and dies with its process: a process started by one that had set up W&B (a
+notebook running `agentrl train`, a test) starts its own W&B service rather than join the parent's,
+whose service would keep a killed run's id "in use" and refuse the run's resume.
 """
 
 from __future__ import annotations
@@ -19,11 +23,21 @@ from agentrl.errors import AgentRLError
 from agentrl.files import write_text_atomic
 
 RUN_ID_FILE = "wandb_run_id"
+WANDB_SERVICE_ENV = "WANDB_SERVICE"  # where wandb.setup() leaves its service's token for child processes
 
 
 def wandb_requested(setting: bool | None) -> bool:
     """An explicit setting wins; otherwise W&B is on exactly when `WANDB_API_KEY` is set."""
     return setting if setting is not None else bool(os.environ.get("WANDB_API_KEY"))
+
+
+def leave_a_parents_wandb_service() -> None:
+    """Forget a W&B service token inherited from another process (`WANDB_SERVICE`, "3-<pid>-..."), so
+    that W&B starts a service owned by this process; a token this process wrote is kept."""
+    token = os.environ.get(WANDB_SERVICE_ENV, "")
+    owner = token.split("-")[1] if token.count("-") >= 2 else ""
+    if token and owner != str(os.getpid()):
+        del os.environ[WANDB_SERVICE_ENV]
 
 
 class WandbMetrics:
@@ -37,6 +51,7 @@ class WandbMetrics:
                 "W&B reporting is on (wandb=True, or WANDB_API_KEY is set) but wandb is not installed: "
                 "pip install 'agentrl[wandb]', or pass wandb=False to the model"
             ) from error
+        leave_a_parents_wandb_service()
         id_file = run_dir / RUN_ID_FILE
         if id_file.exists():
             run_id = id_file.read_text().strip()

@@ -19,11 +19,12 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+import wandb
 from safetensors.torch import load_file
 
 import agentrl
 from agentrl.dataset import content_ids
-from agentrl.wandb_metrics import RUN_ID_FILE
+from agentrl.wandb_metrics import RUN_ID_FILE, WANDB_SERVICE_ENV
 from agentrl_environments.larger_number.task import rollout, scenarios
 from tests.helpers import group_processes, wandb_history
 
@@ -33,6 +34,17 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
+    # This process has set up W&B before it starts the run, as a notebook might: the child inherits its
+    # service's token, and must not leave its killed W&B run "in use" in this process's service.
+    wandb.setup()
+    assert os.environ[WANDB_SERVICE_ENV].split("-")[1] == str(os.getpid())
+    try:
+        await _kill_a_run_then_resume_it(tmp_path)
+    finally:
+        wandb.teardown()
+
+
+async def _kill_a_run_then_resume_it(tmp_path: Path) -> None:
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.resume_child", str(tmp_path)],
         cwd=ROOT,

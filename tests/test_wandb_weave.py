@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 
 import agentrl
-from agentrl.wandb_metrics import RUN_ID_FILE, WandbMetrics, wandb_requested
+from agentrl.wandb_metrics import (
+    RUN_ID_FILE,
+    WANDB_SERVICE_ENV,
+    WandbMetrics,
+    leave_a_parents_wandb_service,
+    wandb_requested,
+)
 from tests.fake_weave import FakeWeave
 from tests.helpers import wandb_history
 
@@ -43,6 +49,18 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("wandb", "weave")))
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_wandb_service_inherited_from_another_process_is_left_and_our_own_is_kept(monkeypatch):
+    """A killed run's W&B run would stay "in use" in a parent's service and refuse the resume (test_resume)."""
+    parents = f"3-{os.getppid()}-unix-/tmp/wandb-service.sock"
+    monkeypatch.setenv(WANDB_SERVICE_ENV, parents)
+    leave_a_parents_wandb_service()
+    assert WANDB_SERVICE_ENV not in os.environ
+    ours = f"3-{os.getpid()}-tcp-localhost-40123"
+    monkeypatch.setenv(WANDB_SERVICE_ENV, ours)
+    leave_a_parents_wandb_service()
+    assert os.environ[WANDB_SERVICE_ENV] == ours
 
 
 def test_wandb_gets_every_step_by_training_step_and_a_resumed_run_appends(tmp_path, monkeypatch):
