@@ -8,5 +8,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONPATH="$here/avx2_only${PYTHONPATH:+:$PYTHONPATH}"
+# torch.compile's cache keys leave out these caps: a kernel cached by a native run and loaded here (or the
+# other way round) counted 450 where 884 was right (vLLM's compiled logprob-rank count), so keep apart.
+export TORCHINDUCTOR_CACHE_DIR="${TMPDIR:-/tmp}/torchinductor_$(id -un)_avx2_only"
 export ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
 exec "$@"
