@@ -17,6 +17,8 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.helpers import serve_in_thread
+
 BEHAVIOURS = {
     "ok",
     "500",
@@ -60,8 +62,7 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._task_numbers = itertools.count()  # unique across concurrent writer calls (threads answer them)
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        serve_in_thread(self.httpd)
 
     @property
     def base_url(self) -> str:

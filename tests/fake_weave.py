@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.helpers import serve_in_thread
 
 
 class FakeWeave:
@@ -20,8 +21,7 @@ class FakeWeave:
         self.calls: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        serve_in_thread(self.httpd)
 
     @property
     def url(self) -> str:

@@ -11,6 +11,8 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,13 @@ from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.tracking import record_step
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven cats watch from the old stone wall".split()
+
+
+def serve_in_thread(httpd: ThreadingHTTPServer) -> None:
+    """Serve a local stand-in server from a daemon thread. Its shutdown() returns within 10 ms: at
+    serve_forever's default poll of 0.5 s, each test's teardown waited up to half a second."""
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
 
 
 def make_choice(

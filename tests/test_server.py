@@ -4,7 +4,6 @@ import asyncio
 import json
 import os
 import signal
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from agentrl import ServerConfig, ServerError
 from agentrl.backend.serving.server import VLLMServer, server_command, server_env
-from tests.helpers import group_processes
+from tests.helpers import group_processes, serve_in_thread
 
 
 @pytest.mark.slow  # starts a real vLLM server (that fails)
@@ -104,7 +103,7 @@ class _Recorder(BaseHTTPRequestHandler):
 async def test_gpu_sleep_and_wake_send_the_right_requests(tmp_path: Path):
     """Real HTTP against a local recorder standing in for a GPU vLLM (no GPU here)."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    serve_in_thread(httpd)
     sleeper = VLLMServer("/m", tmp_path / "log", ServerConfig(), max_lora_rank=8)
     sleeper.gpu, sleeper.port = True, httpd.server_address[1]
     sleeper.process = psutil.Popen(["sleep", "30"])  # something alive, so requests are allowed
