@@ -33,7 +33,7 @@ from agentrl.files import write_json_atomic
 from agentrl_environments.larger_number.task import evaluate, rollout, scenarios
 from agentrl_environments.larger_number.train import GROUP_SIZE, GROUPS_PER_STEP, LEARNING_RATE
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import RESULTS, cpu_name
+from benchmarks.step_breakdown import RESULTS, cpu_name, precision_label
 
 PIPELINE_RESULTS = RESULTS.with_name("pipeline.json")
 SPREAD_RESULTS = RESULTS.with_name("pipeline_spread.json")
@@ -94,7 +94,8 @@ async def run_mode(
             for step in [0, *range(eval_every, steps + 1, eval_every)]:
                 name = f"eval-{step}@{step}"
                 await backend.server.load_adapter(name, backend.session(model).store.path(step))
-                judged = agentrl.Model(name=name, base_url=backend.base_url, api_key="agentrl")
+                endpoint = backend.endpoint(model)  # the gateway's sampling token
+                judged = agentrl.Model(name=name, base_url=endpoint.base_url, api_key=endpoint.api_key)
                 rewards[step] = agentrl.tracking.summarize(await evaluate(judged, test))["reward_mean"]
                 await backend.server.unload_adapter(name)
                 print(f"{label}: held-out reward at step {step}: {rewards[step]:.3f}", flush=True)
@@ -143,6 +144,11 @@ def timeline_model(sync: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def machine() -> str:
+    """This machine as the tables name it: its number format (bf16 or float32), CPU and cores."""
+    return f"{precision_label()}: {cpu_name()}, {os.cpu_count()} cores"
+
+
 def fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
@@ -157,14 +163,14 @@ def main() -> None:
         spread = [asyncio.run(run_mode(off, args.steps, args.steps, tis)) for off, tis in SPREAD_VARIANTS]
         keep = ("mode", "max_steps_off_policy", "steps", "held_out_reward", "staleness_mean")
         runs = [{key: run[key] for key in keep} for run in spread]
-        write_json_atomic(SPREAD_RESULTS, {"machine": f"{cpu_name()}, {os.cpu_count()} cores", "runs": runs})
+        write_json_atomic(SPREAD_RESULTS, {"machine": machine(), "runs": runs})
         for run in runs:
             print(run)
         return
     runs = [asyncio.run(run_mode(mode, args.steps, args.eval_every)) for mode in (None, 1, 2)]
     model = timeline_model(runs[0])
     result = {
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "date": datetime.date.today().isoformat(),
         "runs": runs,
         "timeline_model": model,
