@@ -93,29 +93,29 @@ def attempt(base_path: str, mode: str, count: int, kill_after_s: float | None) -
                 resumed.set()
         resumed.set()  # it ended without resuming
 
+    def first(prefix: str) -> tuple[float, str] | None:
+        return next(((at, line) for at, line in stamped if line.startswith(prefix)), None)
+
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     killed_at_s = None
     if kill_after_s is not None:
         resumed.wait()
-        resumed_at = next((at for at, line in stamped if line.startswith("RESUMED")), None)
-        if resumed_at is not None:
-            time.sleep(max(0.0, resumed_at + kill_after_s - time.monotonic()))
+        if (resumed_line := first("RESUMED")) is not None:
+            time.sleep(max(0.0, resumed_line[0] + kill_after_s - time.monotonic()))
             if process.poll() is None:
                 process.kill()  # SIGKILL: no cleanup runs; its server and ranks notice and stop
-                killed_at_s = round(time.monotonic() - resumed_at, 1)
+                killed_at_s = round(time.monotonic() - resumed_line[0], 1)
     process.wait()
     reader.join()
-    lines = [line for _, line in stamped]
-    resumed_at = next((at for at, line in stamped if line.startswith("RESUMED")), None)
-    done_at = next((at for at, line in stamped if line.startswith("DONE ")), None)
+    resumed_line, done_line = first("RESUMED"), first("DONE ")
     return {
         "seconds": round(time.monotonic() - started, 1),
         "killed_after_s": killed_at_s,
-        "resumed": next((line for line in lines if line.startswith("RESUMED")), None),
-        "steps_committed": [line for line in lines if line.startswith("STEP")],
-        "trained": next((json.loads(line[5:]) for line in lines if line.startswith("DONE ")), None),
-        "ran_s": round(done_at - resumed_at, 1) if done_at is not None and resumed_at is not None else None,
+        "resumed": resumed_line[1] if resumed_line else None,
+        "steps_committed": [line for _, line in stamped if line.startswith("STEP")],
+        "trained": json.loads(done_line[1][5:]) if done_line else None,
+        "ran_s": round(done_line[0] - resumed_line[0], 1) if done_line and resumed_line else None,
     }
 
 
