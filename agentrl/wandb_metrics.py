@@ -31,12 +31,16 @@ def wandb_requested(setting: bool | None) -> bool:
     return setting if setting is not None else bool(os.environ.get("WANDB_API_KEY"))
 
 
+def wandb_service_owner() -> int | None:
+    """The pid of the process that started the W&B service named in `WANDB_SERVICE` ("3-<pid>-..."); None if unset."""
+    parts = os.environ.get(WANDB_SERVICE_ENV, "").split("-")
+    return int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
+
+
 def leave_a_parents_wandb_service() -> None:
-    """Forget a W&B service token inherited from another process (`WANDB_SERVICE`, "3-<pid>-..."), so
-    that W&B starts a service owned by this process; a token this process wrote is kept."""
-    token = os.environ.get(WANDB_SERVICE_ENV, "")
-    owner = token.split("-")[1] if token.count("-") >= 2 else ""
-    if token and owner != str(os.getpid()):
+    """Forget a W&B service token inherited from another process, so that W&B starts a service owned by
+    this process; a token this process wrote is kept."""
+    if os.environ.get(WANDB_SERVICE_ENV) and wandb_service_owner() != os.getpid():
         del os.environ[WANDB_SERVICE_ENV]
 
 

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 import agentrl
 from agentrl.dataset import content_ids
-from agentrl.wandb_metrics import RUN_ID_FILE, WANDB_SERVICE_ENV
+from agentrl.wandb_metrics import RUN_ID_FILE, wandb_service_owner
 from agentrl_environments.larger_number.task import rollout, scenarios
 from tests.helpers import group_processes, wandb_history
 
@@ -38,7 +38,7 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
     # service's token, and must not leave its killed W&B run "in use" in this process's service. (Not torn
     # down after: the resumed run below uses that service, as it did before this setup was added.)
     wandb.setup()
-    assert os.environ[WANDB_SERVICE_ENV].split("-")[1] == str(os.getpid())
+    assert wandb_service_owner() == os.getpid()
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.resume_child", str(tmp_path)],
         cwd=ROOT,
