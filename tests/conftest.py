@@ -14,6 +14,12 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
+def pytest_configure(config):
+    from tests import xdist_groups
+
+    config.pluginmanager.register(xdist_groups, "agentrl-xdist-groups")  # `-n 2 --dist loadgroup`
+
+
 @pytest.fixture(scope="session")
 def base_model_path() -> str:
     from agentrl.base_models import resolve_base_model
@@ -91,15 +97,19 @@ SERVER_FIXTURES = {"served_model"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test on the shared server is slow: the fast tier (`-m "not slow"`) starts no server."""
+    """Every test on the shared server is slow: the fast tier (`-m "not slow"`) starts no server. Under
+    `-n 2 --dist loadgroup` the slow tests share one worker (tests/xdist_groups.py)."""
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("slow"))
 
 
 def pytest_collection_finish(session):
-    """After `-m` has chosen the tests: a run with slow tests gets the session's vLLM zygote."""
-    if any(item.get_closest_marker("slow") for item in session.items):
+    """After `-m` has chosen the tests: a run with slow tests gets the session's vLLM zygote. An xdist worker
+    collects every test but may run none of the slow ones, so it starts the zygote at its first slow test."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") and any(item.get_closest_marker("slow") for item in session.items):
         _start_zygote()
 
 
@@ -125,6 +135,7 @@ def _start_zygote() -> None:
 def _fast_tests_start_no_server(request, monkeypatch):
     """A test outside the slow tier that starts a vLLM server fails, naming the fix, so the fast tier stays fast."""
     if request.node.get_closest_marker("slow") is not None:
+        _start_zygote()  # started already, unless this is an xdist worker's first slow test
         return
 
     async def refuse(self, *args, **kwargs):
