@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -240,12 +241,21 @@ def wandb_records(path: Path) -> list:
     return records
 
 
-def wandb_history(run_dir: Path) -> dict[str, list[dict]]:
-    """{W&B run id: [history rows]} for every offline W&B run written under `run_dir`."""
+def wandb_history(run_dir: Path, timeout_s: float = 30.0) -> dict[str, list[dict]]:
+    """{W&B run id: [history rows]} for every offline W&B run written under `run_dir`, once each run file
+    ends with its exit record: `run.finish()` returns before W&B's service has written the file's last
+    records (a CI run under load read a resumed run's file without its history row)."""
     runs: dict[str, list[dict]] = {}
-    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+    paths = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    deadline = time.monotonic() + timeout_s
+    for path in paths:
+        records = wandb_records(path)
+        while not records or records[-1].WhichOneof("record_type") != "exit":
+            assert time.monotonic() < deadline, f"{path} has no exit record after {timeout_s} s"
+            time.sleep(0.05)
+            records = wandb_records(path)
         rows = runs.setdefault(path.stem.removeprefix("run-"), [])
-        for record in wandb_records(path):
+        for record in records:
             if record.WhichOneof("record_type") == "history":
                 rows.append(
                     {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
