@@ -241,21 +241,23 @@ def wandb_records(path: Path) -> list:
     return records
 
 
-def wandb_history(run_dir: Path, timeout_s: float = 30.0) -> dict[str, list[dict]]:
-    """{W&B run id: [history rows]} for every offline W&B run written under `run_dir`, once each run file
-    ends with its exit record: `run.finish()` returns before W&B's service has written the file's last
-    records (a CI run under load read a resumed run's file without its history row)."""
-    runs: dict[str, list[dict]] = {}
+def wandb_history(run_dir: Path, *, killed: int = 0, timeout_s: float = 30.0) -> dict[str, list[dict]]:
+    """{W&B run id: [history rows]} for every offline W&B run written under `run_dir`, once all but `killed`
+    of the run files end with their exit record: `run.finish()` returns before W&B's service has written
+    a file's last records (a CI run under load read a resumed run without its history row)."""
     paths = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     deadline = time.monotonic() + timeout_s
+    while True:
+        records = {path: wandb_records(path) for path in paths}
+        ended = sum(1 for r in records.values() if r and r[-1].WhichOneof("record_type") == "exit")
+        if ended >= len(paths) - killed:
+            break
+        assert time.monotonic() < deadline, f"{len(paths) - ended} of {len(paths)} W&B run files have no exit record"
+        time.sleep(0.05)
+    runs: dict[str, list[dict]] = {}
     for path in paths:
-        records = wandb_records(path)
-        while not records or records[-1].WhichOneof("record_type") != "exit":
-            assert time.monotonic() < deadline, f"{path} has no exit record after {timeout_s} s"
-            time.sleep(0.05)
-            records = wandb_records(path)
         rows = runs.setdefault(path.stem.removeprefix("run-"), [])
-        for record in records:
+        for record in records[path]:
             if record.WhichOneof("record_type") == "history":
                 rows.append(
                     {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}

@@ -130,7 +130,7 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
 
     # W&B: the resumed process appended to the killed one's W&B run, at the step it resumed from.
     assert len(list(model.run_dir.glob("wandb/offline-run-*"))) == 2  # the killed process's and ours
-    runs = wandb_history(model.run_dir)
+    runs = wandb_history(model.run_dir, killed=1)  # the killed process never wrote its exit record
     assert list(runs) == [(model.run_dir / RUN_ID_FILE).read_text()]
     assert {"training_step": 1, "val/reward_mean": 0.5} in [
         {k: r[k] for k in ("training_step", "val/reward_mean") if k in r} for r in runs[next(iter(runs))]
