@@ -109,7 +109,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """After `-m` has chosen the tests: a run with slow tests gets the session's vLLM zygote. An xdist worker
     collects every test but may run none of the slow ones, so it starts the zygote at its first slow test."""
-    if not os.environ.get("PYTEST_XDIST_WORKER") and any(item.get_closest_marker("slow") for item in session.items):
+    if not hasattr(session.config, "workerinput") and any(item.get_closest_marker("slow") for item in session.items):
         _start_zygote()
 
 
@@ -133,7 +133,8 @@ def _start_zygote() -> None:
 
 @pytest.fixture(autouse=True)
 def _fast_tests_start_no_server(request, monkeypatch):
-    """A test outside the slow tier that starts a vLLM server fails, naming the fix, so the fast tier stays fast."""
+    """A test outside the slow tier that starts a vLLM server fails, naming the fix, so the fast tier stays fast;
+    a slow test gets the session's zygote."""
     if request.node.get_closest_marker("slow") is not None:
         _start_zygote()  # started already, unless this is an xdist worker's first slow test
         return
