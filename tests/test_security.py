@@ -168,9 +168,11 @@ async def test_a_retried_or_stale_step_request_is_applied_once(service, monkeypa
 
 
 async def test_a_remote_backend_asks_again_for_a_lost_answer_and_the_step_applies_once(service, monkeypatch):
-    applied = stand_in_step(service, monkeypatch, seconds=0.5)  # longer than the client waits for an answer
+    # The step outlasts the client's wait for an answer (1 s) and ends before its first retry (after 1 s more);
+    # that wait is also get_step's, so it must hold under a loaded machine (0.2 s did not, once).
+    applied = stand_in_step(service, monkeypatch, seconds=1.5)
     model = service.models[("remote", "agent")]
-    async with agentrl.RemoteBackend(service.url, token=ADMIN, timeout_s=0.2, step_retries=3) as backend:
+    async with agentrl.RemoteBackend(service.url, token=ADMIN, timeout_s=1.0, step_retries=3) as backend:
         assert await backend.get_step(model) == 4
         result = await backend.train(model, [], agentrl.TrainConfig())
     assert result.step == 5 and applied == [5]
