@@ -3,6 +3,7 @@
 The tests share one served model and run in file order: token checks first, then training.
 """
 
+import asyncio
 import math
 import statistics
 
@@ -32,14 +33,17 @@ async def sample(model, messages, *, temperature=1.0, max_tokens=32):
 
 async def test_trainer_trains_on_exactly_the_sampled_tokens_and_agrees_on_logprobs(served_model):
     trainer = served_model._backend.trainer
-    trajectories = []
-    for index, question in enumerate(["Name a colour.", "What is the capital of France?", "Count to five.", "Say hi."]):
+
+    async def conversation(index: int, question: str) -> agentrl.Trajectory:
         traj = agentrl.Trajectory(messages_and_choices=[{"role": "user", "content": question}])
         traj.messages_and_choices.append(await sample(served_model, traj.messages()))
         if index % 2 == 0:  # multi-turn: a second sampled turn after a user follow-up
             traj.messages_and_choices.append({"role": "user", "content": "Now say it differently."})
             traj.messages_and_choices.append(await sample(served_model, traj.messages()))
-        trajectories.append(traj)
+        return traj
+
+    questions = ["Name a colour.", "What is the capital of France?", "Count to five.", "Say hi."]
+    trajectories = await asyncio.gather(*(conversation(i, q) for i, q in enumerate(questions)))
 
     gaps = []
     for traj in trajectories:

@@ -183,7 +183,7 @@ async def test_a_judge_trained_beside_the_policy_changes_its_held_out_agreement_
     held_out = labelled_groups("test", 6, seed=2)
     before = await agentrl.check_judge(held_out, judge, **settings)
     examples = examples_from_groups(labelled_groups("train", 16, seed=1), rubric=RUBRIC)
-    result = await train_judge(judge, examples, agentrl.SFTConfig(epochs=2, batch_size=8, learning_rate=2e-3))
+    result = await train_judge(judge, examples, agentrl.SFTConfig(epochs=1, batch_size=8, learning_rate=2e-3))
     assert result.step == 1 and await judge.get_step() == 1
     # Then RL on agreement: the judge's own sampled answers, rewarded by how they order the labels.
     (rl,) = await train_judge_rl(judge, examples, steps=1, examples_per_step=4, samples_per_example=4, max_tokens=200)
@@ -195,7 +195,8 @@ async def test_a_judge_trained_beside_the_policy_changes_its_held_out_agreement_
         f"\ntrained judge, held-out pairwise accuracy {before.pairwise_accuracy.value:.2f} -> "
         f"{after.pairwise_accuracy.value:.2f}, mean score by position {before.position_mean_score} -> "
         f"{after.position_mean_score}, failed calls {before.failed_calls} -> {after.failed_calls} of {after.calls}, "
-        f"RL agreement {rl.metrics['reward_mean']:.2f}{' (skipped: no variance)' if rl.skipped else ''}"
+        f"RL agreement {rl.metrics['reward_mean']:.2f}{' (skipped: no variance)' if rl.skipped else ''}, "
+        f"RL answers parsed {recorded['judge_answer_parsed']:.2f}"
     )
     # Greedy judging is deterministic, so whatever moved, the adapter moved it (the untrained judge
     # ties or fails; benchmarks/judge_training.py follows accuracy further).

@@ -104,11 +104,11 @@ def _compare_one_and_two_ranks(base_model_path, tokenizer, two_ranks, tmp_path):
         torch.testing.assert_close(value, start[key], rtol=0, atol=0)  # same seed, same step-0 adapter
 
     # One sequence per micro-batch (a budget of 1 token): one rank and two run the very same forward
-    # passes, so only the order in which fp32 gradients are summed differs. The second step has 9
-    # sequences, so one rank has a micro-batch more than the other (sharded: the other joins its
-    # layer gathers with an idle pass), and a KL penalty (a reference pass with the adapter off).
+    # passes, so only the order in which fp32 gradients are summed differs. The first step has 4
+    # sequences, 2 per rank; the second 9, so one rank has a micro-batch more than the other (sharded: the
+    # other joins its layer gathers with an idle pass), and a KL penalty (a reference pass with the adapter off).
     steps = [
-        (synthetic_groups(tokenizer, seed=0, size=4), agentrl.TrainConfig(learning_rate=1e-3, micro_batch_tokens=1)),
+        (synthetic_groups(tokenizer, seed=0, size=2), agentrl.TrainConfig(learning_rate=1e-3, micro_batch_tokens=1)),
         (
             synthetic_groups(tokenizer, seed=1, size=3),
             agentrl.TrainConfig(learning_rate=1e-3, micro_batch_tokens=1, kl_coef=0.1, mismatch_token_mask=(0.5, 2.0)),
@@ -211,13 +211,13 @@ def test_a_rank_on_another_host_that_is_gone_stops_the_ranks_and_names_its_host(
     """Killed, its connection closes; frozen (as behind a network that stopped answering), it falls silent."""
     port, token = free_port(), secrets.token_urlsafe(16)
     other_host = join_from_another_host(tmp_path_factory.mktemp("other-host"), port, token)
-    join = JoinPoint("127.0.0.1", port, token, 1, silence_s=10)
+    join = JoinPoint("127.0.0.1", port, token, 1, silence_s=6)  # the least it takes: 3 heartbeats
     ranks = TrainerRanks(base_model_path, ranks=2, join=join, startup_timeout_s=180)
     try:
         ranks.add_adapter("default", agentrl.LoRAConfig())
         os.killpg(other_host.pid, signal.SIGKILL if gone == "killed" else signal.SIGSTOP)
         why = (
-            "closed its connection during train_step" if gone == "killed" else "sent nothing for 10 s during train_step"
+            "closed its connection during train_step" if gone == "killed" else "sent nothing for 6 s during train_step"
         )
         pattern = rf"trainer rank 1 on host {socket.gethostname()} \(pid {ranks.pids[1]}\) {why}"
         with pytest.raises(agentrl.TrainingError, match=pattern):
