@@ -1,5 +1,6 @@
 """The judge-only environment: shipped tasks, code checks, a user's task file, the CLI, and the real loop."""
 
+import asyncio
 import json
 
 import pytest
@@ -110,13 +111,13 @@ async def test_rubric_environment_trains_on_judge_rewards_and_the_judge_is_check
         rollout(served_model, tasks[0], judge=judge, max_tokens=48) for _ in range(3)
     )
     ruler_group = agentrl.TrajectoryGroup(rollout(served_model, tasks[1], max_tokens=48) for _ in range(3))
-    (judged_by_rubric,) = await agentrl.gather_trajectory_groups(
-        [rubric_group], max_exception_rate=0.67, show_progress=False
-    )
-    (judged_by_ruler,) = await agentrl.gather_trajectory_groups(
-        [ruler_group],
-        after_each=ruler_rewards(served_model, None, {t.task_id: t for t in tasks}, with_rubrics=True),
-        show_progress=False,
+    (judged_by_rubric,), (judged_by_ruler,) = await asyncio.gather(  # both at once: the server batches them
+        agentrl.gather_trajectory_groups([rubric_group], max_exception_rate=0.67, show_progress=False),
+        agentrl.gather_trajectory_groups(
+            [ruler_group],
+            after_each=ruler_rewards(served_model, None, {t.task_id: t for t in tasks}, with_rubrics=True),
+            show_progress=False,
+        ),
     )
     assert judged_by_rubric.trajectories, f"the local judge failed every answer: {judged_by_rubric.exceptions}"
     for t in judged_by_rubric.trajectories:
