@@ -56,6 +56,8 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 """How long a rank waits in a collective for the others (a longer step than this would be cut off)."""
 POLL_S = 0.5
 """How often the driver checks that every rank still lives while it waits for answers."""
+FAILED_GRACE_S = 2.0
+"""Ranks' time to stop once one failed: one waiting in a collective for it never answers, so it is killed sooner."""
 
 
 def rank_devices(device: str | None, ranks: int, *, gpu_count: int) -> list[str]:
@@ -381,15 +383,15 @@ class TrainerRanks:
             f"{why}; all trainer ranks were stopped. Nothing after the last checkpoint was saved: close the "
             "backend and register the model again to resume from it"
         )
-        self.close()
+        self.close(grace_s=FAILED_GRACE_S)
         raise TrainingError(self._broken)
 
-    def close(self) -> None:
-        """Stop the ranks (asked, then killed after a few seconds) and remove their rendezvous folder."""
+    def close(self, grace_s: float = 10.0) -> None:
+        """Stop the ranks (asked, then killed after `grace_s`) and remove their rendezvous folder."""
         for connection in self._connections:
             with contextlib.suppress(OSError, BrokenPipeError):
                 connection.send(("stop", (), {}))
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + grace_s
         for link in self._links:
             link.settle(max(0.0, deadline - time.monotonic()))
             link.stop()
