@@ -208,8 +208,8 @@ async def test_a_failed_load_on_one_replica_is_unloaded_from_all_and_a_retry_loa
 # --- Medium 6 and 7, low items: the gateway's bounds and its own completion ids ----------------------------------
 
 
-@pytest.fixture
-async def gateway():
+async def bounded_gateway():
+    """A gateway with small bounds in front of a fake vLLM (`.fake`), and a client with the sampling token."""
     with FakeVLLM() as upstream:
         gateway = Gateway(token=SAMPLING, limits=GatewayLimits(max_body_bytes=1 << 20, max_in_flight_per_replica=2))
         await gateway.start()
@@ -221,6 +221,11 @@ async def gateway():
         yield gateway
         await gateway.client.aclose()
         await gateway.stop()
+
+
+gateway = pytest.fixture(bounded_gateway)
+refusing_gateway = pytest.fixture(scope="module")(bounded_gateway)
+"""One for the module's requests that must be refused before vLLM sees them (a stop takes ~0.3 s; 13 of them)."""
 
 
 CHAT = {"model": "agent@2", "messages": [{"role": "user", "content": "hi"}]}
@@ -238,10 +243,10 @@ REFUSED = [
 
 
 @pytest.mark.parametrize(("body", "message"), REFUSED)
-async def test_sizes_past_the_bounds_are_refused_before_vllm_sees_them(gateway, body, message):
-    response = await gateway.client.post("/chat/completions", json=body)
+async def test_sizes_past_the_bounds_are_refused_before_vllm_sees_them(refusing_gateway, body, message):
+    response = await refusing_gateway.client.post("/chat/completions", json=body)
     assert response.status_code == 400 and message in response.json()["error"]["message"]
-    assert gateway.fake.received == []
+    assert refusing_gateway.fake.received == []
 
 
 async def test_a_text_completions_logprobs_are_bounded_too(gateway):
@@ -259,8 +264,8 @@ async def test_a_text_completions_logprobs_are_bounded_too(gateway):
         (b"[1, 2]", "must be a JSON object"),
     ],  # fmt: skip
 )
-async def test_malformed_bodies_get_a_400_not_a_reset_connection(gateway, content, message):
-    response = await gateway.client.post("/chat/completions", content=content)
+async def test_malformed_bodies_get_a_400_not_a_reset_connection(refusing_gateway, content, message):
+    response = await refusing_gateway.client.post("/chat/completions", content=content)
     assert response.status_code == 400 and message in response.json()["error"]["message"]
 
 
