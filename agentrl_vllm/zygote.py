@@ -3,8 +3,8 @@
 Importing `vllm.entrypoints.openai.api_server` is about half of a CPU server's start (5.6 s of 11 s
 on a 2-core bf16 EPYC). A session that starts many servers (the test suite, its notebooks and CLI
 runs) pays it once here; agentrl uses the zygote when AGENTRL_VLLM_ZYGOTE names its socket
-(`agentrl.backend.serving.zygote`), for the servers it would start with a forked engine (one replica,
-one rank, on a CPU): nothing in them binds threads to cores before the model loads.
+(`agentrl.backend.serving.zygote`), for its CPU servers: nothing here binds threads to cores (a server of
+one replica and one rank runs its model in the forked process; replicas spawn the workers that bind them).
 
 Protocol, over a Unix socket, one connection per server: the client sends one JSON line
 `{"argv": [...], "env": {...}, "cwd": dir, "log": path}`; the zygote answers `{"pid": N}` once the server is

@@ -233,7 +233,7 @@ class VLLMServer:
         with open(self.log_path, "ab") as log:
             log.write(f"\n$ {' '.join(command)}\n".encode())
             log.flush()
-            if zygote is not None and env.get(FORK_ENGINE_ENV) == "1" and not self.placement:
+            if zygote is not None and not self.gpu:
                 process = await fork_server(zygote, command[3:], env, self.log_path)  # command[:3]: python -m module
             if process is None:
                 process = subprocess.Popen(
