@@ -2,9 +2,10 @@
 
 Opt-in: where AGENTRL_VLLM_ZYGOTE names a zygote's socket, `VLLMServer.start` forks each CPU server
 from that zygote instead of starting a fresh Python that imports vLLM again: about 5 s less per start
-on a 2-core CPU (a replica's engine and worker, which bind cores, are still spawned by it). The test suite starts one for the session. The handle it
-returns answers like the `subprocess.Popen` it replaces (pid, poll, wait, returncode), and the server
-ends when this process closes the handle's connection, or dies.
+on a 2-core CPU (a replica's engine and worker, which bind cores, are still spawned by it). The test
+suite starts one for the session. The handle it returns answers like the `subprocess.Popen` it
+replaces (pid, poll, wait, returncode), and the server ends when this process closes the handle's
+connection, or dies.
 """
 
 from __future__ import annotations
