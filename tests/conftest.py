@@ -109,7 +109,9 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """After `-m` has chosen the tests: a run with slow tests gets the session's vLLM zygote. An xdist worker
     collects every test but may run none of the slow ones, so it starts the zygote at its first slow test."""
-    if not hasattr(session.config, "workerinput") and any(item.get_closest_marker("slow") for item in session.items):
+    from tests.xdist_groups import is_worker
+
+    if not is_worker(session.config) and any(item.get_closest_marker("slow") for item in session.items):
         _start_zygote()
 
 
@@ -182,7 +184,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def _check_nothing_left_behind(session) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n 2`: the controller checks, once every worker is done
+    from tests.xdist_groups import is_worker
+
+    if is_worker(session.config):  # `-n 2`: the controller checks, once every worker is done
         return
     leftovers = _left_behind()
     if not leftovers:

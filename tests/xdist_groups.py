@@ -25,17 +25,18 @@ def _loadgroup(config: pytest.Config) -> bool:
     return config.getoption("dist", default="no") == "loadgroup"
 
 
-def _is_worker(config: pytest.Config) -> bool:
+def is_worker(config: pytest.Config) -> bool:
+    """This process is a pytest-xdist worker (by its config: a nested pytest inherits its environment)."""
     return hasattr(config, "workerinput")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if _loadgroup(config) and not _is_worker(config):  # the controller, before it starts its workers
+    if _loadgroup(config) and not is_worker(config):  # the controller, before it starts its workers
         os.environ[GROUPS_ENV] = tempfile.mkdtemp(prefix="agentrl-groups-")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _loadgroup(config) and not _is_worker(config) and GROUPS_ENV in os.environ:
+    if _loadgroup(config) and not is_worker(config) and GROUPS_ENV in os.environ:
         shutil.rmtree(os.environ.pop(GROUPS_ENV), ignore_errors=True)
 
 
@@ -49,7 +50,7 @@ def _group(item: pytest.Item) -> str | None:
 @pytest.hookimpl(trylast=True)  # after conftest.py has marked the slow tests
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     folder = os.environ.get(GROUPS_ENV)
-    if folder and _is_worker(config):  # set by a controller under loadgroup (a worker's own `dist` says "no")
+    if folder and is_worker(config):  # set by a controller under loadgroup (a worker's own `dist` says "no")
         groups = {item.nodeid: group for item in items if (group := _group(item))}
         write_json_atomic(Path(folder) / f"{config.workerinput['workerid']}.json", groups)
 
