@@ -45,7 +45,7 @@ from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
 from agentrl_environments.larger_number.task import Scenario, reward, rollout, scenarios
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import cpu_name, precision_label
+from benchmarks.step_breakdown import cpu_name, load_results_by_machine, machine_key, precision_label
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "compare_trl.json"
@@ -192,9 +192,10 @@ async def side_by_side(reps: int, steps: int) -> dict[str, Any]:
 
 
 def readme_table(results: dict[str, Any]) -> str:
-    """One table per number format (each measured on a machine of its kind)."""
+    """One table per number format and machine."""
     lines = [START]
-    for format_name, result in results.items():
+    for result in results.values():
+        format_name = result["precision"]
         low, high = result["speedup_range"]
         lines += [
             f"**{format_name}** (both frameworks): TRL {result['trl_version']} `GRPOTrainer` and agentrl timed "
@@ -217,14 +218,6 @@ def readme_table(results: dict[str, Any]) -> str:
     return "\n".join([*lines[:-1], END])
 
 
-def load_results() -> dict[str, Any]:
-    """Results by number format; a file from before formats were kept apart held one bf16 result."""
-    if not RESULTS.exists():
-        return {}
-    saved = json.loads(RESULTS.read_text())
-    return {"bf16": saved} if "reps" in saved else saved
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3)
@@ -235,9 +228,9 @@ def main() -> None:
     if args.trl_only:
         print(json.dumps(run_trl(args.steps, args.seed)))
         return
-    results = load_results()
+    results = load_results_by_machine(RESULTS, "reps")
     result = asyncio.run(side_by_side(args.reps, args.steps))
-    results[result["precision"]] = result
+    results[machine_key(result)] = result
     write_json_atomic(RESULTS, results)
     replace_section(START, END, readme_table(results))
     print(json.dumps(result, indent=2))

@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -125,7 +126,7 @@ async def run(steps: int, groups_per_step: int, group_size: int) -> dict:
 
 
 def readme_table(results: dict[str, dict]) -> str:
-    """One row per number format, each from a machine of that kind."""
+    """One row per number format and machine."""
     lines = [
         START,
         "Measured by `benchmarks/step_breakdown.py` (8 groups x 8 rollouts per step, max 16 new tokens; means over "
@@ -135,13 +136,13 @@ def readme_table(results: dict[str, dict]) -> str:
         "trained tok/s (all / loss) | tokens computed | peak RSS trainer / vLLM |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for precision, result in results.items():
+    for result in results.values():
         means = result["mean_over_steps"]
         measured = [r for r in result["steps"][1:] if not r["skipped"]] or result["steps"]
         recorded = all("forward_tokens" in r for r in measured)  # not before shared-prefix packing existed
         computed = sum(r.get("forward_tokens", 0) for r in measured) / max(sum(r["total_tokens"] for r in measured), 1)
         lines.append(
-            f"| {precision}: {result['machine']}, {result['date']} | {means['step_s']:.1f} s | {means['rollout_s']:.1f} s "
+            f"| {machine_key(result)}, {result['date']} | {means['step_s']:.1f} s | {means['rollout_s']:.1f} s "
             f"| {means['tokenize_s']:.2f} s | {means['train_s']:.1f} s | {means['save_s']:.2f} s | {means['swap_s']:.2f} s "
             f"| {result['sampled_tok_per_s']:.0f} | {result['trained_tok_per_s']:.0f} / {result['loss_tok_per_s']:.0f} "
             f"| {f'{computed:.0%}' if recorded else 'not recorded'} | {result['peak_rss_gib']['trainer_process']:.1f} / "
@@ -150,12 +151,20 @@ def readme_table(results: dict[str, dict]) -> str:
     return "\n".join([*lines, END])
 
 
-def load_results() -> dict[str, dict]:
-    """Results by number format; a file from before formats were kept apart held one bf16 result."""
-    if not RESULTS.exists():
+def machine_key(result: dict[str, Any]) -> str:
+    """A result's key in a results file: its number format and machine, so each kind of CPU keeps its own row."""
+    return f"{result['precision']}: {result['machine']}"
+
+
+def load_results_by_machine(path: Path, single_result_field: str) -> dict[str, dict]:
+    """A benchmark's results keyed by `machine_key`. Older files held one result (it has
+    `single_result_field`) or were keyed by number format alone; both are read into the new keys."""
+    if not path.exists():
         return {}
-    saved = json.loads(RESULTS.read_text())
-    return {"bf16": saved} if "steps" in saved else saved
+    saved = json.loads(path.read_text())
+    if single_result_field in saved:
+        saved = {"bf16": {"precision": "bf16", **saved}}
+    return {machine_key({"precision": key, **result}): result for key, result in saved.items()}
 
 
 def main() -> None:
@@ -164,9 +173,9 @@ def main() -> None:
     parser.add_argument("--groups-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     args = parser.parse_args()
-    results = load_results()
+    results = load_results_by_machine(RESULTS, "steps")
     result = asyncio.run(run(args.steps, args.groups_per_step, args.group_size))
-    results[result["precision"]] = result
+    results[machine_key(result)] = result
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(RESULTS, results)
     replace_section(START, END, readme_table(results))

@@ -247,32 +247,47 @@ def test_demonstrations_that_start_alike_train_as_they_would_unshared(tiny_train
 @pytest.mark.slow  # full steps of the packaged model: the tiny-model tests above keep it in the fast tier
 def test_packed_step_gives_the_unshared_loss_and_gradients_packaged_model(base_model_path, tokenizer):
     """Packing is exact arithmetic, so the loss with KL and every gradient are compared in float32, to 1e-4.
-    Where the CPU has bf16 the packed step runs in bf16 too and its loss and entropy sums agree within 2%
-    without KL. Not closer: on a bf16 EPYC (2026-11-28) each bf16 path's LoRA gradients sit a median 8-11%
-    (at most 16-28%) from float32's, packed or not, and the KL penalty (the policy and reference passes
-    rounding differently) came out 9% apart between the two paths."""
+    Where the CPU has bf16 the step runs in bf16 both ways too, and each way is held to the float32 step:
+    bf16 rounding alone moves the two ways apart, in either direction, so their gap to each other says
+    little. Measured without KL (its policy and reference passes round differently again): on an Intel
+    Xeon with AMX (2026-12-01) the loss sat 4.9% (unshared) and 3.0% (packed) from float32's, on either
+    side of it, 8% apart; the entropy 0.2% and 0.1%; the LoRA gradients a median 12% and 14%. On a bf16
+    EPYC (2026-11-28) the two ways' losses were within 2% of each other and their gradients 8-11% from
+    float32's. A wrong mask or position moves the entropy by far more than rounding does."""
     trainer = perturbed_trainer(base_model_path)
     groups = synthetic_groups(tokenizer, seed=5, size=4) + multi_turn_groups(tokenizer)
     sequences = tokenize_groups(groups, [[1.0, -1.0, 0.5, -0.5]] * len(groups), tokenizer).sequences
     config = agentrl.TrainConfig(loss="ppo", kl_coef=0.1, truncated_importance_sampling=2.0)
 
-    def assert_packing_agrees(config: agentrl.TrainConfig, tolerance: float, *, gradients: bool = True) -> None:
+    def both_ways(config: agentrl.TrainConfig):
         plain_sums, plain_grads, plain_plan = gradients_and_metrics(
             trainer, sequences, config.model_copy(update={"shared_prefix": False})
         )
         packed_sums, packed_grads, packed_plan = gradients_and_metrics(trainer, sequences, config)  # None: auto
         assert packed_plan.packed  # the shared prompts save well over 10%
         assert packed_plan.forward_tokens < 0.7 * plain_plan.forward_tokens
-        for key in ("loss", "entropy", "kl_penalty"):
-            assert packed_sums[key] == pytest.approx(plain_sums[key], rel=tolerance, abs=1e-6), key
-        for packed, plain in zip(packed_grads, plain_grads, strict=True) if gradients else ():
-            assert relative_gap(packed, plain) <= tolerance
+        return (plain_sums, plain_grads), (packed_sums, packed_grads)
 
-    if trainer.bf16:
-        assert_packing_agrees(config.model_copy(update={"kl_coef": 0.0}), 0.02, gradients=False)
+    without_kl = config.model_copy(update={"kl_coef": 0.0})
+    bf16_ways = both_ways(without_kl) if trainer.bf16 else ()
     trainer.bf16 = False
     trainer._base.float()
-    assert_packing_agrees(config, 1e-4)
+    (plain_sums, plain_grads), (packed_sums, packed_grads) = both_ways(config)
+    for key in ("loss", "entropy", "kl_penalty"):
+        assert packed_sums[key] == pytest.approx(plain_sums[key], rel=1e-4, abs=1e-6), key
+    for packed, plain in zip(packed_grads, plain_grads, strict=True):
+        assert relative_gap(packed, plain) <= 1e-4
+    if bf16_ways:
+        (reference_sums, reference_grads), _ = both_ways(without_kl)
+        for way, (sums, grads) in zip(("unshared", "packed"), bf16_ways, strict=True):
+            gaps = sorted(relative_gap(g, r) for g, r in zip(grads, reference_grads, strict=True))
+            print(
+                f"\nbf16 {way}: loss {sums['loss'] / reference_sums['loss'] - 1:+.2%}, entropy "
+                f"{sums['entropy'] / reference_sums['entropy'] - 1:+.2%}, gradients median {gaps[len(gaps) // 2]:.1%}"
+            )
+            assert sums["loss"] == pytest.approx(reference_sums["loss"], rel=0.1), way
+            assert sums["entropy"] == pytest.approx(reference_sums["entropy"], rel=0.01), way
+            assert gaps[len(gaps) // 2] <= 0.25, way
 
 
 def test_auto_keeps_unshared_sequences_unpacked(tiny_trainer):
