@@ -264,7 +264,8 @@ def add_lora_linear(
     if isinstance(indices, int):
         fused = fused_lora(lora_a_stacked, lora_b_stacked, indices, y_NO.dtype)
         shrunk_NR = fused.shrink(x_NI.to(y_NO.dtype))
-        y_NO[:, : fused.b_RO.shape[1]] += fused.expand(shrunk_NR if scale == 1.0 else shrunk_NR.mul_(scale))
+        # add_ on the slice: `y[:, :w] += z` would also copy the sum back onto itself (Python's setitem)
+        y_NO[:, : fused.b_RO.shape[1]].add_(fused.expand(shrunk_NR if scale == 1.0 else shrunk_NR.mul_(scale)))
         return
     a_LRI = torch.cat(lora_a_stacked, dim=-2) if len(lora_a_stacked) > 1 else lora_a_stacked[0]
     expand_dtype = torch.float32 if x_NI.shape[0] <= EXPAND_FLOAT32_ROWS else y_NO.dtype
@@ -272,8 +273,8 @@ def add_lora_linear(
     rank_offset, output_offset = 0, 0
     for a, b, size in zip(lora_a_stacked, lora_b_stacked, output_slices, strict=True):
         rank = a.shape[-2]
-        y_NO[:, output_offset : output_offset + size] += grouped_lora_products(
-            shrunk_NR[:, rank_offset : rank_offset + rank], b, indices, expand_dtype
+        y_NO[:, output_offset : output_offset + size].add_(
+            grouped_lora_products(shrunk_NR[:, rank_offset : rank_offset + rank], b, indices, expand_dtype)
         )
         rank_offset, output_offset = rank_offset + rank, output_offset + size
 

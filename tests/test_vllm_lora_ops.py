@@ -234,3 +234,21 @@ def test_the_plugin_is_off_without_its_variable_and_swaps_the_ops_with_it(monkey
     assert punica_cpu.bgmv_shrink is grouped.bgmv_shrink and vllm_ops.bgmv_expand is grouped.bgmv_expand
     assert punica_cpu.sgmv_expand_slice is grouped.sgmv_expand_slice
     assert PunicaWrapperCPU.add_lora_linear is grouped.add_lora_linear  # what vLLM's LoRA layers call
+
+
+def test_one_adapter_adds_into_the_layers_output_in_place_without_a_copy():
+    """The rollout phase's path: two matmuls and one in-place add per fused layer. `y[:, :w] += z` would
+    also copy the sum back onto itself (Python's setitem), a full pass over y in every layer."""
+    torch.manual_seed(7)
+    slices = (40, 16, 16)
+    a = tuple(torch.randn(2, 1, 8, 48, dtype=torch.bfloat16) for _ in slices)
+    b = tuple(torch.randn(2, 1, width, 8, dtype=torch.bfloat16) for width in slices)
+    x_NI, y_NO = torch.randn(32, 48, dtype=torch.bfloat16), torch.zeros(32, 72, dtype=torch.bfloat16)
+    wrapper = wrapper_for([1] * 32)
+    grouped.add_lora_linear(wrapper, y_NO, x_NI, a, b, 1.0, slices)  # builds the fused weights once
+    before = y_NO.clone()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        grouped.add_lora_linear(wrapper, y_NO, x_NI, a, b, 1.0, slices)
+    counts = {event.key: event.count for event in profile.key_averages()}
+    assert "aten::copy_" not in counts and counts.get("aten::add_") == 1, counts
+    torch.testing.assert_close(y_NO - before, before, rtol=2e-2, atol=0.25)  # the same LoRA added again
