@@ -11,7 +11,7 @@ import inspect
 import logging
 import uuid
 from collections.abc import Awaitable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tqdm.auto import tqdm
@@ -65,6 +65,33 @@ class ExceptionBudget:
             limits.append(int(self.max_exception_rate * total_rollouts))
         return min(limits)
 
+    def tally(self, total_rollouts: int, of: str = "rollouts") -> FailureTally:
+        """A count of failures against this budget over `total_rollouts` rollouts, which several gathers may share."""
+        return FailureTally(allowed=self.allowed(total_rollouts), total=total_rollouts, of=of)
+
+
+@dataclass
+class FailureTally:
+    """Rollout failures counted against one budget: one gather's, or every group of a pipelined loop step's,
+    each group gathered on its own, so that a group of 8 at 10% still tolerates its share of the step's."""
+
+    allowed: int
+    total: int
+    of: str = "rollouts"
+    """What the total counts, for the error ("rollouts", "rollouts of loop step 3")."""
+    failures: list[BaseException] = field(default_factory=list)
+
+    def count(self, error: BaseException) -> None:
+        """Count a failure; `RolloutError` once there are more than allowed."""
+        self.failures.append(error)
+        if len(self.failures) > self.allowed:
+            first = self.failures[0]
+            raise RolloutError(
+                f"{len(self.failures)} of {self.total} {self.of} failed, more than the {self.allowed} allowed "
+                "(raise max_exceptions / max_exception_rate to tolerate more); first failure: "
+                f"{type(first).__name__}: {first}"
+            ) from first
+
 
 class _Progress:
     """One tqdm bar over all rollouts, showing the running mean reward, of every metric, and failures."""
@@ -92,12 +119,8 @@ class _Progress:
 
 
 async def _run_rollouts(
-    groups: list[TrajectoryGroup], budget: ExceptionBudget, progress: _Progress, after_each: AfterEach | None
+    groups: list[TrajectoryGroup], tally: FailureTally, progress: _Progress, after_each: AfterEach | None
 ) -> list[TrajectoryGroup | None]:
-    total = sum(len(g.pending) for g in groups)
-    allowed = budget.allowed(total)
-    failures: list[BaseException] = []
-
     async def run_one(
         rollout: Awaitable[Trajectory | TrajectoryGroup], where: str
     ) -> list[Trajectory] | tuple[BaseException, str]:
@@ -109,13 +132,7 @@ async def _run_rollouts(
         except Exception as error:  # noqa: BLE001 - a rollout's failure is data, judged by the budget
             logger.warning("rollout failed: %s: %s", type(error).__name__, error)
             progress.update(None)
-            failures.append(error)
-            if len(failures) > allowed:
-                raise RolloutError(
-                    f"{len(failures)} of {total} rollouts failed, more than the {allowed} allowed "
-                    "(raise max_exceptions / max_exception_rate to tolerate more); first failure: "
-                    f"{type(failures[0]).__name__}: {failures[0]}"
-                ) from failures[0]
+            tally.count(error)
             return error, rollout_id
         for trajectory in trajectories:
             progress.update(trajectory)
@@ -164,13 +181,31 @@ async def gather_trajectory_groups(
     try:
         budget = ExceptionBudget(max_exceptions, max_exception_rate)
     except ConfigurationError:
-        for pending in (p for g in groups for p in g.pending):  # they will never run: no "never awaited" noise
-            if inspect.iscoroutine(pending):
-                pending.close()
+        close_unstarted(groups)
         raise
+    tally = budget.tally(sum(len(g.pending) for g in groups))
+    return await gather_counted(groups, tally, after_each=after_each, desc=desc, show_progress=show_progress)
+
+
+def close_unstarted(groups: Iterable[TrajectoryGroup]) -> None:
+    """Close the rollout coroutines of groups that will never run, so Python does not warn they were never awaited."""
+    for pending in (p for g in groups for p in g.pending):
+        if inspect.iscoroutine(pending):
+            pending.close()
+
+
+async def gather_counted(
+    groups: list[TrajectoryGroup],
+    tally: FailureTally,
+    *,
+    after_each: AfterEach | None = None,
+    desc: str = "rollouts",
+    show_progress: bool = True,
+) -> list[TrajectoryGroup]:
+    """`gather_trajectory_groups` with the failures counted in `tally`, which other gathers may share."""
     progress = _Progress(sum(len(g.pending) for g in groups), desc, show_progress)
     try:
-        finished = await _run_rollouts(groups, budget, progress, after_each)
+        finished = await _run_rollouts(groups, tally, progress, after_each)
     finally:
         progress.bar.close()
     kept = [g for g in finished if g is not None]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
-from agentrl.gather import AfterEach, gather_trajectory_groups
+from agentrl.gather import AfterEach, ExceptionBudget, FailureTally, gather_counted
 from agentrl.model import TrainableModel, TrainResult
 from agentrl.rl.ledger import group_tokens
 from agentrl.timeline import sampling
@@ -75,8 +75,9 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
     of later loop steps that finished first: to resume by scenario rather than by step count, build the
     groups with `DatasetBatch.groups` on `iterate_dataset(..., already_trained=model.trained_scenarios())`
     batches; a stale group counts as consumed by the step that dropped it, and one `after_each` dropped by
-    the next step. Each step's
-    metrics.jsonl line adds `staleness_mean`/`staleness_max` (steps between a group's oldest turn
+    the next step. `max_exception_rate` is a fraction of each loop step's rollouts, all its groups
+    together (as the synchronous loop's gather of that step counts them); a failed rollout stays in its
+    group's `exceptions`. Each step's metrics.jsonl line adds `staleness_mean`/`staleness_max` (steps between a group's oldest turn
     and the step it trained), `num_groups_stale_dropped`, and over the cycle since the previous
     step began training: `trainer_idle_frac` (waiting for groups), `sampler_idle_frac` (no rollout
     running: the gaps between the timeline's "rollouts" spans, from `agentrl.timeline.sampling`) and
@@ -84,6 +85,7 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
     """
     if isinstance(max_steps_off_policy, bool) or not isinstance(max_steps_off_policy, int) or max_steps_off_policy < 0:
         raise ConfigurationError(f"max_steps_off_policy must be an int >= 0, got {max_steps_off_policy!r}")
+    budget = ExceptionBudget(max_exception_rate=max_exception_rate)
     config = config or TrainConfig()
     first = await model.get_step()
     ready: list[_Finished] = []
@@ -94,13 +96,11 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
     sizes: list[int] = []  # groups per loop step whose groups were started, as make_groups gave them
     judge_dropped: list[TrajectoryGroup] = []
 
-    async def sample(group: TrajectoryGroup) -> None:
+    async def sample(group: TrajectoryGroup, tally: FailureTally) -> None:
         nonlocal in_flight
         started_at = model._step  # the adapter served when the rollout begins
         try:
-            finished = await gather_trajectory_groups(
-                [group], max_exception_rate=max_exception_rate, after_each=after_each, show_progress=False
-            )
+            finished = await gather_counted([group], tally, after_each=after_each, show_progress=False)
             for resolved in finished:
                 ready.append(_Finished(resolved, oldest_policy_step(resolved, started_at)))
             if not finished:  # `after_each` dropped it: consumed by the next step, as the synchronous loop does
@@ -115,11 +115,15 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
         """Start the groups of every loop step that may sample now: up to `max_steps_off_policy` ahead."""
         nonlocal in_flight
         while len(sizes) < steps and len(sizes) <= done + max_steps_off_policy:
-            groups = list(make_groups(model, first + len(sizes)))
+            loop_step = first + len(sizes)
+            groups = list(make_groups(model, loop_step))
             sizes.append(len(groups))
+            # The budget is the step's, as in the synchronous loop's one gather: a group of 8 at 10% alone would
+            # tolerate no failure at all.
+            tally = budget.tally(sum(len(g.pending) for g in groups), of=f"rollouts of loop step {loop_step}")
             for group in groups:
                 in_flight += 1  # counted from now: the loop must not think nothing is coming
-                task = asyncio.ensure_future(sample(group))
+                task = asyncio.ensure_future(sample(group, tally))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
 

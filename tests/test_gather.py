@@ -12,6 +12,7 @@ from agentrl import (
     gather_trajectories,
     gather_trajectory_groups,
 )
+from agentrl.gather import gather_counted
 
 
 async def rollout(reward: float, *, fail: bool = False, delay: float = 0.0) -> Trajectory:
@@ -47,6 +48,26 @@ async def test_failures_within_the_count_budget_are_kept_in_the_group():
     assert group.rewards == [1, 0.5]
     assert [e.type for e in group.exceptions] == ["RuntimeError"]
     assert "rollout 0 broke" in group.exceptions[0].traceback
+
+
+async def test_gathers_sharing_a_tally_count_their_failures_together():
+    """A pipelined step gathers each group on its own against the step's one tally: 1 failure in 6 at 20%
+    is within it (alone, a group of 3 at 20% would tolerate none), a second one is not."""
+    tally = ExceptionBudget(max_exception_rate=0.2).tally(6, of="rollouts of loop step 0")
+    first = await gather_counted(
+        [TrajectoryGroup([rollout(1), rollout(0, fail=True), rollout(2)])], tally, show_progress=False
+    )
+    assert first[0].rewards == [1, 2] and len(first[0].exceptions) == 1
+    with pytest.raises(RolloutError, match="2 of 6 rollouts of loop step 0 failed, more than the 1 allowed"):
+        await gather_counted(
+            [TrajectoryGroup([rollout(1), rollout(0, fail=True), rollout(2)])], tally, show_progress=False
+        )
+    with pytest.raises(RolloutError, match="1 of 3 rollouts failed, more than the 0 allowed"):
+        await gather_trajectory_groups(
+            [TrajectoryGroup([rollout(1), rollout(0, fail=True), rollout(2)])],
+            max_exception_rate=0.2,
+            show_progress=False,
+        )
 
 
 async def test_rate_budget_counts_against_all_rollouts():

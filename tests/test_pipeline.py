@@ -167,6 +167,42 @@ async def test_after_each_scores_every_group_before_it_trains(served_model):
         assert rewards == [0.0, 0.0, 1.0, 1.0]
 
 
+async def test_the_exception_budget_is_the_loop_steps_not_each_groups(served_model):
+    """`max_exception_rate` counts a step's rollouts together, as the synchronous loop's gather does: one failed
+    rollout of a step's 6 at 20% is tolerated (kept in its group's exceptions) though its group of 3 alone
+    would tolerate none; two are not, and the error names the loop step."""
+    start = await served_model.get_step()
+
+    async def broken(model):
+        raise RuntimeError("the environment broke")
+
+    def make_groups(failing: int, at_step: int):
+        def groups(model, step):
+            rollouts = [broken(model) if step == at_step and r < failing else two_turns(model, r % 3) for r in range(6)]
+            return [agentrl.TrajectoryGroup(rollouts[:3]), agentrl.TrajectoryGroup(rollouts[3:])]
+
+        return groups
+
+    config = agentrl.TrainConfig(learning_rate=1e-4)
+    results = await agentrl.train_pipelined(
+        served_model, make_groups(1, start), steps=2, max_steps_off_policy=1, config=config, max_exception_rate=0.2
+    )
+    assert [r.step for r in results] == [start + 1, start + 2]
+    trained = {r.step: sum(len(g.trajectories) for g in trained_groups(served_model, r.step)) for r in results}
+    assert sorted(trained.values()) == [5, 6]  # the failed rollout's group trained on its other two
+    recorded = {m["step"]: m for m in agentrl.tracking.read_metrics(served_model.run_dir) if m.get("step") in trained}
+    assert sorted(m["exception_rate"] for m in recorded.values()) == [0.0, pytest.approx(1 / 6)]
+    with pytest.raises(agentrl.RolloutError, match=f"2 of 6 rollouts of loop step {start + 2} failed"):
+        await agentrl.train_pipelined(
+            served_model,
+            make_groups(2, start + 2),
+            steps=1,
+            max_steps_off_policy=1,
+            config=config,
+            max_exception_rate=0.2,
+        )
+
+
 def test_a_negative_bound_is_refused():
     with pytest.raises(agentrl.ConfigurationError, match="max_steps_off_policy must be an int >= 0"):
         asyncio.run(
