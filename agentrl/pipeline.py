@@ -77,8 +77,8 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
     batches; a stale group counts as consumed by the step that dropped it, and one `after_each` dropped by
     the next step. `max_exception_rate` is a fraction of each loop step's rollouts, all its groups
     together (as the synchronous loop's gather of that step counts them); a failed rollout stays in its
-    group's `exceptions`. Each step's metrics.jsonl line adds `staleness_mean`/`staleness_max` (steps between a group's oldest turn
-    and the step it trained), `num_groups_stale_dropped`, and over the cycle since the previous
+    group's `exceptions`. Each step's metrics.jsonl line adds `staleness_mean`/`staleness_max` (steps
+    between a group's oldest turn and the step it trained), `num_groups_stale_dropped`, and over the cycle since the previous
     step began training: `trainer_idle_frac` (waiting for groups), `sampler_idle_frac` (no rollout
     running: the gaps between the timeline's "rollouts" spans, from `agentrl.timeline.sampling`) and
     `steps_per_hour`.
