@@ -78,6 +78,15 @@ def test_doctor_checks_this_installation():
     assert ("all good" in result.output) == (result.exit_code == 0)
 
 
+def test_doctor_checks_the_disk_where_the_cache_will_be_before_any_of_its_folders_exist(tmp_path, monkeypatch):
+    """On a fresh machine ~/.cache itself may not exist yet (CI caught doctor failing there)."""
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "not" / "yet" / "agentrl"))
+    result = runner.invoke(app, ["doctor"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert f"free for {tmp_path / 'not' / 'yet' / 'agentrl'}" in result.output
+    assert not (tmp_path / "not").exists()  # a check creates nothing
+
+
 def run_folder_state(run_dir, *, besides: set[str] = frozenset()) -> dict[str, tuple[int, int]]:
     """Size and mtime of every file in the run folder, `besides` those (logs another process appends to)."""
     files = (p for p in sorted(run_dir.rglob("*")) if p.is_file() and str(p) not in besides)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from types import ModuleType
 
 import typer
@@ -67,7 +68,7 @@ def doctor() -> None:
     from agentrl.base_models import cache_dir
 
     check(
-        shutil.disk_usage(cache_dir().parent if not cache_dir().exists() else cache_dir()).free > 2 * 2**30,
+        shutil.disk_usage(_nearest_existing(cache_dir())).free > 2 * 2**30,
         f"over 2 GiB free for {cache_dir()}",
         f"less than 2 GiB free for {cache_dir()}; set AGENTRL_CACHE elsewhere",
     )
@@ -83,6 +84,14 @@ def doctor() -> None:
     typer.echo("all good" if not problems else f"{problems} thing(s) to fix")
     if problems:
         raise typer.Exit(code=1)
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path`, or its nearest folder that exists: on a fresh machine not even ~/.cache may exist yet."""
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
 
 
 def _installed(metadata: ModuleType, distribution: str) -> bool:
