@@ -1,5 +1,7 @@
 """The public surface is deliberate: this list changes only on purpose."""
 
+import pytest
+
 import agentrl
 
 EXPECTED = {
@@ -201,3 +203,52 @@ print(os.environ["GOMP_SPINCOUNT"], server_env(ServerConfig(), gpu=False, api_ke
         [sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "50"}, capture_output=True, text=True, check=True
     )
     assert chosen.stdout.split() == ["50", "50"]
+
+
+SPIN_SEEN_BY_A_RUN = """
+import os, sys
+import agentrl
+import agentrl.cli.train as cli_train
+from typer.testing import CliRunner
+from agentrl.cli.app import app
+from agentrl.plugins import EnvironmentCommands
+if sys.argv[1] == "torch-first":
+    import torch
+seen = []
+async def run(*args, **kwargs):  # the environment's run: what its trainer (here) and its server would get
+    from agentrl.backend.serving.server import server_env
+    from agentrl.config import ServerConfig
+    server = server_env(ServerConfig(), gpu=False, api_key="k")
+    seen.extend([os.environ.get("GOMP_SPINCOUNT", "-"), server.get("GOMP_SPINCOUNT", "-")])
+cli_train.load_environment = lambda name: EnvironmentCommands(run=run, evaluate_run=run, default_name="x")
+result = CliRunner().invoke(app, ["train", "larger-number", *sys.argv[2:]])
+assert result.exit_code == 0, result.output
+print(*seen)
+"""
+
+
+@pytest.mark.parametrize(
+    "user_setting, how, args, expected",
+    [
+        (None, "", [], ["-", "-"]),  # synchronous: libgomp's own spin for the trainer here and its server
+        (None, "", ["--max-steps-off-policy", "1"], ["2000", "2000"]),  # pipelined: both compute at once
+        ("50", "", [], ["50", "50"]),  # the user's setting stays
+        (None, "torch-first", [], ["2000", "2000"]),  # libgomp already read the bound here: keep one setting
+    ],
+    ids=["synchronous", "pipelined", "users-setting", "torch-already-loaded"],
+)
+def test_a_synchronous_agentrl_train_lifts_the_openmp_spin_bound_and_a_pipelined_one_keeps_it(
+    user_setting, how, args, expected
+):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    if user_setting is not None:
+        env["GOMP_SPINCOUNT"] = user_setting
+    run = subprocess.run(
+        [sys.executable, "-c", SPIN_SEEN_BY_A_RUN, how or "-", *args], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.split() == expected

@@ -10,6 +10,7 @@ import typer
 
 from agentrl.cli.app import app
 from agentrl.errors import ConfigurationError
+from agentrl.openmp_spin import spin_freely
 from agentrl.plugins import EnvironmentCommands, environment_names, load_environment
 from agentrl.run_folder import DEFAULT_BASE_PATH
 
@@ -76,6 +77,8 @@ def train(
         enable_weave(weave)
     if max_steps_off_policy is not None:
         choice["max_steps_off_policy"] = max_steps_off_policy
+    else:  # the server waits while the trainer steps: the bound on OpenMP's spin only slows both (agentrl.openmp_spin)
+        spin_freely()
     asyncio.run(entry.run(preset, steps, model, name=name or entry.default_name, base_path=base_path, **choice))
 
 
