@@ -212,7 +212,7 @@ import agentrl.cli.train as cli_train
 from typer.testing import CliRunner
 from agentrl.cli.app import app
 from agentrl.plugins import EnvironmentCommands
-if sys.argv[1] == "torch-first":
+if sys.argv[1] == "torch-first":  # else "agentrl-first"
     import torch
 seen = []
 async def run(*args, **kwargs):  # the environment's run: what its trainer (here) and its server would get
@@ -228,17 +228,17 @@ print(*seen)
 
 
 @pytest.mark.parametrize(
-    "user_setting, how, args, expected",
+    "user_setting, imported_first, args, expected",
     [
-        (None, "", [], ["-", "-"]),  # synchronous: libgomp's own spin for the trainer here and its server
-        (None, "", ["--max-steps-off-policy", "1"], ["2000", "2000"]),  # pipelined: both compute at once
-        ("50", "", [], ["50", "50"]),  # the user's setting stays
+        (None, "agentrl-first", [], ["-", "-"]),  # synchronous: libgomp's own spin for the trainer here and its server
+        (None, "agentrl-first", ["--max-steps-off-policy", "1"], ["2000", "2000"]),  # pipelined: both compute at once
+        ("50", "agentrl-first", [], ["50", "50"]),  # the user's setting stays
         (None, "torch-first", [], ["2000", "2000"]),  # libgomp already read the bound here: keep one setting
     ],
     ids=["synchronous", "pipelined", "users-setting", "torch-already-loaded"],
 )
 def test_a_synchronous_agentrl_train_lifts_the_openmp_spin_bound_and_a_pipelined_one_keeps_it(
-    user_setting, how, args, expected
+    user_setting, imported_first, args, expected
 ):
     import os
     import subprocess
@@ -248,7 +248,7 @@ def test_a_synchronous_agentrl_train_lifts_the_openmp_spin_bound_and_a_pipelined
     if user_setting is not None:
         env["GOMP_SPINCOUNT"] = user_setting
     run = subprocess.run(
-        [sys.executable, "-c", SPIN_SEEN_BY_A_RUN, how or "-", *args], env=env, capture_output=True, text=True
+        [sys.executable, "-c", SPIN_SEEN_BY_A_RUN, imported_first, *args], env=env, capture_output=True, text=True
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.split() == expected
