@@ -38,15 +38,12 @@ from agentrl.errors import (
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gather import AfterEach, ExceptionBudget, gather_trajectories, gather_trajectory_groups
 from agentrl.model import Backend, JudgeModel, Model, TrainableModel, TrainResult
-from agentrl.openmp_spin import bound_openmp_spinning
 from agentrl.pipeline import train_pipelined
 from agentrl.plugins import EnvironmentCommands
 from agentrl.run_folder import DEFAULT_BASE_PATH, RunFolder
 from agentrl.stop_signals import handle_stop_signals
 from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
 from agentrl.weave_tracing import disable_weave, enable_weave, traced
-
-bound_openmp_spinning()  # importing agentrl loads no torch; its backend does, later (agentrl.openmp_spin)
 
 if TYPE_CHECKING:  # the names loaded lazily below, for type checkers
     from agentrl.backend.local import LocalBackend

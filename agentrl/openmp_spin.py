@@ -1,49 +1,71 @@
-"""How long an idle OpenMP thread spins before it sleeps, bounded in agentrl's processes and the servers they start.
+"""How long an idle OpenMP thread spins before it sleeps: libgomp's default, bounded only for pipelined CPU runs.
 
-On a CPU the vLLM server and the trainer share the cores, each with a thread per core. torch's libgomp
-threads spin at every barrier before they sleep (300,000 turns by default), so while both compute (a
-pipelined run trains one step while the next samples) a thread that waits for a sibling the other
-process has descheduled burns the core that sibling needs: one training micro-batch took 24-42 s beside
-the sampling server, and 4-5 s with the spin bounded at 2,000 turns (bf16 EPYC).
+On a CPU the vLLM server and the trainer share the cores, each with a thread per core, and torch's libgomp
+threads spin at every barrier before they sleep (300,000 turns by default). In the synchronous loop the two
+never compute at once, and the spin makes each faster: on a 2-core Intel Xeon with AMX (bf16, 2026-12-02)
+the main job took 2 min 34 s and 2 min 42 s against 2 min 57 s and 3 min 1 s with the spin bounded at 2,000
+turns, and the rubric environment's training test 39 s against 57 s. Where they compute at once (a pipelined
+run trains one step while the next samples), a thread waiting for a sibling the other process has descheduled
+burns the core that sibling needs: the pipelined learning test took 181 s unbounded against 64 s bounded
+(same machine and day; 24-42 s against 4-5 s a training micro-batch on a bf16 EPYC, 2026-11-29).
 
-Where they never compute at once (a synchronous loop: the server waits while the trainer steps) the bound
-only makes each of them slower: the main job (`agentrl train larger-number`) took 2 min 57 s and 3 min 1 s
-with it and 2 min 34 s and 2 min 42 s with libgomp's own spin (bf16 Intel Xeon with AMX, 2026-12-02, runs
-alternated; a training step's median 2.75-3.0 s against 2.15 s). So `agentrl train` without pipelining
-lifts the bound (`spin_freely`); a script of one's own does the same by setting GOMP_SPINCOUNT=300000
-before it imports agentrl.
+libgomp reads GOMP_SPINCOUNT once, when torch loads it, so the bound must be chosen before then, in the
+trainer's process; the servers started later inherit it. `agentrl train --max-steps-off-policy` sets it
+(`bound_openmp_spinning`); a script of one's own sets GOMP_SPINCOUNT=2000 before it imports torch, and
+`train_pipelined` warns when a CPU run lacks it (`warn_if_spinning_beside_the_server`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
+logger = logging.getLogger(__name__)
+
 SPIN_VARIABLE = "GOMP_SPINCOUNT"
-SPIN_TURNS = "2000"
-_bounded_here = False
-"""Whether `bound_openmp_spinning` set the variable (a user's own setting is never changed)."""
+BOUNDED_SPIN_TURNS = 2000
+"""The bound for processes that compute beside each other on shared cores (agentrl train's pipelined runs)."""
+MOST_TURNS_THAT_SHARE_CORES = 20_000
+"""Spins up to this many turns share the cores well enough (`benchmarks.sampling` ran as fast at 2,000 and
+20,000, bf16 EPYC); libgomp's default is 300,000."""
 
 
-def bound_openmp_spinning() -> None:
-    """Set GOMP_SPINCOUNT (unless the user has) for this process and every process it starts.
-
-    libgomp reads it once, when torch first loads it: `import agentrl` calls this before anything imports
-    torch, and a script that imported torch first keeps libgomp's default in its own process (the trainer's);
-    the servers it starts still get the bound."""
-    global _bounded_here
-    if SPIN_VARIABLE not in os.environ:
-        os.environ[SPIN_VARIABLE] = SPIN_TURNS
-        _bounded_here = True
-
-
-def spin_freely() -> bool:
-    """For a run whose server and trainer never compute at once (the synchronous loop): libgomp's own spin,
-    in this process and the servers it starts. Only where agentrl set the bound and torch has not loaded
-    yet (libgomp would keep the bound in this process); says whether it applied."""
-    global _bounded_here
-    if not _bounded_here or "torch" in sys.modules:
+def bound_openmp_spinning() -> bool:
+    """Bound the spin (GOMP_SPINCOUNT=2000) in this process and every process it starts, for a run whose
+    server and trainer compute at once. Only before torch loads (libgomp has read the variable by then) and
+    where the user has not chosen; says whether it applied."""
+    if SPIN_VARIABLE in os.environ or "torch" in sys.modules:
         return False
-    del os.environ[SPIN_VARIABLE]
-    _bounded_here = False
+    os.environ[SPIN_VARIABLE] = str(BOUNDED_SPIN_TURNS)
+    return True
+
+
+def spin_is_bounded() -> bool:
+    """Whether this process's environment bounds OpenMP's spin enough to share the cores with another process
+    (GOMP_SPINCOUNT at most 20,000, or OMP_WAIT_POLICY=passive, which does not spin)."""
+    if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
+        return True
+    turns = os.environ.get(SPIN_VARIABLE, "").strip().lower()
+    if turns == "infinity" or not turns:
+        return False
+    try:
+        return int(turns) <= MOST_TURNS_THAT_SHARE_CORES
+    except ValueError:  # libgomp ignores what it cannot read, and spins its default
+        return False
+
+
+def warn_if_spinning_beside_the_server(server_on_cpu: bool) -> bool:
+    """Warn, naming the fix, when a pipelined run's trainer and CPU server would spin on each other's cores;
+    says whether it warned."""
+    if not server_on_cpu or spin_is_bounded():
+        return False
+    logger.warning(
+        "pipelined training with the server on this CPU: the trainer and the server compute at once on the "
+        "same cores, and OpenMP's idle spin (GOMP_SPINCOUNT=%s) makes each steal the cores the other needs "
+        "(about 3x slower). Set GOMP_SPINCOUNT=%d in the environment before torch is imported (or run "
+        "`agentrl train --max-steps-off-policy N`, which does), or use the synchronous loop, faster on one CPU.",
+        os.environ.get(SPIN_VARIABLE, "unset: 300000"),
+        BOUNDED_SPIN_TURNS,
+    )
     return True

@@ -4,15 +4,18 @@ The tests share one served model and run in file order: token checks first, then
 """
 
 import asyncio
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 
 import openai
 import pytest
 
 import agentrl
 from agentrl.rl.tokenize import tokenize_history
-from agentrl.tracking import load_trajectories, summarize
 from agentrl_environments.larger_number.task import evaluate, rollout, scenarios
 
 # Measured here (2026-11-21, 8 prompts): mean |sampler - trainer| logprob 0.049 nats on single turns
@@ -79,41 +82,30 @@ LEARNING_RATE = 5e-4
 
 
 @pytest.mark.slow
-async def test_held_out_reward_rises_clearly_after_pipelined_training(served_model):
+def test_held_out_reward_rises_clearly_after_pipelined_training(tmp_path):
     """Learning, with a statistical margin: the gain must exceed 2.5 standard errors of the difference.
 
-    A fresh adapter on the suite's backend trains with `train_pipelined` (rollouts one step ahead of
-    the trainer) and the default loss (PPO, the sampler's logprobs as the old policy), so the test
-    covers the default loss and the pipelined loop at once; its trained groups must be at most one
-    step stale by their recorded policy steps. (`max_steps_off_policy=0` is the synchronous loop,
-    step for step: tests/test_pipeline.py. Measured here, 2026-11-22, both loops at once: synchronous
-    0.227 -> 0.656, pipelined 0.242 -> 0.680 after 8 steps, SE of the difference 0.056.)"""
-    model = agentrl.TrainableModel(name="learner", project="tests", base_path=str(served_model.base_path))
-    await model.register(served_model.backend)
-    test = scenarios("test", 64)
-    before = summarize(await evaluate(model, test, samples=2))["reward_mean"]
-    train = scenarios("train", LEARNING_STEPS * 8, seed=7)
-
-    def make_groups(model, step):
-        return [agentrl.TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in train[step * 8 : step * 8 + 8]]
-
-    results = await agentrl.train_pipelined(
-        model,
-        make_groups,
-        steps=LEARNING_STEPS,
-        max_steps_off_policy=1,
-        config=agentrl.TrainConfig(learning_rate=LEARNING_RATE),
-    )
-    assert [r.step for r in results] == list(range(1, LEARNING_STEPS + 1))
-    for result in results:
-        staleness = result.metrics["staleness_mean"]
-        print(f"step {result.step}: train reward {result.metrics['reward_mean']:.3f}, staleness {staleness:.2f}")
-        assert result.metrics["staleness_max"] <= 1
-        trained = load_trajectories(model.run_dir / "trajectories" / f"train-{result.step:04d}.jsonl")
-        sampled_at = [c.model_extra["policy_step"] for g in trained for t in g.trajectories for c in t.choices()]
-        assert sampled_at and min(sampled_at) >= result.step - 2
-    after = summarize(await evaluate(model, test, samples=2))["reward_mean"]
-    n = len(test) * 2
+    A fresh adapter trains with `train_pipelined` (rollouts one step ahead of the trainer) and the default
+    loss (PPO, the sampler's logprobs as the old policy), so the test covers the default loss and the
+    pipelined loop at once; its trained groups must be at most one step stale by their recorded policy
+    steps. It runs in its own process (tests/pipelined_learner.py) with GOMP_SPINCOUNT=2000 set before torch
+    loads, as a pipelined run on a CPU is told to (agentrl.openmp_spin), so it must not hear that warning.
+    (`max_steps_off_policy=0` is the synchronous loop, step for step: tests/test_pipeline.py. Measured
+    here, 2026-11-22, both loops at once: synchronous 0.227 -> 0.656, pipelined 0.242 -> 0.680 after 8
+    steps, SE of the difference 0.056.)"""
+    env = {**os.environ, "GOMP_SPINCOUNT": "2000"}
+    command = [sys.executable, "-m", "tests.pipelined_learner", str(tmp_path), str(LEARNING_STEPS), str(LEARNING_RATE)]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "GOMP_SPINCOUNT" not in run.stderr  # bounded before torch loaded: no warning
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert [s["step"] for s in report["steps"]] == list(range(1, LEARNING_STEPS + 1))
+    for step in report["steps"]:
+        print(f"step {step['step']}: train reward {step['metrics']['reward_mean']:.3f}, "
+              f"staleness {step['metrics']['staleness_mean']:.2f}")  # fmt: skip
+        assert step["metrics"]["staleness_max"] <= 1
+        assert step["policy_steps"] and min(step["policy_steps"]) >= step["step"] - 2
+    before, after, n = report["before"], report["after"], report["n"]
     standard_error = math.sqrt(before * (1 - before) / n + after * (1 - after) / n)
     print(f"\nheld-out reward {before:.3f} -> {after:.3f} (n={n} each, SE of difference {standard_error:.3f})")
     assert after - before > 2.5 * standard_error

@@ -181,9 +181,9 @@ def test_the_command_line_without_the_training_backend_names_the_extra_and_docto
     assert "client install" in doctor.stdout
 
 
-def test_import_agentrl_bounds_openmp_spinning_before_torch_loads_and_keeps_a_users_setting():
-    """libgomp reads GOMP_SPINCOUNT once, when torch loads it: `import agentrl` sets it without loading torch,
-    and the servers it starts inherit it (agentrl.openmp_spin)."""
+def test_import_agentrl_leaves_openmp_spinning_to_libgomp_and_servers_get_a_users_setting():
+    """Where the server and the trainer take turns (the synchronous loop), libgomp's own spin is faster:
+    `import agentrl` sets nothing, and a server it starts gets what the user set (agentrl.openmp_spin)."""
     import os
     import subprocess
     import sys
@@ -194,15 +194,41 @@ import agentrl
 assert "torch" not in sys.modules
 from agentrl.backend.serving.server import server_env
 from agentrl.config import ServerConfig
-print(os.environ["GOMP_SPINCOUNT"], server_env(ServerConfig(), gpu=False, api_key="k")["GOMP_SPINCOUNT"])
+print(os.environ.get("GOMP_SPINCOUNT", "-"), server_env(ServerConfig(), gpu=False, api_key="k").get("GOMP_SPINCOUNT", "-"))
 """
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
     unset = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert unset.stdout.split() == ["2000", "2000"]
+    assert unset.stdout.split() == ["-", "-"]
     chosen = subprocess.run(
         [sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "50"}, capture_output=True, text=True, check=True
     )
     assert chosen.stdout.split() == ["50", "50"]
+
+
+@pytest.mark.parametrize(
+    "environment, bounded",
+    [
+        ({}, False),
+        ({"GOMP_SPINCOUNT": "300000"}, False),
+        ({"GOMP_SPINCOUNT": "infinity"}, False),
+        ({"GOMP_SPINCOUNT": "lots"}, False),  # libgomp ignores it and spins its default
+        ({"GOMP_SPINCOUNT": "2000"}, True),
+        ({"GOMP_SPINCOUNT": "20000"}, True),
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, True),
+    ],
+)
+def test_a_pipelined_run_on_the_cpu_is_warned_when_openmp_would_spin_on_the_servers_cores(
+    environment, bounded, monkeypatch, caplog
+):
+    from agentrl.openmp_spin import warn_if_spinning_beside_the_server
+
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert warn_if_spinning_beside_the_server(server_on_cpu=True) is not bounded
+    assert ("GOMP_SPINCOUNT=2000" in caplog.text) is not bounded  # the warning names the fix
+    assert warn_if_spinning_beside_the_server(server_on_cpu=False) is False  # a GPU server: nothing shared
 
 
 SPIN_SEEN_BY_A_RUN = """
@@ -231,13 +257,14 @@ print(*seen)
     "user_setting, imported_first, args, expected",
     [
         (None, "agentrl-first", [], ["-", "-"]),  # synchronous: libgomp's own spin for the trainer here and its server
+        (None, "agentrl-first", ["--max-steps-off-policy", "0"], ["-", "-"]),  # 0 is the synchronous loop
         (None, "agentrl-first", ["--max-steps-off-policy", "1"], ["2000", "2000"]),  # pipelined: both compute at once
-        ("50", "agentrl-first", [], ["50", "50"]),  # the user's setting stays
-        (None, "torch-first", [], ["2000", "2000"]),  # libgomp already read the bound here: keep one setting
+        ("50", "agentrl-first", ["--max-steps-off-policy", "1"], ["50", "50"]),  # the user's setting stays
+        (None, "torch-first", ["--max-steps-off-policy", "1"], ["-", "-"]),  # libgomp has read it: one setting
     ],
-    ids=["synchronous", "pipelined", "users-setting", "torch-already-loaded"],
+    ids=["synchronous", "zero-off-policy", "pipelined", "users-setting", "torch-already-loaded"],
 )
-def test_a_synchronous_agentrl_train_lifts_the_openmp_spin_bound_and_a_pipelined_one_keeps_it(
+def test_a_pipelined_agentrl_train_bounds_openmp_spinning_before_torch_loads_and_a_synchronous_one_does_not(
     user_setting, imported_first, args, expected
 ):
     import os

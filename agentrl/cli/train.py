@@ -10,7 +10,7 @@ import typer
 
 from agentrl.cli.app import app
 from agentrl.errors import ConfigurationError
-from agentrl.openmp_spin import spin_freely
+from agentrl.openmp_spin import bound_openmp_spinning
 from agentrl.plugins import EnvironmentCommands, environment_names, load_environment
 from agentrl.run_folder import DEFAULT_BASE_PATH
 
@@ -75,11 +75,18 @@ def train(
         from agentrl.weave_tracing import enable_weave
 
         enable_weave(weave)
-    if max_steps_off_policy is not None:
-        choice["max_steps_off_policy"] = max_steps_off_policy
-    else:  # the server waits while the trainer steps: the bound on OpenMP's spin only slows both (agentrl.openmp_spin)
-        spin_freely()
+    choice.update(_pipelining(max_steps_off_policy))
     asyncio.run(entry.run(preset, steps, model, name=name or entry.default_name, base_path=base_path, **choice))
+
+
+def _pipelining(max_steps_off_policy: int | None) -> dict[str, Any]:
+    """The run's pipelining choice. A pipelined run's server samples while its trainer steps, so OpenMP's spin is
+    bounded first, before torch loads (agentrl.openmp_spin)."""
+    if max_steps_off_policy is None:
+        return {}
+    if max_steps_off_policy > 0:
+        bound_openmp_spinning()
+    return {"max_steps_off_policy": max_steps_off_policy}
 
 
 @app.command("eval")
