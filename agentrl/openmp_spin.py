@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,8 @@ SPIN_VARIABLE = "GOMP_SPINCOUNT"
 BOUNDED_SPIN_TURNS = 2000
 """The bound for processes that compute beside each other on shared cores (agentrl train's pipelined runs)."""
 MOST_TURNS_THAT_SHARE_CORES = 20_000
-"""Spins up to this many turns share the cores well enough (`benchmarks.sampling` ran as fast at 2,000 and
-20,000, bf16 EPYC); libgomp's default is 300,000."""
+"""Spins up to this many turns count as bounded: `benchmarks.sampling` ran as fast at 2,000 and 20,000 (bf16
+EPYC), though a pipelined run was measured only at 2,000; libgomp's default is 300,000."""
 
 
 def bound_openmp_spinning() -> bool:
@@ -39,6 +40,12 @@ def bound_openmp_spinning() -> bool:
         return False
     os.environ[SPIN_VARIABLE] = str(BOUNDED_SPIN_TURNS)
     return True
+
+
+def with_spin_bounded(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` for a child process whose server and trainer will compute at once: the bound added, unless `env`
+    sets one (the child's libgomp reads it when torch loads there)."""
+    return {SPIN_VARIABLE: str(BOUNDED_SPIN_TURNS), **env}
 
 
 def spin_is_bounded() -> bool:

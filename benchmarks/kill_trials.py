@@ -29,7 +29,7 @@ from typing import Any
 import agentrl
 from agentrl.dataset import content_ids
 from agentrl.files import write_json_atomic
-from agentrl.openmp_spin import BOUNDED_SPIN_TURNS, SPIN_VARIABLE
+from agentrl.openmp_spin import with_spin_bounded
 from agentrl_environments.larger_number.task import rollout, scenarios
 from benchmarks.step_breakdown import RESULTS, cpu_name, precision_label
 
@@ -77,9 +77,8 @@ async def child(base_path: str, mode: str, count: int) -> None:
 
 def attempt(base_path: str, mode: str, count: int, kill_after_s: float | None) -> dict[str, Any]:
     """Run the child once; with `kill_after_s`, SIGKILL it that long after it resumed (if still running)."""
-    env = dict(os.environ)
-    if mode == "pipelined":  # its server samples while its trainer steps: OpenMP's spin bounded (agentrl.openmp_spin)
-        env.setdefault(SPIN_VARIABLE, str(BOUNDED_SPIN_TURNS))
+    # A pipelined child's server samples while its trainer steps: OpenMP's spin bounded (agentrl.openmp_spin).
+    env = with_spin_bounded(os.environ) if mode == "pipelined" else None
     started = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.kill_trials", "--child", base_path, mode, str(count)],
