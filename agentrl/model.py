@@ -188,6 +188,18 @@ class OpensSessions(Protocol):
         ...
 
 
+@runtime_checkable
+class ReportsSpinning(Protocol):
+    """A backend that knows whether its trainer and a CPU server would spin on each other's cores in a
+    pipelined run (`agentrl.openmp_spin`), on whichever host trains: LocalBackend and RemoteBackend; optional
+    for other backends."""
+
+    def pipelined_spin_fix(self) -> str | None:
+        """What would stop the trainer and the server stealing each other's cores while both compute, or None
+        where nothing needs to change (a GPU server, or OpenMP's spin already bounded where it trains)."""
+        ...
+
+
 class TrainableModel(Model):
     """A model trained with LoRA by a backend, and served by it at its latest checkpoint."""
 

@@ -11,8 +11,10 @@ burns the core that sibling needs: the pipelined learning test took 181 s unboun
 
 libgomp reads GOMP_SPINCOUNT once, when torch loads it, so the bound must be chosen before then, in the
 trainer's process; the servers started later inherit it. `agentrl train --max-steps-off-policy` sets it
-(`bound_openmp_spinning`); a script of one's own sets GOMP_SPINCOUNT=2000 before it imports torch, and
-`train_pipelined` warns when a CPU run lacks it (`warn_if_spinning_beside_the_server`).
+(`bound_openmp_spinning`), as does `agentrl backend serve --pipelined` for a service's clients; a script of
+one's own sets GOMP_SPINCOUNT=2000 before it imports torch. `train_pipelined` warns when the backend says a
+run lacks it (`agentrl.model.ReportsSpinning`: a LocalBackend from this process, a RemoteBackend from the
+service's, reported at register).
 """
 
 from __future__ import annotations
@@ -62,17 +64,24 @@ def spin_is_bounded() -> bool:
         return False
 
 
-def warn_if_spinning_beside_the_server(server_on_cpu: bool) -> bool:
-    """Warn, naming the fix, when a pipelined run's trainer and CPU server would spin on each other's cores;
-    says whether it warned."""
+def spin_fix_beside(server_on_cpu: bool) -> str | None:
+    """What would stop this process's trainer and its server stealing each other's cores while both compute,
+    or None where nothing needs to change (the server on a GPU, or the spin already bounded)."""
     if not server_on_cpu or spin_is_bounded():
-        return False
-    logger.warning(
-        "pipelined training with the server on this CPU: the trainer and the server compute at once on the "
-        "same cores, and OpenMP's idle spin (GOMP_SPINCOUNT=%s) makes each steal the cores the other needs "
-        "(about 3x slower). Set GOMP_SPINCOUNT=%d in the environment before torch is imported (or run "
-        "`agentrl train --max-steps-off-policy N`, which does), or use the synchronous loop, faster on one CPU.",
-        os.environ.get(SPIN_VARIABLE, "unset: 300000"),
-        BOUNDED_SPIN_TURNS,
+        return None
+    now = os.environ.get(SPIN_VARIABLE)
+    return (
+        f"{SPIN_VARIABLE} is {'unset (libgomp spins 300000 turns)' if now is None else repr(now)} in this process; "
+        f"set {SPIN_VARIABLE}={BOUNDED_SPIN_TURNS} in the environment before torch is imported (or run "
+        "`agentrl train --max-steps-off-policy N`, which does)"
     )
-    return True
+
+
+def warn_spinning_beside_the_server(fix: str) -> None:
+    """Warn that a pipelined run's trainer and CPU server spin on each other's cores, naming `fix`."""
+    logger.warning(
+        "pipelined training with the server on the trainer's CPU: the two compute at once on the same cores, "
+        "and OpenMP's idle spin makes each steal the cores the other needs (about 3x slower). Fix: %s. Or use the "
+        "synchronous loop, faster on one CPU.",
+        fix,
+    )

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
 from agentrl.gather import AfterEach, ExceptionBudget, FailureTally, gather_counted
-from agentrl.model import TrainableModel, TrainResult
-from agentrl.openmp_spin import warn_if_spinning_beside_the_server
+from agentrl.model import ReportsSpinning, TrainableModel, TrainResult
+from agentrl.openmp_spin import warn_spinning_beside_the_server
 from agentrl.rl.ledger import group_tokens
 from agentrl.timeline import sampling
 from agentrl.trajectory import TrajectoryGroup
@@ -86,9 +86,9 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
     """
     if isinstance(max_steps_off_policy, bool) or not isinstance(max_steps_off_policy, int) or max_steps_off_policy < 0:
         raise ConfigurationError(f"max_steps_off_policy must be an int >= 0, got {max_steps_off_policy!r}")
-    if max_steps_off_policy > 0:
-        server = getattr(model.backend, "server", None)  # a LocalBackend's replicas; a remote service's are its own
-        warn_if_spinning_beside_the_server(server_on_cpu=server is not None and not server.gpu)
+    if max_steps_off_policy > 0 and isinstance(model.backend, ReportsSpinning):
+        if fix := model.backend.pipelined_spin_fix():
+            warn_spinning_beside_the_server(fix)
     budget = ExceptionBudget(max_exception_rate=max_exception_rate)
     config = config or TrainConfig()
     first = await model.get_step()

@@ -11,17 +11,18 @@ import sys
 import agentrl
 
 
-async def sampled_group(model: agentrl.TrainableModel) -> agentrl.TrajectoryGroup:
-    """Two short answers sampled through the service's gateway, rewarded 0 and 1 (a signal to train on)."""
-    client = model.openai_client()
+async def sampled_answer(model: agentrl.TrainableModel, reward: float) -> agentrl.Trajectory:
+    """A short answer sampled through the service's gateway, rewarded `reward`."""
     messages = [{"role": "user", "content": "Name a colour."}]
-    trajectories = []
-    for reward in (0.0, 1.0):
-        completion = await client.chat.completions.create(
-            model=model.inference_name, messages=messages, max_tokens=8, temperature=1.0
-        )
-        trajectories.append(agentrl.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=reward))
-    return agentrl.TrajectoryGroup(trajectories)
+    completion = await model.openai_client().chat.completions.create(
+        model=model.inference_name, messages=messages, max_tokens=8, temperature=1.0
+    )
+    return agentrl.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=reward)
+
+
+async def sampled_group(model: agentrl.TrainableModel) -> agentrl.TrajectoryGroup:
+    """Two short answers rewarded 0 and 1 (a signal to train on)."""
+    return agentrl.TrajectoryGroup([await sampled_answer(model, reward) for reward in (0.0, 1.0)])
 
 
 async def main(url: str, name: str, steps: int) -> None:

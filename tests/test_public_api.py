@@ -220,15 +220,19 @@ print(os.environ.get("GOMP_SPINCOUNT", "-"), server_env(ServerConfig(), gpu=Fals
 def test_a_pipelined_run_on_the_cpu_is_warned_when_openmp_would_spin_on_the_servers_cores(
     environment, bounded, monkeypatch, caplog
 ):
-    from agentrl.openmp_spin import warn_if_spinning_beside_the_server
+    from agentrl.openmp_spin import spin_fix_beside, warn_spinning_beside_the_server
 
     for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
         monkeypatch.delenv(name, raising=False)
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    assert warn_if_spinning_beside_the_server(server_on_cpu=True) is not bounded
-    assert ("GOMP_SPINCOUNT=2000" in caplog.text) is not bounded  # the warning names the fix
-    assert warn_if_spinning_beside_the_server(server_on_cpu=False) is False  # a GPU server: nothing shared
+    fix = spin_fix_beside(server_on_cpu=True)
+    assert (fix is None) is bounded
+    if fix is not None:
+        assert "GOMP_SPINCOUNT=2000" in fix and repr(environment.get("GOMP_SPINCOUNT", "unset"))[1:-1] in fix
+        warn_spinning_beside_the_server(fix)
+        assert "about 3x slower" in caplog.text and fix in caplog.text  # the warning names the fix
+    assert spin_fix_beside(server_on_cpu=False) is None  # a GPU server: nothing shared
 
 
 SPIN_SEEN_BY_A_RUN = """

@@ -1,6 +1,7 @@
 """RemoteBackend against `agentrl backend serve` in another process: real HTTP, real vLLM, real trainer.
 
-One service process for the module (restarted once, on the same port and runs folder); client
+One service process for the module (restarted once, on the same port and runs folder, the second time
+with --pipelined); client
 processes train on it as a notebook on a laptop would train on a GPU host.
 """
 
@@ -33,13 +34,15 @@ class Service:
         self.url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen[str] | None = None
 
-    def start(self) -> str:
+    def start(self, *options: str) -> str:
         """Start it and wait until it listens; returns what it printed (its output goes to a file, never a full pipe)."""
         # Without the suite's vLLM zygote: the service's servers are its own children (`vllm_processes`), and
-        # the suite keeps a real test of servers started as their own Python.
-        env = {k: v for k, v in os.environ.items() if k not in ("AGENTRL_TOKEN", ZYGOTE_ENV)}
+        # the suite keeps a real test of servers started as their own Python. OpenMP's spin is libgomp's own
+        # unless an option bounds it.
+        dropped = ("AGENTRL_TOKEN", ZYGOTE_ENV, "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+        env = {k: v for k, v in os.environ.items() if k not in dropped}
         log = self.runs.parent / f"service-{time.monotonic_ns()}.log"
-        command = [sys.executable, "-m", "agentrl.cli", "backend", "serve", "--port", str(self.port)]
+        command = [sys.executable, "-m", "agentrl.cli", "backend", "serve", *options, "--port", str(self.port)]
         with open(log, "w") as out:
             self.process = subprocess.Popen(
                 [*command, "--runs", str(self.runs)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
@@ -160,22 +163,37 @@ async def test_a_client_killed_mid_train_leaves_a_whole_step_and_a_new_client_co
     assert client.returncode == 0 and f"STEP {step + 1} agent@{step + 1}" in output, output[-3000:]
 
 
-async def test_after_a_restart_the_client_is_told_and_continues_after_register(service, token):
+async def test_after_a_restart_the_client_is_told_and_continues_after_register(service, token, caplog):
+    from tests.remote_client import sampled_answer
+
+    async def one_pipelined_step(model: agentrl.TrainableModel) -> agentrl.TrainResult:
+        def make_groups(model: agentrl.TrainableModel, step: int) -> list[agentrl.TrajectoryGroup]:
+            return [agentrl.TrajectoryGroup(sampled_answer(model, r) for r in (0.0, 1.0)) for _ in range(2)]
+
+        config = agentrl.TrainConfig(learning_rate=1e-3)
+        return (await agentrl.train_pipelined(model, make_groups, steps=1, config=config))[0]
+
     model = agentrl.TrainableModel(name="agent", project="remote")
     backend = agentrl.RemoteBackend(service.url, token=token)
     await model.register(backend)
-    step = await model.get_step()
+    # The service trains and serves on this CPU with libgomp's own spin: a pipelined client is told the fix.
+    assert "agentrl backend serve --pipelined" in (backend.pipelined_spin_fix() or "")
+    step = (await one_pipelined_step(model)).step
+    assert "agentrl backend serve --pipelined" in caplog.text
     service.stop()
     with pytest.raises(agentrl.ServerError, match="cannot reach the agentrl backend"):
         await model.get_step()
-    assert "generated a token" not in service.start()  # the saved token is reused
+    assert "generated a token" not in service.start("--pipelined")  # the saved token is reused
     with pytest.raises(agentrl.ServerError, match="restarted .* register"):
         await model.get_step()
     await model.register(backend)
     assert await model.get_step() == step and model.inference_name == f"agent@{step}"
-    from tests.remote_client import sampled_group
-
-    result = await model.train([await sampled_group(model) for _ in range(2)], agentrl.TrainConfig(learning_rate=1e-3))
+    # --pipelined bounded the spin in the service and the server it started, and the client heard so at register.
+    assert backend.pipelined_spin_fix() is None
+    assert [p.environ().get("GOMP_SPINCOUNT") for p in vllm_processes(service)] == ["2000"]
+    caplog.clear()
+    result = await one_pipelined_step(model)
+    assert "GOMP_SPINCOUNT" not in caplog.text
     assert result.step == step + 1 and model.inference_name == f"agent@{step + 1}"
     assert (service.runs / "remote" / "agent" / "checkpoints" / f"{step + 1:04d}").is_dir()
     await backend.close()

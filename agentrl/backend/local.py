@@ -1,14 +1,13 @@
 """LocalBackend: the inference server, trainer and checkpoints of one or more models, on this machine.
 
-Models of one base model share its `Engine` (vLLM server replicas, one trainer with an adapter per
-model) behind one balancing gateway; each has its own `ModelSession` (run folder, lock, checkpoints,
-step). A step: (one GPU: the server sleeps) -> the trainer updates the LoRA -> the checkpoint is
-written atomically -> the server loads it as "{name}@{step}". The checkpoint is on disk before the
-server switches, so a crash at any point resumes from a complete checkpoint the step counter agrees
-with; a failed update, wake-up, save or switch puts the trainer back to the served checkpoint, so a
-retry applies exactly one step. A step that cannot train says why (`TrainResult.skip_reason`). When
-the server died or a rollback failed, every call says so until the next `register` rebuilds the
-engine from the checkpoints on disk.
+Models of one base model share its `Engine` (vLLM server replicas, one trainer with an adapter per model) behind one
+balancing gateway; each has its own `ModelSession` (run folder, lock, checkpoints, step). A step: (one GPU: the
+server sleeps) -> the trainer updates the LoRA -> the checkpoint is written atomically -> the server loads it as
+"{name}@{step}". The checkpoint is on disk before the server switches, so a crash at any point resumes from a
+complete checkpoint the step counter agrees with; a failed update, wake-up, save or switch puts the trainer back to
+the served checkpoint, so a retry applies exactly one step. A step that cannot train says why
+(`TrainResult.skip_reason`). When the server died or a rollback failed, every call says so until the next `register`
+rebuilds the engine from the checkpoints on disk.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
 from agentrl.gateway.store import fill_sampled_tokens
 from agentrl.model import TrainResult
+from agentrl.openmp_spin import spin_fix_beside
 from agentrl.rl.ledger import step_ledger
 from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
 from agentrl.rl.tokenize import check_token_ids, labelled_histories
@@ -161,12 +161,15 @@ class LocalBackend:
 
         return Model(name="base", base_url=self.base_url, api_key=self._sampling_token, litellm_provider="hosted_vllm")
 
+    def pipelined_spin_fix(self) -> str | None:
+        """`ReportsSpinning`: the trainer is in this process, beside a server on the CPU unless on a GPU."""
+        return spin_fix_beside(server_on_cpu=not self.server.gpu)
+
     async def register(self, model: TrainableModel) -> int:
         """Lock the run folder, resume `model` from its latest valid checkpoint (or create step 0), serve it.
 
         Registering a model whose run is already registered here returns its step (after any step in
-        progress), so a client that reconnects continues where the run is.
-        """
+        progress), so a client that reconnects continues where the run is."""
         if (why := self._why_rebuild()) is not None:
             await self._drop_engine(why)
         key = str(model.run_dir.resolve())
@@ -256,11 +259,8 @@ class LocalBackend:
         reason = None
         if not outcome.updated:
             num_zero_variance = round(outcome.metrics.get("frac_zero_variance_groups", 0.0) * len(screened.trainable))
-            reason = skip_reason(
-                screened,
-                num_zero_variance=num_zero_variance,
-                num_skipped_trajectories=int(outcome.metrics.get("num_skipped_trajectories", 0)),
-            )
+            num_skipped = int(outcome.metrics.get("num_skipped_trajectories", 0))
+            reason = skip_reason(screened, num_zero_variance=num_zero_variance, num_skipped_trajectories=num_skipped)
             name, step = session.model.name, session.step
             logger.warning("%s: step %d skipped, the step counter stays at %d: %s", name, step + 1, step, reason)
         metrics = {**step_metrics, **outcome.metrics, **screened.metrics()}

@@ -10,6 +10,7 @@ import typer
 
 from agentrl.cli.app import app
 from agentrl.errors import ConfigurationError
+from agentrl.openmp_spin import bound_openmp_spinning
 from agentrl.run_folder import DEFAULT_BASE_PATH
 
 backend_app = typer.Typer(no_args_is_help=True, help="Run a backend service that RemoteBackend trains on.")
@@ -59,6 +60,12 @@ def backend_serve(
         None, help="JSON file of ServerConfig fields (context, parser, extra vLLM flags, ...); clients cannot change it"
     ),
     max_lora_rank: int = typer.Option(64, min=1, help="the largest LoRA rank a client may register"),
+    pipelined: bool = typer.Option(
+        False,
+        help="for clients that train pipelined (train_pipelined, ART's PipelineTrainer) on a CPU server: bound "
+        "OpenMP's idle spin (GOMP_SPINCOUNT=2000, unless set) so the trainer and the server share the cores; "
+        "synchronous clients train slower with it",
+    ),
 ) -> None:
     """Serve a LocalBackend and its gateway on HOST:PORT for `agentrl.RemoteBackend("http://HOST:PORT")`.
 
@@ -68,6 +75,8 @@ def backend_serve(
     are the operator's: clients choose within them. Trainer ranks and inference replicas from other hosts
     (agentrl backend rank / replica --join) present AGENTRL_JOIN_TOKEN, set to the same value here and there;
     without it none may join. Ctrl-C stops it."""
+    if pipelined:
+        bound_openmp_spinning()  # before the service's imports load torch (agentrl.openmp_spin)
     from agentrl.backend.remote.service import OperatorPolicy, serve_backend
     from agentrl.backend.training.rank_hosts import launcher_join_address, rank_join_point
     from agentrl.config import ServerConfig

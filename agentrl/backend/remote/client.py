@@ -64,6 +64,7 @@ class RemoteBackend:
         self.step_retries = step_retries
         self._instance: str | None = None  # the service instance this backend's models registered with
         self._sampling_token: str | None = None  # what rollouts get; handed over by the service at register
+        self._spins_beside_cpu_server = False  # the service's word at register (`pipelined_spin_fix`)
         self._steps: dict[tuple[str, str], int] = {}  # each model's step as last seen, sent with step requests
         # A step takes as long as it takes (timeout_s None); connecting should not.
         self._client = httpx.AsyncClient(
@@ -130,6 +131,7 @@ class RemoteBackend:
         fields["project"] = model.project
         reply = RegisterReply.model_validate(await self._call("/backend/register", RegisterRequest(model=fields)))
         self._instance, self._sampling_token = reply.service, reply.sampling_token
+        self._spins_beside_cpu_server = reply.spins_beside_cpu_server
         self._steps[(model.project, model.name)] = reply.step
         return reply.step
 
@@ -186,6 +188,16 @@ class RemoteBackend:
         request = SessionRequest(model=self._ref(model), session_id=session_id)
         exchanges = (await self._call("/backend/close_session", request))["exchanges"]
         return [(body, answer) for body, answer in exchanges]
+
+    def pipelined_spin_fix(self) -> str | None:
+        """What would stop the service's trainer and its CPU server stealing each other's cores in a pipelined
+        run, as the service reported at the last `register`; None when it said nothing needs to change."""
+        if not self._spins_beside_cpu_server:
+            return None
+        return (
+            f"the backend service at {self.url} trains and serves on one CPU with OpenMP's spin unbounded; restart "
+            "it with `agentrl backend serve --pipelined` (or GOMP_SPINCOUNT=2000 in its environment)"
+        )
 
     def base_model(self) -> Model:
         """The untrained base model on the service's server ("base"), reached with the sampling token."""

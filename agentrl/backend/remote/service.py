@@ -269,7 +269,11 @@ class BackendService:
         step = await self.backend.register(known or model)
         self.models[(model.project, model.name)] = known or model
         reply = RegisterReply(
-            step=step, service=self.instance, sampling_token=self.tokens.sampling, base_model=model.base_model
+            step=step,
+            service=self.instance,
+            sampling_token=self.tokens.sampling,
+            base_model=model.base_model,
+            spins_beside_cpu_server=self.backend.pipelined_spin_fix() is not None,
         )
         return reply.model_dump()
 

@@ -51,6 +51,9 @@ class RegisterReply(_Message):
     """What the client hands its rollouts, judges and agent frameworks: it samples, and nothing else."""
     base_model: str
     """The base model the service trains this model on."""
+    spins_beside_cpu_server: bool = False
+    """Whether the service's trainer and its CPU server would spin on each other's cores in a pipelined run
+    (OpenMP's spin unbounded there; `agentrl backend serve --pipelined` bounds it)."""
 
 
 class StepReply(_Message):
