@@ -8,7 +8,8 @@ one replica and one rank runs its model in the forked process; replicas spawn th
 
 Protocol, over a Unix socket, one connection per server: the client sends one JSON line
 `{"argv": [...], "env": {...}, "cwd": dir, "log": path}`; the zygote answers `{"pid": N}` once the server is
-forked and `{"exit": code}` when it has exited. The server lives as long as its connection: when the
+forked and `{"exit": code}` when it has exited, or `{"declined": why}` for a server whose OpenMP settings it
+cannot give (`OPENMP_READ_AT_LOAD`), or `{"error": why}`. The server lives as long as its connection: when the
 client closes it or dies, the zygote sends its process group SIGTERM, then SIGKILL 5 s later.
 
 Run: `python -m agentrl_vllm.zygote SOCKET_PATH`. It dies with the process that started it, and its
@@ -47,6 +48,9 @@ PRELOAD = (
 """Modules every CPU server imports before it is healthy (the API server, then the engine, worker, model
 runner and LoRA wrapper it loads later: another ~1.2 s of imports, `-X importtime` on a 2-core bf16 EPYC);
 none reads agentrl's settings at import."""
+OPENMP_READ_AT_LOAD = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
+"""libgomp's settings that it reads once, when torch loads it (in the zygote, before any fork) and that nothing
+can change later: a server that asks for other values than the zygote's is declined, and started afresh."""
 KILL_AFTER_S = 5.0
 """Seconds between SIGTERM and SIGKILL for a server whose client went away: nobody waits for its answers,
 and a server still loading its model ignores SIGTERM (it took SIGKILL 20 s later on a 2-core EPYC)."""
@@ -166,6 +170,12 @@ class Zygote:
             request = read_message(connection, timeout_s=10.0)
         except (OSError, ValueError) as error:
             send(connection, {"error": f"bad request: {error}"})
+            connection.close()
+            return
+        if differing := [name for name in OPENMP_READ_AT_LOAD if request["env"].get(name) != os.environ.get(name)]:
+            here = {name: os.environ.get(name) for name in differing}
+            asked = {name: request["env"].get(name) for name in differing}
+            send(connection, {"declined": f"libgomp read {here} when the zygote loaded torch; the server asks {asked}"})
             connection.close()
             return
         try:

@@ -3,6 +3,7 @@ lifetime tied to the connection that asked for them, and the fallback when no zy
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -88,3 +89,16 @@ async def test_a_forked_server_reports_its_exit_code_and_ends_when_its_connectio
     while group_processes(handle.pid) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
     assert group_processes(handle.pid) == []
+
+
+@pytest.mark.slow  # needs a zygote that has imported vLLM
+async def test_a_server_asking_for_other_openmp_spin_than_the_zygotes_is_declined_and_started_directly(
+    tmp_path, zygote_socket, caplog
+):
+    # libgomp read GOMP_SPINCOUNT when the zygote loaded torch: a fork would spin the zygote's count whatever its
+    # environment said (a pipelined run's bound lost), so the zygote declines and the client starts it afresh.
+    caplog.set_level(logging.INFO, logger=zygote_client.__name__)
+    env = {**without_secrets(dict(os.environ)), "GOMP_SPINCOUNT": "1234"}
+    assert await fork_server(zygote_socket, ["--help"], env, tmp_path / "declined.log") is None
+    assert "declined a server" in caplog.text and "'GOMP_SPINCOUNT': '1234'" in caplog.text
+    assert not (tmp_path / "declined.log").exists()  # nothing was forked

@@ -128,6 +128,12 @@ async def fork_server(socket_path: str, argv: list[str], env: dict[str, str], lo
             "the vLLM zygote at %s did not fork a server (%s); starting the server directly", socket_path, error
         )
         return None
+    if "declined" in reply:  # its OpenMP settings are not the zygote's (agentrl_vllm.zygote.OPENMP_READ_AT_LOAD)
+        connection.close()
+        logger.info(
+            "the vLLM zygote at %s declined a server (%s); starting it directly", socket_path, reply["declined"]
+        )
+        return None
     if "pid" not in reply:
         connection.close()
         logger.warning("the vLLM zygote at %s refused a server (%s); starting the server directly", socket_path, reply)
