@@ -58,6 +58,18 @@ def test_clear_errors_for_unknown_env_missing_run_and_bad_step(tmp_path):
     assert judge_alone.exit_code != 0 and "--judge needs --reward judge or --reward ruler" in flat(judge_alone.output)
 
 
+def test_a_pipelined_backend_service_refuses_a_spin_it_cannot_bound(tmp_path, monkeypatch):
+    # The user's own GOMP_SPINCOUNT is never changed, so --pipelined with an unbounded one would serve unbounded.
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
+    missing = str(tmp_path / "missing.json")  # were the spin let through, this stops it before it serves
+    refused = runner.invoke(
+        app, ["backend", "serve", "--pipelined", "--runs", str(tmp_path / "runs"), "--server-config", missing]
+    )
+    assert refused.exit_code != 0 and "GOMP_SPINCOUNT=300000" in flat(refused.output)
+    assert "set it to 2000" in flat(refused.output)
+    assert not (tmp_path / "runs").exists()  # refused before anything started or was written
+
+
 def test_version_is_the_installed_distributions():
     from importlib import metadata
 

@@ -10,7 +10,7 @@ import typer
 
 from agentrl.cli.app import app
 from agentrl.errors import ConfigurationError
-from agentrl.openmp_spin import bound_openmp_spinning
+from agentrl.openmp_spin import BOUNDED_SPIN_TURNS, SPIN_VARIABLE, bound_openmp_spinning, spin_is_bounded
 from agentrl.run_folder import DEFAULT_BASE_PATH
 
 backend_app = typer.Typer(no_args_is_help=True, help="Run a backend service that RemoteBackend trains on.")
@@ -75,8 +75,11 @@ def backend_serve(
     are the operator's: clients choose within them. Trainer ranks and inference replicas from other hosts
     (agentrl backend rank / replica --join) present AGENTRL_JOIN_TOKEN, set to the same value here and there;
     without it none may join. Ctrl-C stops it."""
-    if pipelined:
-        bound_openmp_spinning()  # before the service's imports load torch (agentrl.openmp_spin)
+    if pipelined and not (bound_openmp_spinning() or spin_is_bounded()):  # before the imports below load torch
+        raise typer.BadParameter(
+            f"--pipelined: {SPIN_VARIABLE}={os.environ.get(SPIN_VARIABLE)} in the environment lets OpenMP spin on the "
+            f"cores the server needs; unset it or set it to {BOUNDED_SPIN_TURNS} (agentrl.openmp_spin)"
+        )
     from agentrl.backend.remote.service import OperatorPolicy, serve_backend
     from agentrl.backend.training.rank_hosts import launcher_join_address, rank_join_point
     from agentrl.config import ServerConfig
