@@ -79,6 +79,18 @@ async def test_a_register_cannot_reach_vllms_command_line_or_choose_a_base_model
     assert snapshot(service.runs_dir) == before and service.backend._engine is None  # nothing started
 
 
+async def test_requests_stay_strict_and_replies_read_what_a_newer_service_adds(service):
+    from agentrl.backend.remote.wire import RegisterReply
+
+    body = {"project": "remote", "name": "agent", "surprise": 1}
+    async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+        response = await client.post("/backend/get_step", json=body, headers=admin())
+    assert response.status_code == 400 and "surprise" in response.json()["message"]
+    fields = {"step": 3, "service": "s", "sampling_token": "t", "base_model": "m", "added_later": True}
+    reply = RegisterReply.model_validate(fields)  # a client of this version, a service of a later one
+    assert reply.step == 3 and reply.spins_beside_cpu_server is False
+
+
 async def test_the_sampling_token_samples_and_cannot_administer(service):
     with FakeVLLM() as upstream:
         service.backend.gateway.connect([Replica(upstream.url, "k")], context=4096)

@@ -31,6 +31,13 @@ class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+class _Reply(_Message):
+    """What the service answers: a field a newer service adds is ignored, so a client of this version still
+    reads it (requests stay strict: the service refuses what it does not know)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
 class ModelRef(_Message):
     """Which registered model a call is about."""
 
@@ -43,7 +50,7 @@ class RegisterRequest(_Message):
     """The `REGISTERED_FIELDS` the client set; base model and server settings left out take the operator's."""
 
 
-class RegisterReply(_Message):
+class RegisterReply(_Reply):
     step: int
     service: str
     """The service instance (see SERVICE_HEADER)."""
@@ -56,7 +63,7 @@ class RegisterReply(_Message):
     (OpenMP's spin unbounded there; `agentrl backend serve --pipelined` bounds it)."""
 
 
-class StepReply(_Message):
+class StepReply(_Reply):
     step: int
 
 
@@ -106,6 +113,6 @@ class DeleteRequest(_Message):
     best_by: str | None
 
 
-class ErrorReply(_Message):
+class ErrorReply(_Reply):
     type: str
     message: str
