@@ -35,6 +35,7 @@ from agentrl.backend.remote.wire import (
     TrainRequest,
 )
 from agentrl.errors import AgentRLError, ConfigurationError, ServerError
+from agentrl.openmp_spin import BOUNDED_SPIN_TURNS, SPIN_VARIABLE
 
 if TYPE_CHECKING:
     from agentrl.config import SFTConfig, TrainConfig
@@ -196,7 +197,7 @@ class RemoteBackend:
             return None
         return (
             f"the backend service at {self.url} trains and serves on one CPU with OpenMP's spin unbounded; restart "
-            "it with `agentrl backend serve --pipelined` (or GOMP_SPINCOUNT=2000 in its environment)"
+            f"it with `agentrl backend serve --pipelined` (or {SPIN_VARIABLE}={BOUNDED_SPIN_TURNS} in its environment)"
         )
 
     def base_model(self) -> Model:
