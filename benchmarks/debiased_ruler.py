@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import dataclasses
 import datetime
-import os
 import statistics
 import tempfile
 from typing import Any
@@ -34,7 +33,7 @@ from agentrl.judges.audit import JudgeAudit
 from agentrl.judges.training import load_examples
 from agentrl_environments.rubric.tasks import DATA as RUBRIC_DATA
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import RESULTS, cpu_name
+from benchmarks.step_breakdown import RESULTS, machine_label
 
 DEBIASED_RESULTS = RESULTS.with_name("debiased_ruler.json")
 START, END = "<!-- benchmark:debiased_ruler:start -->", "<!-- benchmark:debiased_ruler:end -->"
@@ -105,7 +104,7 @@ async def measure(groups_count: int, permutations: int) -> dict[str, Any]:
         finally:
             await backend.close()
     return {
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "machine": machine_label(),
         "date": datetime.date.today().isoformat(),
         "groups": len(examples),
         "rows": rows,

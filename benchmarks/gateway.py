@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import os
 import statistics
 import tempfile
 import time
@@ -25,7 +24,7 @@ import httpx
 import agentrl
 from agentrl.files import write_json_atomic
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import RESULTS, cpu_name
+from benchmarks.step_breakdown import RESULTS, machine_label
 
 GATEWAY_RESULTS = RESULTS.with_name("gateway.json")
 START, END = "<!-- benchmark:gateway:start -->", "<!-- benchmark:gateway:end -->"
@@ -149,7 +148,7 @@ async def measure(requests: int) -> dict:
         finally:
             await backend.close()
     return {
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "machine": machine_label(),
         "date": datetime.date.today().isoformat(),
         "requests_c1": requests,
         "max_tokens": MAX_TOKENS,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import os
 import statistics
 import tempfile
 
@@ -20,7 +19,7 @@ from agentrl.files import write_json_atomic
 from agentrl.judges import JudgeLimiter, ruler_score_group
 from agentrl_environments.larger_number.task import rollout, scenarios
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import RESULTS, cpu_name
+from benchmarks.step_breakdown import RESULTS, machine_label
 
 LATENCY_RESULTS = RESULTS.with_name("judge_latency.json")
 START, END = "<!-- benchmark:judge_latency:start -->", "<!-- benchmark:judge_latency:end -->"
@@ -52,7 +51,7 @@ async def measure(repeats: int) -> dict:
         finally:
             await backend.close()
     return {
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "machine": machine_label(),
         "date": datetime.date.today().isoformat(),
         "repeats": repeats,
         "groups": results,

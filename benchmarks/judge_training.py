@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
 import tempfile
 import time
 from typing import Any
@@ -33,7 +32,7 @@ from agentrl.judges.training import JudgeExample, examples_from_groups, load_exa
 from agentrl_environments.larger_number.task import scenarios
 from agentrl_environments.rubric.tasks import DATA as RUBRIC_DATA
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import RESULTS, cpu_name
+from benchmarks.step_breakdown import RESULTS, machine_label
 
 JUDGE_RESULTS = RESULTS.with_name("judge_training.json")
 START, END = "<!-- benchmark:judge_training:start -->", "<!-- benchmark:judge_training:end -->"
@@ -144,7 +143,7 @@ async def measure(
             await backend.close()
     return {
         "data": name,
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "machine": machine_label(),
         "date": datetime.date.today().isoformat(),
         "train_examples": len(train),
         "held_out_examples": len(held_out),

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import os
 import statistics
 import tempfile
 import time
@@ -41,7 +40,7 @@ from agentrl.files import write_json_atomic  # noqa: E402
 from agentrl_environments.larger_number.task import evaluate, rollout, scenarios  # noqa: E402
 from agentrl_environments.larger_number.train import GROUP_SIZE, GROUPS_PER_STEP, LEARNING_RATE  # noqa: E402
 from benchmarks.readme import replace_section  # noqa: E402
-from benchmarks.step_breakdown import RESULTS, cpu_name, precision_label  # noqa: E402
+from benchmarks.step_breakdown import RESULTS, machine_label  # noqa: E402
 
 PIPELINE_RESULTS = RESULTS.with_name("pipeline.json")
 SPREAD_RESULTS = RESULTS.with_name("pipeline_spread.json")
@@ -152,11 +151,6 @@ def timeline_model(sync: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def machine() -> str:
-    """This machine as the tables name it: its number format (bf16 or float32), CPU and cores."""
-    return f"{precision_label()}: {cpu_name()}, {os.cpu_count()} cores"
-
-
 def fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
@@ -171,14 +165,14 @@ def main() -> None:
         spread = [asyncio.run(run_mode(off, args.steps, args.steps, tis)) for off, tis in SPREAD_VARIANTS]
         keep = ("mode", "max_steps_off_policy", "steps", "held_out_reward", "staleness_mean")
         runs = [{key: run[key] for key in keep} for run in spread]
-        write_json_atomic(SPREAD_RESULTS, {"machine": machine(), "runs": runs})
+        write_json_atomic(SPREAD_RESULTS, {"machine": machine_label(), "runs": runs})
         for run in runs:
             print(run)
         return
     runs = [asyncio.run(run_mode(mode, args.steps, args.eval_every)) for mode in (None, 1, 2)]
     model = timeline_model(runs[0])
     result = {
-        "machine": machine(),
+        "machine": machine_label(),
         "date": datetime.date.today().isoformat(),
         "runs": runs,
         "timeline_model": model,

@@ -36,7 +36,7 @@ from agentrl.files import write_json_atomic
 from agentrl_environments.larger_number.task import scenarios
 from benchmarks.gateway import timed_completions
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import RESULTS, cpu_name
+from benchmarks.step_breakdown import RESULTS, machine_label
 
 SAMPLING_RESULTS = RESULTS.with_name("sampling.json")
 START, END = "<!-- benchmark:sampling:start -->", "<!-- benchmark:sampling:end -->"
@@ -117,18 +117,8 @@ def fresh_burst(row: dict[str, Any]) -> str:
     return f"{row['fresh_first_completion_s']:.1f} s / {row['fresh_last_completion_s']:.1f} s"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--label", default="default")
-    parser.add_argument("--vllm-arg", action="append", default=[], help="a vLLM server flag, e.g. --max-num-seqs=16")
-    args = parser.parse_args()
-    result = asyncio.run(measure(args.vllm_arg))
-    grouped = os.environ.get("AGENTRL_VLLM_GROUPED_LORA", "1") == "1"
-    result.update(vllm_args=args.vllm_arg, grouped_lora=grouped, machine=cpu_name(), date=str(datetime.date.today()))
-    results = json.loads(SAMPLING_RESULTS.read_text()) if SAMPLING_RESULTS.exists() else {}
-    results[args.label] = result
-    write_json_atomic(SAMPLING_RESULTS, results)
-    print(json.dumps(result, indent=1))
+def readme_table(results: dict[str, dict[str, Any]]) -> str:
+    """The README section (markers included) that `results`, sampling.json's rows, make."""
     lines = [
         START,
         f"Sampling through the gateway, packaged model, {REQUESTS} chats of {TOKENS} tokens per figure; "
@@ -149,7 +139,24 @@ def main() -> None:
             f"| {row['first_completion_s']:.1f} s / {row['last_completion_s']:.1f} s | {fresh_burst(row)} "
             f"| {row['machine']}, {row['date']} |"
         )
-    replace_section(START, END, "\n".join([*lines, END]))
+    return "\n".join([*lines, END])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--label", default="default")
+    parser.add_argument("--vllm-arg", action="append", default=[], help="a vLLM server flag, e.g. --max-num-seqs=16")
+    args = parser.parse_args()
+    result = asyncio.run(measure(args.vllm_arg))
+    grouped = os.environ.get("AGENTRL_VLLM_GROUPED_LORA", "1") == "1"
+    result.update(
+        vllm_args=args.vllm_arg, grouped_lora=grouped, machine=machine_label(), date=str(datetime.date.today())
+    )
+    results = json.loads(SAMPLING_RESULTS.read_text()) if SAMPLING_RESULTS.exists() else {}
+    results[args.label] = result
+    write_json_atomic(SAMPLING_RESULTS, results)
+    print(json.dumps(result, indent=1))
+    replace_section(START, END, readme_table(results))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ import agentrl
 from agentrl.files import write_json_atomic
 from benchmarks.gateway import timed_completions
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import RESULTS, cpu_name
+from benchmarks.step_breakdown import RESULTS, machine_label
 
 SCALE_RESULTS = RESULTS.with_name("scale.json")
 START, END = "<!-- benchmark:scale:start -->", "<!-- benchmark:scale:end -->"
@@ -211,7 +211,7 @@ def compare_hosts(steps: int, requests: int) -> None:
     its README tables."""
     runs = [measure_ranks(setup, steps) for setup in HOST_SETUPS]
     replica_runs = [asyncio.run(measure(2, requests, other_host=other)) for other in (False, True)]
-    machine = f"{cpu_name()}, {os.cpu_count()} cores"
+    machine = machine_label()
     result = {"machine": machine, "date": datetime.date.today().isoformat(), "runs": runs, "replica_runs": replica_runs}
     write_json_atomic(SCALE_RESULTS.with_name("scale_hosts.json"), result)
     rows = [
@@ -255,7 +255,7 @@ def main() -> None:
     runs = [asyncio.run(measure(replicas, args.requests)) for replicas in (1, 2)]
     rank_runs = [measure_ranks(setup, args.steps) for setup in RANK_SETUPS]
     result = {
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "machine": machine_label(),
         "date": datetime.date.today().isoformat(),
         "runs": runs,
         "rank_runs": rank_runs,

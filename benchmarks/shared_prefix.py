@@ -33,7 +33,7 @@ from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.tokenize import demonstrated_tokens, tokenize_groups
 from agentrl_environments.larger_number.task import scenarios
 from benchmarks.readme import replace_section
-from benchmarks.step_breakdown import RESULTS, cpu_name, precision_label
+from benchmarks.step_breakdown import RESULTS, machine_label, precision_label
 from tests.helpers import make_choice
 
 SHARED_RESULTS = RESULTS.with_name("shared_prefix.json")
@@ -194,7 +194,7 @@ def main() -> None:
         trainer = Trainer(resolve_base_model("smollm2-135m-instruct"), seed=0)
         trainer.add_adapter("bench", agentrl.LoRAConfig())
         precision = precision_label()
-        machine = f"{cpu_name()}, {torch.get_num_threads()} cores ({precision})"
+        machine = machine_label()
         for shape, make_groups, steps, warm_up in (
             ("main job (larger_number, 8 x 8)", main_job_groups, args.steps, True),
             ("email tool task (4 x 8, long prompt)", email_groups, args.email_steps, False),  # warm by now

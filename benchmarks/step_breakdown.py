@@ -34,13 +34,22 @@ from benchmarks.readme import replace_section
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "step_breakdown.json"
 START, END = "<!-- benchmark:step_breakdown:start -->", "<!-- benchmark:step_breakdown:end -->"
+AVX2_ONLY_ENV = "AGENTRL_AVX2_ONLY"
+"""Set by scripts/avx2_only.sh, whose runs are float32 code paths on a CPU that has bf16."""
 
 
 def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+    """The CPU's model name, as results name it; under scripts/avx2_only.sh it says so, since those times are a
+    bf16 CPU's with AVX2 caps, not a float32 machine's."""
+    name = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or "unknown",
+    )
+    return f"{name} under scripts/avx2_only.sh (AVX2 caps)" if os.environ.get(AVX2_ONLY_ENV) == "1" else name
 
 
 def precision_label() -> str:
@@ -48,6 +57,12 @@ def precision_label() -> str:
     from agentrl.backend.precision import cpu_has_native_bf16
 
     return "bf16" if cpu_has_native_bf16() else "float32"
+
+
+def machine_label() -> str:
+    """This machine as results tables name it: its kind (the number format agentrl computes in, bf16 or float32,
+    which sets its speed), CPU and cores."""
+    return f"{precision_label()}: {cpu_name()}, {os.cpu_count()} cores"
 
 
 def peak_rss_gib(pid: int) -> float:

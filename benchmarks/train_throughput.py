@@ -125,9 +125,9 @@ def main() -> None:
     result = measure(args.steps)
     from agentrl.files import write_json_atomic
     from benchmarks.readme import replace_section
-    from benchmarks.step_breakdown import cpu_name
+    from benchmarks.step_breakdown import machine_label
 
-    result.update(label=args.label, cpu=cpu_name(), cores=torch.get_num_threads(), date=str(datetime.date.today()))
+    result.update(label=args.label, machine=machine_label(), date=str(datetime.date.today()))
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results[args.label] = result
     write_json_atomic(RESULTS, results)
@@ -147,7 +147,7 @@ def main() -> None:
             f"{row.get('computed_tokens_per_step', row['tokens_per_step']):.0f} | "
             f"{row['mfu']:.1%} ({row.get('matmul_peak_flops', row.get('bf16_matmul_peak_flops', 0)) / 1e12:.2f} "
             f"TFLOP/s {row.get('precision', 'bf16')}) | "
-            f"{row['micro_batch_tokens']} | {row['attention']} | {row['cpu']}, {row['cores']} cores, {row['date']} |"
+            f"{row['micro_batch_tokens']} | {row['attention']} | {row['machine']}, {row['date']} |"
         )
     top = ", ".join(f"{e['op']} {e['share']:.0%}" for e in result["profile_top"][:6])
     lines += ["", f"Profile of one step ({args.label}), self CPU time: {top}."]

@@ -1,0 +1,67 @@
+"""README's benchmark tables: every figure names its machine's kind (bf16 or float32, which sets its speed), and
+the tables re-rendered from their committed results files are the ones README holds."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import debiased_ruler, judge_training, sampling, shared_prefix
+from benchmarks.step_breakdown import AVX2_ONLY_ENV, machine_label, precision_label
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+RESULTS = ROOT / "benchmarks" / "results"
+SECTION = re.compile(r"<!-- (benchmark:[a-z_-]+|judge-check):start -->(.*?)<!-- \1:end -->", re.S)
+
+
+CPU = re.compile(r"(?:AMD )?EPYC|Intel(?:\(R\))? Xeon(?:\(R\) Processor)?")
+KIND_BEFORE = re.compile(r"(?:bf16|float32)(?::| numerics on the bf16)? $")
+KIND_AFTER = re.compile(r" \((?:bf16|float32)")
+
+
+def kind_named(line: str, cpu: re.Match[str]) -> bool:
+    """Whether this mention of a CPU carries its kind: "bf16: AMD EPYC", "float32 AMD EPYC", "Intel Xeon (bf16)",
+    or a caption that opens with its kind in bold (compare_trl's)."""
+    return bool(
+        KIND_BEFORE.search(line[: cpu.start()])
+        or KIND_AFTER.match(line, cpu.end())
+        or re.match(r"\*\*(?:bf16|float32)\*\*", line)
+    )
+
+
+def test_every_cpu_a_results_table_names_comes_with_its_kind():
+    sections = SECTION.findall(README)
+    assert len(sections) >= 15
+    unnamed = [
+        f"{name}: {line}"
+        for name, body in sections
+        for line in body.splitlines()
+        for cpu in CPU.finditer(line)
+        if not kind_named(line, cpu)
+    ]
+    assert not unnamed
+
+
+@pytest.mark.parametrize(
+    ("results_file", "render"),
+    [
+        ("sampling.json", sampling.readme_table),
+        ("debiased_ruler.json", debiased_ruler.table),
+        ("judge_training.json", judge_training.table),
+        ("shared_prefix.json", shared_prefix.table),
+    ],
+)
+def test_a_table_rendered_from_its_results_file_is_the_one_in_the_readme(results_file, render):
+    assert render(json.loads((RESULTS / results_file).read_text())) in README
+
+
+def test_the_machine_label_names_the_kind_and_a_run_under_avx2_caps(monkeypatch):
+    monkeypatch.delenv(AVX2_ONLY_ENV, raising=False)
+    plain = machine_label()
+    assert plain.startswith(f"{precision_label()}: ") and "avx2_only" not in plain
+    monkeypatch.setenv(AVX2_ONLY_ENV, "1")  # as scripts/avx2_only.sh sets it
+    assert "under scripts/avx2_only.sh (AVX2 caps)" in machine_label()
