@@ -199,6 +199,11 @@ class ReportsSpinning(Protocol):
         where nothing needs to change (a GPU server, or OpenMP's spin already bounded where it trains)."""
         ...
 
+    def pipelined_cores(self) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Held while a pipelined run trains: what the backend does itself about that spin, yielding whether it
+        did anything (LocalBackend computes its trainer on one thread; a RemoteBackend cannot reach its service's)."""
+        ...
+
 
 class TrainableModel(Model):
     """A model trained with LoRA by a backend, and served by it at its latest checkpoint."""

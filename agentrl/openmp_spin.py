@@ -14,7 +14,10 @@ trainer's process; the servers started later inherit it. `agentrl train --max-st
 (`bound_openmp_spinning`), as does `agentrl backend serve --pipelined` for a service's clients; a script of
 one's own sets GOMP_SPINCOUNT=2000 before it imports torch. `train_pipelined` warns when the backend says a
 run lacks it (`agentrl.model.ReportsSpinning`: a LocalBackend from this process, a RemoteBackend from the
-service's, reported at register).
+service's, reported at register). A LocalBackend that lacks it (torch was loaded first: a notebook, ART's
+`PipelineTrainer`) computes its trainer on one thread while the run lasts, which takes most of the loss back:
+the pipelined learning test in-process took 73 s so, against 168 s on two threads and 58 s bounded (2-core
+Intel Xeon with AMX, bf16, 2026-12-02; 60 s bounded on one thread).
 """
 
 from __future__ import annotations
@@ -77,8 +80,17 @@ def spin_fix_beside(server_on_cpu: bool) -> str | None:
     )
 
 
-def warn_spinning_beside_the_server(fix: str) -> None:
-    """Warn that a pipelined run's trainer and CPU server spin on each other's cores, naming `fix`."""
+def warn_spinning_beside_the_server(fix: str, *, trainer_on_one_thread: bool) -> None:
+    """Warn that a pipelined run's trainer and CPU server spin on each other's cores, naming `fix`, and say
+    whether the trainer computes on one thread meanwhile (LocalBackend's `pipelined_cores`)."""
+    if trainer_on_one_thread:
+        logger.warning(
+            "pipelined training with the server on the trainer's CPU and OpenMP's idle spin unbounded: the trainer "
+            "computes on one thread for this run, so that the two do not steal each other's cores (about 3x slower "
+            "otherwise). Faster still: %s.",
+            fix,
+        )
+        return
     logger.warning(
         "pipelined training with the server on the trainer's CPU: the two compute at once on the same cores, "
         "and OpenMP's idle spin makes each steal the cores the other needs (about 3x slower). Fix: %s. Or use the "

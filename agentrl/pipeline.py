@@ -16,6 +16,7 @@ previous step, and train together.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -56,7 +57,7 @@ class _Finished:
     oldest_step: int
 
 
-async def train_pipelined(  # noqa: C901 - over the limit when the rule came on; split it when next changed
+async def train_pipelined(
     model: TrainableModel,
     make_groups: MakeGroups,
     *,
@@ -86,73 +87,38 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
     """
     if isinstance(max_steps_off_policy, bool) or not isinstance(max_steps_off_policy, int) or max_steps_off_policy < 0:
         raise ConfigurationError(f"max_steps_off_policy must be an int >= 0, got {max_steps_off_policy!r}")
-    if max_steps_off_policy > 0 and isinstance(model.backend, ReportsSpinning):
-        if fix := model.backend.pipelined_spin_fix():
-            warn_spinning_beside_the_server(fix)
-    budget = ExceptionBudget(max_exception_rate=max_exception_rate)
+    backend = model.backend if max_steps_off_policy > 0 and isinstance(model.backend, ReportsSpinning) else None
+    async with backend.pipelined_cores() if backend else contextlib.nullcontext(False) as trainer_on_one_thread:
+        if backend and (fix := backend.pipelined_spin_fix()):
+            warn_spinning_beside_the_server(fix, trainer_on_one_thread=trainer_on_one_thread)
+        return await _overlapped(
+            model, make_groups, steps, max_steps_off_policy, config, after_each, max_exception_rate, on_step
+        )
+
+
+async def _overlapped(
+    model: TrainableModel,
+    make_groups: MakeGroups,
+    steps: int,
+    max_steps_off_policy: int,
+    config: TrainConfig | None,
+    after_each: AfterEach | None,
+    max_exception_rate: float | None,
+    on_step: OnStep | None,
+) -> list[TrainResult]:
+    """`train_pipelined`'s loop, its arguments checked: each step takes what has finished sampling while
+    later steps' groups sample on."""
     config = config or TrainConfig()
-    first = await model.get_step()
-    ready: list[_Finished] = []
-    arrived = asyncio.Event()
-    tasks: set[asyncio.Task[None]] = set()
-    failures: list[BaseException] = []
-    in_flight = 0  # groups started and not yet finished, judged or failed
-    sizes: list[int] = []  # groups per loop step whose groups were started, as make_groups gave them
-    judge_dropped: list[TrajectoryGroup] = []
-
-    async def sample(group: TrajectoryGroup, tally: FailureTally) -> None:
-        nonlocal in_flight
-        started_at = model._step  # the adapter served when the rollout begins
-        try:
-            finished = await gather_counted([group], tally, after_each=after_each, show_progress=False)
-            for resolved in finished:
-                ready.append(_Finished(resolved, oldest_policy_step(resolved, started_at)))
-            if not finished:  # `after_each` dropped it: consumed by the next step, as the synchronous loop does
-                judge_dropped.append(group)
-        except Exception as error:  # noqa: BLE001 - raised in the loop, which stops everything
-            failures.append(error)
-        finally:
-            in_flight -= 1
-            arrived.set()
-
-    def launch(done: int) -> None:
-        """Start the groups of every loop step that may sample now: up to `max_steps_off_policy` ahead."""
-        nonlocal in_flight
-        while len(sizes) < steps and len(sizes) <= done + max_steps_off_policy:
-            loop_step = first + len(sizes)
-            groups = list(make_groups(model, loop_step))
-            sizes.append(len(groups))
-            # The budget is the step's, as in the synchronous loop's one gather: a group of 8 at 10% alone would
-            # tolerate no failure at all.
-            tally = budget.tally(sum(len(g.pending) for g in groups), of=f"rollouts of loop step {loop_step}")
-            for group in groups:
-                in_flight += 1  # counted from now: the loop must not think nothing is coming
-                task = asyncio.ensure_future(sample(group, tally))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-
+    sampler = _Sampler(
+        model, make_groups, await model.get_step(), steps, max_steps_off_policy, after_each, max_exception_rate
+    )
     results: list[TrainResult] = []
     try:
         cycle_started, sampler_busy_at_cycle_start = time.time(), sampling.busy_s()
         for done in range(steps):
-            launch(done)
+            sampler.launch(done)
             waiting_started = time.time()
-            taken: list[_Finished] = []
-            stale: list[TrajectoryGroup] = []
-            while len(taken) < sizes[done]:
-                if failures:
-                    raise failures[0]
-                if not ready:
-                    if in_flight == 0:
-                        break  # a judge dropped some groups and nothing else is sampling: train on what there is
-                    arrived.clear()
-                    await arrived.wait()
-                    continue
-                finished = ready.pop(0)
-                if model._step - finished.oldest_step > max_steps_off_policy:
-                    stale.append(finished.group)
-                    continue
-                taken.append(finished)
+            taken, stale = await sampler.take(sampler.sizes[done])
             if stale:
                 logger.warning("dropped %d groups sampled more than %d steps ago", len(stale), max_steps_off_policy)
             # A cycle runs from the previous step's start of training to this one's: one training and one wait.
@@ -170,14 +136,94 @@ async def train_pipelined(  # noqa: C901 - over the limit when the rule came on;
                 "steps_per_hour": 3600.0 / cycle_s,
             }
             cycle_started, sampler_busy_at_cycle_start = now, sampler_busy
-            dropped = [*stale, *judge_dropped]
-            judge_dropped.clear()
+            dropped = [*stale, *sampler.judge_dropped]
+            sampler.judge_dropped.clear()
             result = await model.train([f.group for f in taken], config, step_metrics=step_metrics, dropped=dropped)
             results.append(result)
             if on_step is not None and (pending := on_step(result)) is not None:
                 await pending
         return results
     finally:
-        for task in list(tasks):  # groups for steps that will not train
+        await sampler.cancel()
+
+
+class _Sampler:
+    """The rollouts of a pipelined run: each loop step's groups started as soon as the bound allows, and the
+    groups that finished, in the order they did, for the trainer to take."""
+
+    def __init__(
+        self,
+        model: TrainableModel,
+        make_groups: MakeGroups,
+        first: int,
+        steps: int,
+        max_steps_off_policy: int,
+        after_each: AfterEach | None,
+        max_exception_rate: float | None,
+    ) -> None:
+        self.model, self.make_groups, self.first, self.steps = model, make_groups, first, steps
+        self.max_steps_off_policy, self.after_each = max_steps_off_policy, after_each
+        self.budget = ExceptionBudget(max_exception_rate=max_exception_rate)
+        self.ready: list[_Finished] = []
+        self.arrived = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.failures: list[BaseException] = []
+        self.in_flight = 0  # groups started and not yet finished, judged or failed
+        self.sizes: list[int] = []  # groups per loop step whose groups were started, as make_groups gave them
+        self.judge_dropped: list[TrajectoryGroup] = []
+
+    def launch(self, done: int) -> None:
+        """Start the groups of every loop step that may sample now: up to `max_steps_off_policy` ahead."""
+        while len(self.sizes) < self.steps and len(self.sizes) <= done + self.max_steps_off_policy:
+            loop_step = self.first + len(self.sizes)
+            groups = list(self.make_groups(self.model, loop_step))
+            self.sizes.append(len(groups))
+            # The budget is the step's, as in the synchronous loop's one gather: a group of 8 at 10% alone would
+            # tolerate no failure at all.
+            tally = self.budget.tally(sum(len(g.pending) for g in groups), of=f"rollouts of loop step {loop_step}")
+            for group in groups:
+                self.in_flight += 1  # counted from now: the loop must not think nothing is coming
+                task = asyncio.ensure_future(self._sample(group, tally))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+
+    async def _sample(self, group: TrajectoryGroup, tally: FailureTally) -> None:
+        started_at = self.model._step  # the adapter served when the rollout begins
+        try:
+            finished = await gather_counted([group], tally, after_each=self.after_each, show_progress=False)
+            for resolved in finished:
+                self.ready.append(_Finished(resolved, oldest_policy_step(resolved, started_at)))
+            if not finished:  # `after_each` dropped it: consumed by the next step, as the synchronous loop does
+                self.judge_dropped.append(group)
+        except Exception as error:  # noqa: BLE001 - raised in the loop, which stops everything
+            self.failures.append(error)
+        finally:
+            self.in_flight -= 1
+            self.arrived.set()
+
+    async def take(self, count: int) -> tuple[list[_Finished], list[TrajectoryGroup]]:
+        """Up to `count` finished groups within the bound, waiting for them, and the stale ones passed on the
+        way; fewer when a judge dropped some and nothing else is sampling. A rollout failure raises here."""
+        taken: list[_Finished] = []
+        stale: list[TrajectoryGroup] = []
+        while len(taken) < count:
+            if self.failures:
+                raise self.failures[0]
+            if not self.ready:
+                if self.in_flight == 0:
+                    break
+                self.arrived.clear()
+                await self.arrived.wait()
+                continue
+            finished = self.ready.pop(0)
+            if self.model._step - finished.oldest_step > self.max_steps_off_policy:
+                stale.append(finished.group)
+            else:
+                taken.append(finished)
+        return taken, stale
+
+    async def cancel(self) -> None:
+        """Stop the groups of steps that will not train."""
+        for task in list(self.tasks):
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self.tasks, return_exceptions=True)

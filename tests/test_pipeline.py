@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 import agentrl
 from agentrl.openmp_spin import spin_is_bounded
@@ -85,13 +86,21 @@ async def test_a_turn_after_a_swap_keeps_its_own_step_and_nothing_trains_too_sta
         rollout = {start: two_turns, start + 1: crossing}.get(step, after_crossing)
         return [agentrl.TrajectoryGroup(rollout(model, float(r)) for r in range(2)) for _ in range(2)]
 
+    trainer_thread = served_model.backend._trainer_thread
+    threads_before = await trainer_thread.run(torch.get_num_threads)
+    threads_while_training: list[int] = []
+
+    async def after_step() -> None:
+        first_step_done.set()
+        threads_while_training.append(await trainer_thread.run(torch.get_num_threads))
+
     results = await agentrl.train_pipelined(
         served_model,
         make_groups,
         steps=3,
         max_steps_off_policy=1,
         config=agentrl.TrainConfig(learning_rate=1e-4, truncated_importance_sampling=2.0),
-        on_step=lambda result: first_step_done.set(),
+        on_step=lambda result: after_step(),
     )
     assert [r.step for r in results] == [start + 1, start + 2, start + 3]
     crossed = [policy_steps(t) for g in trained_groups(served_model, start + 2) for t in g.trajectories]
@@ -104,8 +113,11 @@ async def test_a_turn_after_a_swap_keeps_its_own_step_and_nothing_trains_too_sta
         assert result.metrics["steps_per_hour"] > 0
     lines = [m for m in agentrl.tracking.read_metrics(served_model.run_dir) if m.get("step") == start + 2]
     assert lines and lines[-1]["staleness_max"] == 1  # recorded in metrics.jsonl with the step
-    # The suite's processes keep libgomp's own spin unless told otherwise: the CPU run is warned, naming the fix.
+    # The suite's processes keep libgomp's own spin unless told otherwise: the CPU run is warned, naming the fix,
+    # and its trainer computes on one thread while the run lasts, then on as many as before.
     assert ("GOMP_SPINCOUNT=2000" in caplog.text) is not spin_is_bounded()
+    assert threads_while_training == [threads_before if spin_is_bounded() else 1] * 3
+    assert await trainer_thread.run(torch.get_num_threads) == threads_before
 
 
 async def test_groups_older_than_the_bound_are_dropped_and_counted(served_model):

@@ -230,8 +230,11 @@ def test_a_pipelined_run_on_the_cpu_is_warned_when_openmp_would_spin_on_the_serv
     assert (fix is None) is bounded
     if fix is not None:
         assert "GOMP_SPINCOUNT=2000" in fix and repr(environment.get("GOMP_SPINCOUNT", "unset"))[1:-1] in fix
-        warn_spinning_beside_the_server(fix)
-        assert "about 3x slower" in caplog.text and fix in caplog.text  # the warning names the fix
+        for on_one_thread in (False, True):
+            caplog.clear()
+            warn_spinning_beside_the_server(fix, trainer_on_one_thread=on_one_thread)
+            assert "about 3x slower" in caplog.text and fix in caplog.text  # the warning names the fix
+            assert ("computes on one thread for this run" in caplog.text) is on_one_thread
     assert spin_fix_beside(server_on_cpu=False) is None  # a GPU server: nothing shared
 
 

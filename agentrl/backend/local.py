@@ -37,7 +37,7 @@ from agentrl.files import check_safe_name
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
 from agentrl.gateway.store import fill_sampled_tokens
-from agentrl.model import TrainResult
+from agentrl.model import Model, TrainResult
 from agentrl.openmp_spin import spin_fix_beside
 from agentrl.rl.ledger import step_ledger
 from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
@@ -48,7 +48,7 @@ from agentrl.wandb_metrics import WandbMetrics, wandb_requested
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
-    from agentrl.model import Model, TrainableModel
+    from agentrl.model import TrainableModel
     from agentrl.trajectory import History, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
@@ -157,13 +157,15 @@ class LocalBackend:
     def base_model(self) -> Model:
         """The untrained base model on this server (always served as "base"): a prompted baseline, or
         a local judge through litellm's hosted_vllm route, so the adapter never judges its own work."""
-        from agentrl.model import Model
-
         return Model(name="base", base_url=self.base_url, api_key=self._sampling_token, litellm_provider="hosted_vllm")
 
     def pipelined_spin_fix(self) -> str | None:
         """`ReportsSpinning`: the trainer is in this process, beside a server on the CPU unless on a GPU."""
         return spin_fix_beside(server_on_cpu=not self.server.gpu)
+
+    def pipelined_cores(self) -> contextlib.AbstractAsyncContextManager[bool]:
+        """`ReportsSpinning`: with that fix missing, the trainer (in this process, no ranks) computes on one thread."""
+        return self._trainer_thread.one_thread_while(bool(self.pipelined_spin_fix()) and self.placement.ranks == 1)
 
     async def register(self, model: TrainableModel) -> int:
         """Lock the run folder, resume `model` from its latest valid checkpoint (or create step 0), serve it.
@@ -277,10 +279,8 @@ class LocalBackend:
         servers sleep while a step trains, and nothing samples meanwhile (no pipelining on one GPU).
         The servers take cuda:0 up to their device count; trainer ranks above them have their own."""
         device = self.placement.device or "cuda:0"
-        if not device.startswith("cuda"):
-            return False
         index = int(device.partition(":")[2] or 0)
-        return self._engine is None or index < self._engine.server.devices
+        return device.startswith("cuda") and (self._engine is None or index < self._engine.server.devices)
 
     @contextlib.asynccontextmanager
     async def _updating(self, session: ModelSession) -> AsyncIterator[None]:

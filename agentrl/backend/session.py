@@ -4,10 +4,11 @@ and the step transaction (resume, commit, roll back, record) over the trainer an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -49,8 +50,31 @@ class TrainerThread:
         call = functools.partial(_spanned, getattr(fn, "__name__", "trainer call"), fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
+    @contextlib.asynccontextmanager
+    async def one_thread_while(self, narrow: bool) -> AsyncIterator[bool]:
+        """With `narrow`, torch computes the trainer's calls on one thread until the block ends (OpenMP counts
+        threads per calling thread, so the count is set on this one, and set back after); yields `narrow`."""
+        if not narrow:
+            yield False
+            return
+        loop = asyncio.get_running_loop()
+        before = await loop.run_in_executor(self._executor, _use_threads, 1)
+        try:
+            yield True
+        finally:
+            await loop.run_in_executor(self._executor, _use_threads, before)
+
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False)
+
+
+def _use_threads(count: int) -> int:
+    """Set torch's intra-op threads for the calling thread; the count before."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    return before
 
 
 def _spanned(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -11,8 +11,10 @@ was lost (a dropped connection, a proxy's timeout) is retried here without ever 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -199,6 +201,11 @@ class RemoteBackend:
             f"the backend service at {self.url} trains and serves on one CPU with OpenMP's spin unbounded; restart "
             f"it with `agentrl backend serve --pipelined` (or {SPIN_VARIABLE}={BOUNDED_SPIN_TURNS} in its environment)"
         )
+
+    @contextlib.asynccontextmanager
+    async def pipelined_cores(self) -> AsyncIterator[bool]:
+        """`ReportsSpinning`: the service's trainer is another process's; only `pipelined_spin_fix` can help there."""
+        yield False
 
     def base_model(self) -> Model:
         """The untrained base model on the service's server ("base"), reached with the sampling token."""
