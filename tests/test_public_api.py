@@ -286,3 +286,25 @@ def test_a_pipelined_agentrl_train_bounds_openmp_spinning_before_torch_loads_and
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.split() == expected
+
+
+async def test_overlapping_pipelined_runs_keep_the_trainer_on_one_thread_until_the_last_one_ends():
+    import torch
+
+    from agentrl.backend.session import TrainerThread
+
+    thread = TrainerThread()
+    try:
+        await thread.run(torch.set_num_threads, 3)
+        async with thread.one_thread_while(False) as narrowed:
+            assert narrowed is False and await thread.run(torch.get_num_threads) == 3
+        first, second = thread.one_thread_while(True), thread.one_thread_while(True)
+        assert await first.__aenter__() is True and await thread.run(torch.get_num_threads) == 1
+        await second.__aenter__()  # a second model's pipelined run, begun meanwhile and ending last
+        assert await thread.run(torch.get_num_threads) == 1
+        await first.__aexit__(None, None, None)
+        assert await thread.run(torch.get_num_threads) == 1  # the second run still trains on one
+        await second.__aexit__(None, None, None)
+        assert await thread.run(torch.get_num_threads) == 3  # as many as before, once the last ends
+    finally:
+        thread.shutdown()

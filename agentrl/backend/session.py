@@ -44,6 +44,8 @@ class TrainerThread:
 
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-trainer")
+        self._narrowed = 0  # blocks inside `one_thread_while(True)`: pipelined runs of several models overlap
+        self._threads_before = 0
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` on the thread, as a span of the run's timeline (track "trainer")."""
@@ -52,17 +54,21 @@ class TrainerThread:
 
     @contextlib.asynccontextmanager
     async def one_thread_while(self, narrow: bool) -> AsyncIterator[bool]:
-        """With `narrow`, torch computes the trainer's calls on one thread until the block ends (OpenMP counts
-        threads per calling thread, so the count is set on this one, and set back after); yields `narrow`."""
+        """With `narrow`, torch computes the trainer's calls on one thread until the last such block ends (OpenMP
+        counts threads per calling thread, so the count is set on this one, and set back after); yields `narrow`."""
         if not narrow:
             yield False
             return
         loop = asyncio.get_running_loop()
-        before = await loop.run_in_executor(self._executor, _use_threads, 1)
+        self._narrowed += 1
+        if self._narrowed == 1:
+            self._threads_before = await loop.run_in_executor(self._executor, _use_threads, 1)
         try:
             yield True
         finally:
-            await loop.run_in_executor(self._executor, _use_threads, before)
+            self._narrowed -= 1
+            if not self._narrowed:
+                await loop.run_in_executor(self._executor, _use_threads, self._threads_before)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False)
