@@ -279,7 +279,7 @@ class LocalBackend:
         servers sleep while a step trains, and nothing samples meanwhile (no pipelining on one GPU).
         The servers take cuda:0 up to their device count; trainer ranks above them have their own."""
         device = self.placement.device or "cuda:0"
-        index = int(device.partition(":")[2] or 0)
+        index = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0  # parsed on a GPU only
         return device.startswith("cuda") and (self._engine is None or index < self._engine.server.devices)
 
     @contextlib.asynccontextmanager
