@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 import agentrl
-from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.backend.checkpoints import STEP_INPUT_FILE, CheckpointStore
 from agentrl.backend.training.placement import TrainerPlacement, start_trainer
 from agentrl.backend.training.replay import replay_step
-from agentrl.backend.training.step_input import STEP_INPUT_FILE, StepInput, write_step_input
+from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
 from benchmarks.gpu_train import GPU_RESULTS, agent_groups, build_model

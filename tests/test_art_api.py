@@ -386,3 +386,80 @@ async def test_a_prompted_model_registers_logs_and_keeps_state(tmp_path):
     assert baseline.read_state() is None
     baseline.overwrite_state({"epoch": 1})
     assert baseline.merge_state({"seen": 3}) == {"epoch": 1, "seen": 3} == baseline.read_state()
+
+
+HOSTILE_KEYS = [
+    "../../../outside-1.txt",  # dot-dot parts climbing out of the run folder
+    "checkpoints/0001/../../../../outside-2.txt",  # the same inside a checkpoint's files
+    "/tmp-absolute/outside-3.txt",  # an absolute path after the run's prefix
+    "checkpoints/0001/evil.pth",  # a file no checkpoint has
+    "checkpoints/1²/adapter_model.safetensors",  # a step folder that is not ASCII digits
+]
+
+
+@pytest.mark.parametrize("where", ["s3", "folder"])
+@pytest.mark.parametrize("hostile", HOSTILE_KEYS)
+async def test_a_pull_from_a_hostile_bucket_writes_nothing_outside_the_run_folder(tmp_path, where, hostile, request):
+    from agentrl.art.local import LocalBackend
+
+    backend = LocalBackend(path=str(tmp_path / ".art"))
+    source = _fake_run(tmp_path, "agent", [0, 1])
+    bucket = "s3://runs" if where == "s3" else str(tmp_path / "bucket")
+    if where == "s3":
+        request.getfixturevalue("s3_endpoint")
+        import boto3
+
+        client = boto3.client("s3")
+        for stale in client.list_objects_v2(Bucket="runs", Prefix="hostile/").get("Contents", []):
+            client.delete_object(Bucket="runs", Key=stale["Key"])
+    await backend._experimental_push_to_s3(source, s3_bucket=bucket, prefix="hostile")
+    key = f"hostile/proj/agent/{hostile}"
+    if where == "s3":
+        client.put_object(Bucket="runs", Key=key, Body=b"pwned")
+        assert any(o["Key"] == key for o in client.list_objects_v2(Bucket="runs", Prefix="hostile/")["Contents"])
+    else:  # a folder can hold only what a file system spells: the names that stay names
+        if ".." in hostile or hostile.startswith("/"):
+            pytest.skip("a folder source cannot hold this key")
+        (tmp_path / "bucket" / key).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "bucket" / key).write_bytes(b"pwned")
+    victim = tmp_path / "outside-2.txt"
+    victim.write_text("mine")
+    elsewhere = art.TrainableModel(name="agent", project="proj", base_path=str(tmp_path / "pulled" / "a" / "b"))
+    before = {p for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(agentrl.ConfigurationError, match="nothing was pulled"):
+        await backend._experimental_pull_from_s3(elsewhere, s3_bucket=bucket, prefix="hostile")
+    with pytest.raises(agentrl.ConfigurationError, match="nothing was pulled"):
+        await backend._experimental_fork_checkpoint(
+            art.TrainableModel(name="fork", project="proj", base_path=str(tmp_path / "forks" / "a" / "b")),
+            "agent", from_project="proj", from_s3_bucket=bucket, prefix="hostile",
+        )  # fmt: skip
+    assert {p for p in tmp_path.rglob("*") if p.is_file()} == before  # not one file written, anywhere
+    assert victim.read_text() == "mine"
+
+
+async def test_a_pull_follows_no_symbolic_link(tmp_path):
+    from agentrl.art.local import LocalBackend
+
+    backend = LocalBackend(path=str(tmp_path / ".art"))
+    source = _fake_run(tmp_path, "agent", [0, 1])
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the user's secret")
+    (source.run_dir / "notes.txt").symlink_to(secret)  # a link in the source is never pushed nor pulled
+    bucket = tmp_path / "bucket"
+    await backend._experimental_push_to_s3(source, s3_bucket=str(bucket), prefix="p")
+    assert not (bucket / "p/proj/agent/notes.txt").exists()
+    (bucket / "p/proj/agent/notes.txt").symlink_to(secret)
+    elsewhere = art.TrainableModel(name="agent", project="proj", base_path=str(tmp_path / "pulled"))
+    outside = tmp_path / "elsewhere-outside"
+    outside.mkdir()
+    elsewhere.run_dir.mkdir(parents=True)
+    (elsewhere.run_dir / "trajectories").symlink_to(outside)  # a link in the run folder pointing out of it
+    (bucket / "p/proj/agent/trajectories").mkdir()
+    (bucket / "p/proj/agent/trajectories/train-0001.jsonl").write_text("{}\n")
+    with pytest.raises(agentrl.ConfigurationError, match="outside"):
+        await backend._experimental_pull_from_s3(elsewhere, s3_bucket=str(bucket), prefix="p")
+    assert not list(outside.iterdir()) and not (elsewhere.run_dir / "notes.txt").exists()
+    (elsewhere.run_dir / "trajectories").unlink()
+    assert await backend._experimental_pull_from_s3(elsewhere, s3_bucket=str(bucket), prefix="p") == 1
+    assert not (elsewhere.run_dir / "notes.txt").exists()  # the source's link was passed over
+    assert (elsewhere.run_dir / "trajectories/train-0001.jsonl").read_text() == "{}\n"

@@ -92,9 +92,9 @@ def test_every_file_and_the_folder_reach_the_disk_before_the_rename(tmp_path, mo
 
 
 def test_corrupt_checkpoints_are_moved_aside_and_resume_takes_the_newest_valid(base_model_path, tmp_path, caplog):
+    from agentrl.backend.checkpoints import OPTIMIZER_FILE
     from agentrl.backend.run_lock import RunLock
     from agentrl.backend.session import ModelSession, TrainerThread
-    from agentrl.backend.training.adapter_files import OPTIMIZER_FILE
     from agentrl.backend.training.trainer import Trainer
 
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))

@@ -13,8 +13,9 @@ import re
 import pytest
 
 import agentrl
+from agentrl.backend.checkpoints import STEP_INPUT_FILE
 from agentrl.backend.training.replay import replay_step
-from agentrl.backend.training.step_input import STEP_INPUT_FILE, read_step_input
+from agentrl.backend.training.step_input import read_step_input
 from agentrl.backend.training.trainer import Trainer
 from agentrl.cli import app
 from tests.helpers import AdapterSlots, flat, model_on_a_server_seam, runner, synthetic_groups

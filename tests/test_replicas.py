@@ -19,10 +19,10 @@ import psutil
 import pytest
 
 import agentrl
+from agentrl.backend.checkpoints import ADAPTER_FILE
 from agentrl.backend.serving.remote_replica import pack_adapter, unpack_adapter
 from agentrl.backend.serving.replicas import placements
 from agentrl.backend.serving.server import server_command
-from agentrl.backend.training.adapter_files import ADAPTER_FILE
 from agentrl.cli import app
 from agentrl.errors import ServerError
 from agentrl.gateway.serve import Gateway

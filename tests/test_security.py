@@ -524,7 +524,7 @@ async def test_a_failure_after_the_update_rolls_back_and_a_committed_step_is_rep
     is the seam (waking after a step exists on a GPU only)."""
     import torch
 
-    from agentrl.backend.training.adapter_files import OPTIMIZER_FILE
+    from agentrl.backend.checkpoints import OPTIMIZER_FILE
     from tests.helpers import model_on_a_server_seam, synthetic_groups
 
     class GPUServer:

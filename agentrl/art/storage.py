@@ -6,19 +6,26 @@ A destination is an S3 bucket (`"my-bucket"` or `"s3://my-bucket"`, through boto
 `"file:///backups"`). A run lives at `{bucket}/{prefix/}{project}/{name}/`, its files as in the run
 folder. Pulling never overwrites a file the run folder already has, and a checkpoint arrives whole:
 it is downloaded into a staging folder and renamed into place, as the trainer writes them.
+
+A stored key is never trusted as a path: a pull takes only keys whose parts are plain names (no empty,
+`.` or `..` part, no absolute key, no backslash), step folders of digits holding only the files a
+checkpoint has (`CHECKPOINT_FILES`), and writes only where the resolved target stays inside the run
+folder. Symbolic links are never followed, neither in a source folder nor in the run folder. A key that
+breaks these rules fails the whole pull with a `ConfigurationError` naming it, before anything is written.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agentrl.backend.checkpoints import INFO_FILE, CheckpointStore
+from agentrl.backend.checkpoints import CHECKPOINT_FILES, INFO_FILE, CheckpointStore
 from agentrl.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -27,6 +34,7 @@ logger = logging.getLogger(__name__)
 EXCLUDABLE = {"checkpoints": ("checkpoints/",), "trajectories": ("trajectories/",),
               "logs": ("logs/", "metrics.jsonl", "transcripts/", "reward.png")}  # fmt: skip
 _NEVER_COPIED = (".lock", ".staging-", ".corrupt-")
+_STEP_FOLDER = re.compile(r"[0-9]+")
 
 
 class _Location:
@@ -52,7 +60,7 @@ class _Location:
         if self.folder is not None:
             root = self.folder / prefix
             if root.exists():
-                yield from (str(p.relative_to(self.folder)) for p in sorted(root.rglob("*")) if p.is_file())
+                yield from (p.relative_to(self.folder).as_posix() for p in sorted(root.rglob("*")) if _plain_file(p))
             return
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix):
             yield from (item["Key"] for item in page.get("Contents", []))
@@ -74,10 +82,58 @@ class _Location:
             if self.folder is None:
                 self.client.download_file(self.name, key, str(temporary))
             else:
-                shutil.copyfile(self.folder / key, temporary)
+                _copy_without_links(_inside(self.folder, self.folder / key), temporary)
             os.replace(temporary, target)
         finally:
             temporary.unlink(missing_ok=True)
+
+
+def _plain_file(path: Path) -> bool:
+    """A regular file reached without a symbolic link (a link could name any file of the machine)."""
+    return path.is_file() and not path.is_symlink()
+
+
+def _copy_without_links(source: Path, target: Path) -> None:
+    """Copy a regular file, refusing a source that is (or has become) a symbolic link."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as error:
+        raise ConfigurationError(
+            f"{source} is not a plain file (a symbolic link?): a pull never follows links"
+        ) from error
+    with os.fdopen(fd, "rb") as reader, open(target, "xb") as writer:
+        shutil.copyfileobj(reader, writer)
+
+
+def _checked_relative(key: str, relative: str) -> tuple[str, ...]:
+    """The parts of a stored key's run-relative path, or a ConfigurationError naming the key when it could
+    reach outside the run folder (an empty, `.` or `..` part, an absolute key, a backslash) or names a
+    checkpoint folder or file a checkpoint never has."""
+    parts = tuple(relative.split("/"))
+    if relative.startswith("/") or "\\" in relative or "\0" in relative or any(p in ("", ".", "..") for p in parts):
+        raise ConfigurationError(
+            f"the stored key {key!r} is not a plain path under its run (an empty, '.' or '..' part, an absolute "
+            "path or a backslash): nothing was pulled. Remove the key from the bucket or pull from a bucket you trust"
+        )
+    if parts[0] == "checkpoints" and len(parts) > 1 and not parts[1].startswith(_NEVER_COPIED):
+        if len(parts) != 3 or not _STEP_FOLDER.fullmatch(parts[1]) or parts[2] not in CHECKPOINT_FILES:
+            raise ConfigurationError(
+                f"the stored key {key!r} is not a checkpoint file (checkpoints/<digits>/<one of "
+                f"{sorted(CHECKPOINT_FILES)}>): nothing was pulled. Remove the key or pull from a bucket you trust"
+            )
+    return parts
+
+
+def _inside(folder: Path, target: Path) -> Path:
+    """`target` if, with every link resolved, it stays inside `folder`; else a ConfigurationError."""
+    root = folder.resolve()
+    resolved = target.resolve()
+    if resolved != root and root not in resolved.parents:
+        raise ConfigurationError(
+            f"{target} resolves to {resolved}, outside {root} (a symbolic link?): a pull never reads or writes "
+            "outside the stored run and the run folder"
+        )
+    return target
 
 
 def _run_prefix(prefix: str | None, project: str, name: str) -> str:
@@ -106,7 +162,7 @@ def push_to_s3(
     run_prefix = _run_prefix(prefix, model.project, model.name)
     for path in sorted(run_dir.rglob("*")):
         relative = path.relative_to(run_dir).as_posix()
-        if path.is_file() and not any(part.startswith(_NEVER_COPIED) for part in relative.split("/")):
+        if _plain_file(path) and not any(part.startswith(_NEVER_COPIED) for part in relative.split("/")):
             location.put(path, run_prefix + relative)
             if verbose:
                 logger.info("pushed %s", relative)
@@ -133,7 +189,7 @@ def pull_from_s3(
                      exclude=list(exclude or []), verbose=verbose)  # fmt: skip
 
 
-def _copy_run(  # noqa: C901 - over the limit when the rule came on; split it when next changed
+def _copy_run(
     location: _Location,
     run_prefix: str,
     run_dir: Path,
@@ -142,17 +198,7 @@ def _copy_run(  # noqa: C901 - over the limit when the rule came on; split it wh
     exclude: list[str],
     verbose: bool,
 ) -> int | None:
-    by_step: dict[int, list[str]] = {}
-    others: list[str] = []
-    for key in location.keys(run_prefix):
-        relative = key[len(run_prefix) :]
-        if not relative or _excluded(relative, exclude):
-            continue
-        parts = relative.split("/")
-        if parts[0] == "checkpoints" and len(parts) > 2 and parts[1].isdigit():
-            by_step.setdefault(int(parts[1]), []).append(relative)
-        else:
-            others.append(relative)
+    by_step, others = _stored_run(location, run_prefix, run_dir, exclude)
     complete = sorted(s for s, files in by_step.items() if f"checkpoints/{s:04d}/{INFO_FILE}" in files)
     if only_step is not None:
         wanted = complete[-1:] if only_step == "latest" else [int(only_step)]
@@ -161,24 +207,53 @@ def _copy_run(  # noqa: C901 - over the limit when the rule came on; split it wh
         complete = wanted
     store = CheckpointStore(run_dir)
     for step in complete:
-        if store.path(step).exists():
-            continue  # never overwritten: the local checkpoint is the one this run served
-        staging = store.root / f".staging-{step:04d}-{uuid.uuid4().hex[:8]}"
-        try:
-            for relative in by_step[step]:
-                location.get(run_prefix + relative, staging / relative.split("/", 2)[2])
-            os.rename(staging, store.path(step))
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        _pull_checkpoint(location, run_prefix, store, step, by_step[step], run_dir)
         if verbose:
             logger.info("pulled checkpoint %d", step)
     for relative in others:
-        target = run_dir / relative
-        if target.exists():
+        target = _inside(run_dir, run_dir / relative)
+        if target.exists() or target.is_symlink():
             logger.warning("kept the local %s (a pull never overwrites a file the run folder has)", target)
             continue
         location.get(run_prefix + relative, target)
     return store.latest_step()
+
+
+def _stored_run(
+    location: _Location, run_prefix: str, run_dir: Path, exclude: list[str]
+) -> tuple[dict[int, list[str]], list[str]]:
+    """The stored run's checkpoint files by step and its other files, as run-relative paths, every key checked
+    (`_checked_relative`, and its target inside `run_dir`) before anything is written."""
+    by_step: dict[int, list[str]] = {}
+    others: list[str] = []
+    for key in location.keys(run_prefix):
+        relative = key[len(run_prefix) :]
+        if not relative or _excluded(relative, exclude):
+            continue
+        parts = _checked_relative(key, relative)
+        if any(part.startswith(_NEVER_COPIED) for part in parts):
+            continue  # a lock, a staging or a set-aside folder: never part of a run's copy
+        _inside(run_dir, run_dir / relative)
+        if parts[0] == "checkpoints" and len(parts) == 3:
+            by_step.setdefault(int(parts[1]), []).append(relative)
+        else:
+            others.append(relative)
+    return by_step, others
+
+
+def _pull_checkpoint(
+    location: _Location, run_prefix: str, store: CheckpointStore, step: int, files: list[str], run_dir: Path
+) -> None:
+    """Download one checkpoint into a staging folder and rename it into place; a local one is never overwritten."""
+    if store.path(step).exists():
+        return  # the local checkpoint is the one this run served
+    staging = _inside(run_dir, store.root / f".staging-{step:04d}-{uuid.uuid4().hex[:8]}")
+    try:
+        for relative in files:
+            location.get(run_prefix + relative, staging / relative.split("/", 2)[2])
+        os.rename(staging, _inside(run_dir, store.path(step)))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def fork_checkpoint(

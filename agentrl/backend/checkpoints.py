@@ -22,6 +22,16 @@ from agentrl.errors import CheckpointError, ConfigurationError
 from agentrl.files import fsync_path, fsync_tree, write_json_atomic, write_text_atomic
 
 INFO_FILE = "agentrl-checkpoint.json"
+ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+OPTIMIZER_FILE = "optimizer.pt"
+STEP_INPUT_FILE = "step_input.jsonl.gz"
+STEP_RECORD_FILE = "step_record.jsonl.gz"
+CHECKPOINT_FILES = frozenset(
+    {INFO_FILE, ADAPTER_FILE, ADAPTER_CONFIG_FILE, OPTIMIZER_FILE, STEP_INPUT_FILE, STEP_RECORD_FILE}
+)
+"""Every file a checkpoint folder may hold: the info, peft's adapter and config, AdamW's state, the step's input
+(`step_input`) and the step's record (its trajectories, to write the run's records again after a crash)."""
 _STAGING_PREFIX = ".staging-"
 _CORRUPT_PREFIX = ".corrupt-"
 

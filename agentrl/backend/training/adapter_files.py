@@ -13,10 +13,8 @@ from typing import Any
 
 import torch
 
+from agentrl.backend.checkpoints import ADAPTER_FILE, OPTIMIZER_FILE
 from agentrl.errors import CheckpointError
-
-ADAPTER_FILE = "adapter_model.safetensors"
-OPTIMIZER_FILE = "optimizer.pt"
 
 
 def write_adapter_files(

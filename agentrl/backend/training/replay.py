@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.backend.checkpoints import CheckpointStore
-from agentrl.backend.training.adapter_files import ADAPTER_FILE, OPTIMIZER_FILE
+from agentrl.backend.checkpoints import ADAPTER_FILE, OPTIMIZER_FILE, CheckpointStore
 from agentrl.backend.training.adapter_trainer import train_sft
 from agentrl.backend.training.step_input import StepInput, read_step_input, use_deterministic_kernels
 from agentrl.config import LoRAConfig, SFTConfig, TrainConfig

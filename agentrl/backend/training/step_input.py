@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.backend.checkpoints import STEP_INPUT_FILE
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError
 from agentrl.tracking import groups_from_rows, trajectory_lines
 from agentrl.trajectory import History, TrajectoryGroup
-
-STEP_INPUT_FILE = "step_input.jsonl.gz"
 
 
 @dataclass(frozen=True)
