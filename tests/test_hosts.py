@@ -61,3 +61,59 @@ async def test_a_sharded_run_across_two_hosts_loses_one_and_resumes_from_its_che
         await backend.close()
         if other_host.poll() is None:
             os.killpg(other_host.pid, signal.SIGKILL)
+
+
+def _join_in_background(join, ranks: list[int], timeout_s: float):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentrl.backend.training.rank_hosts import accept_ranks
+
+    pool = ThreadPoolExecutor(1)
+    return pool.submit(accept_ranks, join, ranks, 2, "tcp://head:1", {"seed": 1}, timeout_s)
+
+
+def _connect_when_listening(port: int) -> socket.socket:
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_a_port_scan_a_silent_connection_and_a_wrong_token_do_not_stop_a_rank_joining():
+    """The rank join, on loopback with the joining side's real client: strays before the rank are turned away
+    one by one while the wait goes on."""
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+
+    port, token = free_port(), secrets.token_urlsafe(32)
+    waiting = _join_in_background(agentrl.JoinPoint("127.0.0.1", port, token, remote_ranks=1), [1], timeout_s=60)
+    _connect_when_listening(port).close()  # a port scan's connect-and-close
+    silent = _connect_when_listening(port)  # a health check that connects and says nothing
+    with pytest.raises(AuthenticationError):
+        Client(("127.0.0.1", port), authkey=b"not-the-token")
+    rank = Client(("127.0.0.1", port), authkey=token.encode())
+    rank.send(("hello", "host-2", 4242))
+    assert rank.recv() == (1, 2, "tcp://head:1", {"seed": 1})
+    ((connection, remote),) = waiting.result(timeout=30)
+    assert (remote.host, remote.pid) == ("host-2", 4242)
+    connection.send("still talking")
+    assert rank.recv() == "still talking"
+    silent.close()
+    rank.close()
+    connection.close()
+
+
+def test_a_join_that_gets_too_few_ranks_says_how_long_it_waited_and_what_it_turned_away():
+    port = free_port()
+    waiting = _join_in_background(agentrl.JoinPoint("127.0.0.1", port, secrets.token_urlsafe(32), 1), [1], 2)
+    _connect_when_listening(port).close()
+    with pytest.raises(
+        agentrl.TrainingError, match=r"waited 2 s .* 0 joined; turned away 1 connections \(127.0.0.1: EOF"
+    ):
+        waiting.result(timeout=30)

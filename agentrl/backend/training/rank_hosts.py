@@ -17,12 +17,14 @@ import ipaddress
 import logging
 import pickle
 import shutil
+import socket
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
 
@@ -110,43 +112,106 @@ class ShippedFolder:
         return folder
 
 
+HANDSHAKE_S = 10.0
+"""How long one joining connection has to pass the token challenge and say who it is; a silent one is closed."""
+
+
 def accept_ranks(
     join: JoinPoint, ranks: list[int], world_size: int, rendezvous: str, trainer_args: dict[str, Any], timeout_s: float
 ) -> list[tuple[Connection, RemoteRank]]:
     """Listen at the join point until a rank has joined for each of `ranks` (in arrival order), and send each
-    its welcome: (rank, world size, rendezvous, trainer arguments). A caller with the wrong token is refused
-    and logged; too few ranks within `timeout_s` is a TrainingError that says how to start them."""
-    joined: list[tuple[Connection, RemoteRank]] = []
-    with Listener((join.host, join.port), authkey=join.token.encode()) as listener:
-
-        def accept_all() -> None:
-            while len(joined) < len(ranks):
-                try:
-                    connection = listener.accept()
-                except AuthenticationError as error:
-                    logger.warning("refused a trainer rank at %s:%d: %s (wrong token)", join.host, join.port, error)
-                    continue
-                except OSError:  # the listener was closed: the wait is over
-                    return
-                _, host, pid = connection.recv()
-                rank = ranks[len(joined)]
-                connection.send((rank, world_size, rendezvous, trainer_args))
-                joined.append((connection, RemoteRank(str(host), int(pid), join.silence_s)))
-                logger.info("trainer rank %d joined from %s (pid %s)", rank, host, pid)
-
-        waiter = threading.Thread(target=accept_all, name="agentrl-rank-join", daemon=True)
-        waiter.start()
-        waiter.join(timeout_s)
-        if waiter.is_alive() or len(joined) < len(ranks):
-            listener.close()
-            for connection, _ in joined:
-                connection.close()
-            raise TrainingError(
-                f"waited {timeout_s:.0f} s for {len(ranks)} trainer ranks to join at {join.host}:{join.port}; "
-                f"{len(joined)} joined. On each other host run: agentrl backend rank --join "
-                f"{join.host}:{join.port} (with AGENTRL_JOIN_TOKEN set to this head's join token)"
-            )
+    its welcome: (rank, world size, rendezvous, trainer arguments). Each connection is handled on its own
+    thread with `HANDSHAKE_S` to authenticate and say hello, so a port scan, a health check's connect-and-close
+    or a silent connection costs nothing but a log line; too few ranks within `timeout_s` is a TrainingError
+    that says how long it waited, what it turned away, and how to start the ranks."""
+    waiting = _JoinWait(join, ranks, (world_size, rendezvous, trainer_args))
+    started = time.monotonic()
+    with socket.create_server((join.host, join.port)) as server:
+        server.settimeout(0.2)
+        while not waiting.done.is_set() and time.monotonic() - started < timeout_s:
+            try:
+                sock, peer = server.accept()
+            except TimeoutError:
+                continue
+            sock.settimeout(None)
+            threading.Thread(target=waiting.handshake, args=(sock, peer), name="agentrl-rank-join", daemon=True).start()
+    joined = waiting.close()
+    if len(joined) < len(ranks):
+        for connection, _ in joined:
+            connection.close()
+        turned_away = f"; turned away {waiting.refused} connections ({waiting.last_refusal})" if waiting.refused else ""
+        raise TrainingError(
+            f"waited {time.monotonic() - started:.0f} s for {len(ranks)} trainer ranks to join at {join.host}:"
+            f"{join.port}; {len(joined)} joined{turned_away}. On each other host run: agentrl backend rank --join "
+            f"{join.host}:{join.port} (with AGENTRL_JOIN_TOKEN set to this head's join token)"
+        )
     return joined
+
+
+class _JoinWait:
+    """The connections of one wait for ranks: each authenticated and welcomed on its own thread."""
+
+    def __init__(self, join: JoinPoint, ranks: list[int], welcome: tuple[int, str, dict[str, Any]]) -> None:
+        self.join, self.ranks, self.welcome = join, ranks, welcome
+        self.joined: list[tuple[Connection, RemoteRank]] = []
+        self.refused = 0
+        self.last_refusal = ""
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        self._pending: set[int] = set()
+
+    def handshake(self, sock: socket.socket, peer: Any) -> None:
+        """Authenticate one connection (the token's HMAC challenge, both ways) and take its hello, within
+        `HANDSHAKE_S`; a rank slot goes to it only then. Any failure closes this connection alone."""
+        fd = sock.detach()
+        with self._lock:
+            self._pending.add(fd)
+        timer = threading.Timer(HANDSHAKE_S, _hang_up, args=(fd,))
+        timer.start()
+        connection = Connection(fd)
+        try:
+            key = self.join.token.encode()
+            deliver_challenge(connection, key)
+            answer_challenge(connection, key)
+            _, host, pid = connection.recv()
+            timer.cancel()
+            with self._lock:
+                self._pending.discard(fd)
+                if self.done.is_set():
+                    raise EOFError("every rank had joined already")
+                rank = self.ranks[len(self.joined)]
+                connection.send((rank, *self.welcome))
+                self.joined.append((connection, RemoteRank(str(host), int(pid), self.join.silence_s)))
+                if len(self.joined) == len(self.ranks):
+                    self.done.set()
+            logger.info("trainer rank %d joined from %s (pid %s)", rank, host, pid)
+        except Exception as error:  # noqa: BLE001 - whatever a stray or hostile connection does, it ends here
+            timer.cancel()
+            why = "wrong token" if isinstance(error, AuthenticationError) else f"{type(error).__name__}: {error}"
+            with self._lock:
+                self._pending.discard(fd)
+                self.refused += 1
+                self.last_refusal = f"{peer[0]}: {why}"
+            connection.close()
+            logger.warning("turned away a connection from %s at the rank join point: %s", peer[0], why)
+
+    def close(self) -> list[tuple[Connection, RemoteRank]]:
+        """End the wait: hang up every connection still in its handshake; the ranks that joined."""
+        with self._lock:
+            self.done.set()
+            for fd in self._pending:
+                _hang_up(fd)
+            return list(self.joined)
+
+
+def _hang_up(fd: int) -> None:
+    """Wake a thread blocked reading the socket `fd` (owned by a Connection, which closes it) by shutting it down."""
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=fd)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.detach()
 
 
 def send_by_value(connection: Connection, message: Any) -> None:
