@@ -7,12 +7,14 @@ crash leaves either the old file or the new one, and an appended log never a hal
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import logging
 import math
 import os
 import re
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,31 @@ def write_text_atomic(path: Path, text: str, *, mode: int = 0o600) -> None:
     fsync_path(path.parent)
 
 
+def write_text_new(paths: Iterator[Path], text: str) -> Path:
+    """Write `text` under the first of `paths` that does not exist yet, never replacing a file; returns it.
+
+    The text goes to a temporary file (flushed) that is then hard-linked to the name, which fails when the
+    name exists, so two writers never take the same one and a reader never sees half a file."""
+    first = next(paths)
+    first.parent.mkdir(parents=True, exist_ok=True)
+    tmp = first.with_name(f".{first.name}.{uuid.uuid4().hex}.tmp")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        for path in itertools.chain([first], paths):
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                continue
+            fsync_path(path.parent)
+            return path
+        raise FileExistsError(f"every name for {first} is taken")
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def fsync_tree(folder: Path) -> None:
     """Flush every file under `folder`, then each folder itself (its entries), to disk."""
     for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
@@ -99,11 +126,12 @@ def _finite_or_none(value: Any) -> Any:
 
 
 def append_line(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line whole, or not at all.
+    """Append one JSON line whole, or not at all, and flush it to disk before returning.
 
     One `write` of the whole line to a file opened for appending; if it fails part-way (a full
     disk), the file is cut back to where it was. A line torn by a crash before this code existed
-    is ended with a newline first, so it never swallows the next record.
+    is ended with a newline first, so it never swallows the next record. The line is fsynced (a
+    record appended beside an fsynced checkpoint must survive a power loss as the checkpoint does).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (json.dumps(_finite_or_none(record), allow_nan=False) + "\n").encode()
@@ -119,6 +147,7 @@ def append_line(path: Path, record: dict[str, Any]) -> None:
         except OSError:
             os.ftruncate(fd, size)
             raise
+        os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.files import append_line, read_lines, write_text_atomic
-from agentrl.run_folder import RunFolder
+from agentrl.files import append_line, read_lines, write_text_atomic, write_text_new
+from agentrl.run_folder import RunFolder, parse_record_stem
 from agentrl.trajectory import Trajectory, TrajectoryGroup, reward_stats
 
 logger = logging.getLogger(__name__)
@@ -76,10 +76,11 @@ def groups_from_rows(rows: list[dict[str, Any]]) -> list[TrajectoryGroup]:
 
 
 def write_trajectories(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup]) -> Path:
-    """Save a step's trajectories (one JSON line each, tagged with its group) and return the path."""
-    path = RunFolder(Path(run_dir)).trajectories(split, step)
-    write_text_atomic(path, "\n".join(trajectory_lines(groups)) + "\n")
-    return path
+    """Save a step's trajectories (one JSON line each, tagged with its group) and return the path. An earlier
+    record of the same split and step is never replaced: this one takes the next copy's name."""
+    return write_text_new(
+        RunFolder(Path(run_dir)).trajectory_names(split, step), "\n".join(trajectory_lines(groups)) + "\n"
+    )
 
 
 def load_trajectories(path: Path) -> list[TrajectoryGroup]:
@@ -138,9 +139,11 @@ def transcript_html(groups: list[TrajectoryGroup], title: str) -> str:
     return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>{''.join(body)}</body></html>"
 
 
-def write_transcript(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup]) -> Path:
-    path = RunFolder(Path(run_dir)).transcript(split, step)
-    write_text_atomic(path, transcript_html(groups, f"{Path(run_dir).name}: {split}, step {step}"))
+def write_transcript(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup], copy: int = 1) -> Path:
+    """The page of a step's trajectories, named as their file (`copy`, from `write_trajectories`'s path)."""
+    path = RunFolder(Path(run_dir)).transcript(split, step, copy)
+    title = f"{Path(run_dir).name}: {split}, step {step}" + (f" (record {copy})" if copy > 1 else "")
+    write_text_atomic(path, transcript_html(groups, title))
     return path
 
 
@@ -308,6 +311,16 @@ def with_art_names(metrics: dict[str, float], groups: list[TrajectoryGroup]) -> 
     return named
 
 
+def step_line(metrics: dict[str, float], groups: list[TrajectoryGroup], skipped: bool | None) -> dict[str, float]:
+    """A step's metrics line: the trainer's metrics with ART's names, the trajectories' own metrics averaged (e.g.
+    independent_reward beside a judge's reward), and whether the step was skipped (None: not a train step)."""
+    named = with_art_names(metrics, groups)
+    if groups:
+        for key, value in summarize([t for g in groups for t in g.trajectories]).items():
+            named.setdefault(key, value)
+    return named if skipped is None else {"skipped": skipped, **named}
+
+
 def record_step(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup], metrics: dict[str, float]) -> None:
     """Everything a step leaves in the run folder: metrics line, trajectories, transcript, plot."""
     append_metrics(run_dir, {"step": step, "split": split, **metrics})
@@ -331,7 +344,7 @@ def record_step(run_dir: Path, step: int, split: str, groups: list[TrajectoryGro
     if split == "train" and (judge_problem := audit_warning(metrics)) is not None:
         logger.warning("step %d: %s", step, judge_problem)
     if groups:
-        write_trajectories(run_dir, step, split, groups)
-        write_transcript(run_dir, step, split, groups)
+        saved = write_trajectories(run_dir, step, split, groups)
+        write_transcript(run_dir, step, split, groups, parse_record_stem(saved.stem)[2])
     plot_rewards(run_dir)
     plot_judge_audit(run_dir)

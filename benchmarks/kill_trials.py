@@ -7,7 +7,10 @@ behind the real server, in a child process that resumes from the run's record
 (`iterate_dataset(already_trained=model.trained_scenarios())`). The parent SIGKILLs the child at a random
 moment after its first step starts (sampling, training, saving or swapping: wherever it is), then starts
 it again until it finishes, and checks the record: every scenario consumed by exactly one committed step.
-Synchronous loop and `train_pipelined` (one step ahead: a killed step's look-ahead groups in flight).
+Synchronous loop and `train_pipelined` (one step ahead: a killed step's look-ahead groups in flight); and
+"at-commit", a synchronous run that kills itself at the worst moment for its records: just after its first
+trained step's checkpoint is committed and served, before the step's metrics line, trajectories and transcript
+are written. Every trial also checks that each committed step has its metrics line and trajectories.
 Writes benchmarks/results/kill_trials.json; timings are this machine's and include each restart's server start.
 """
 
@@ -19,6 +22,7 @@ import datetime
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +43,8 @@ PER_STEP, GROUP_SIZE = 3, 4
 
 async def child(base_path: str, mode: str, count: int) -> None:
     """Train every scenario not yet trained, printing a line per step and the record at the end."""
+    if mode == "at-commit":
+        die_at_the_commit()
     model = agentrl.TrainableModel(name="killed", project="trials", base_path=base_path)
     backend = agentrl.LocalBackend()
     await model.register(backend)
@@ -73,6 +79,35 @@ async def child(base_path: str, mode: str, count: int) -> None:
             print(f"STEP {result.step}", flush=True)
     print("DONE " + json.dumps(model.trained_scenarios()), flush=True)
     await backend.close()
+
+
+def die_at_the_commit() -> None:
+    """SIGKILL this process when its first trained step is committed and served, before its records are written."""
+    from agentrl.backend.session import ModelSession
+
+    record = ModelSession.record
+
+    async def record_or_die(self: ModelSession, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("split") == "train" and kwargs.get("skipped") is False:
+            print(f"KILLED AT COMMIT {kwargs.get('step')}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        await record(self, *args, **kwargs)
+
+    ModelSession.record = record_or_die  # type: ignore[method-assign]
+
+
+def records_complete(run_dir: str) -> dict[str, Any]:
+    """Whether every committed step past 0 has its train line in metrics.jsonl and its trajectories; which were back-filled."""
+    from pathlib import Path
+
+    from agentrl.run_folder import RunFolder
+    from agentrl.tracking import read_metrics
+
+    folder = RunFolder(Path(run_dir))
+    lines = {r["step"]: r for r in read_metrics(folder.path) if r.get("split") == "train" and not r.get("skipped")}
+    steps = [step for step in folder.checkpoints.steps() if step > 0]
+    missing = [step for step in steps if step not in lines or not folder.trajectories("train", step).exists()]
+    return {"steps": steps, "missing": missing, "backfilled": [s for s in steps if lines.get(s, {}).get("backfilled")]}
 
 
 def attempt(base_path: str, mode: str, count: int, kill_after_s: float | None) -> dict[str, Any]:
@@ -119,6 +154,7 @@ def attempt(base_path: str, mode: str, count: int, kill_after_s: float | None) -
         "killed_after_s": killed_at_s,
         "resumed": resumed_line[1] if resumed_line else None,
         "steps_committed": [line for _, line in stamped if line.startswith("STEP")],
+        "killed_itself": next((line for _, line in stamped if line.startswith("KILLED")), None),
         "trained": json.loads(done_line[1][5:]) if done_line else None,
         "ran_s": round(done_line[0] - resumed_line[0], 1) if done_line and resumed_line else None,
     }
@@ -129,13 +165,18 @@ def trial(
 ) -> dict[str, Any]:
     """Train `count` scenarios in `mode`, SIGKILLed at a moment drawn from `kill_window_s` after it started
     (default: 3 s to 3 s times `count`; steps of 3 take ~10 s on a float32 CPU: mid-run), then resumed until done.
+    "at-commit" kills itself at its first trained step's commit (`die_at_the_commit`) and resumes synchronously.
 
     A draw past the end of the run (a faster machine than the window assumed) is drawn again, on a fresh
     run, within the time the run took, so the kill lands while it works; those draws are kept in `missed`."""
     low_s, high_s = kill_window_s or (3.0, 3.0 * count)
     missed: list[dict[str, float]] = []
+    kill_after_s: float | None = None
     with tempfile.TemporaryDirectory(prefix="kill-trial-") as folder:
-        for number in range(3):
+        if mode == "at-commit":
+            base_path = f"{folder}/0"
+            attempts = [attempt(base_path, mode, count, None)]
+        for number in range(0 if mode == "at-commit" else 3):
             base_path = f"{folder}/{number}"
             kill_after_s = round(rng.uniform(low_s, high_s), 1)
             attempts = [attempt(base_path, mode, count, kill_after_s)]
@@ -146,7 +187,7 @@ def trial(
             high_s = 0.8 * ran_s
             low_s = min(low_s, high_s / 2)
         while attempts[-1]["trained"] is None and len(attempts) < 4:
-            attempts.append(attempt(base_path, mode, count, None))
+            attempts.append(attempt(base_path, "synchronous" if mode == "at-commit" else mode, count, None))
         trained = attempts[-1]["trained"] or {}
         expected = {f"0:{i}" for i in content_ids(scenarios("train", count, seed=7))}
         exactly_once = set(trained) == expected and all(len(steps) == 1 for steps in trained.values())
@@ -155,6 +196,7 @@ def trial(
             "kill_after_s": kill_after_s,
             "missed": missed,
             "exactly_once": exactly_once,
+            "records": records_complete(f"{base_path}/trials/killed"),
             "attempts": attempts,
         }
 
@@ -171,14 +213,15 @@ def main() -> None:
         return
     rng = random.Random(args.seed)
     trials = []
-    for mode in ("synchronous", "pipelined"):
+    for mode in ("synchronous", "pipelined", "at-commit"):
         for number in range(args.trials):
             result = trial(mode, args.scenarios, rng)
             trials.append(result)
             kill = result["attempts"][0]["killed_after_s"]
             print(
                 f"{mode} trial {number + 1}: killed {kill} s after it resumed, "
-                f"{len(result['attempts'])} attempts, exactly once: {result['exactly_once']}",
+                f"{len(result['attempts'])} attempts, exactly once: {result['exactly_once']}, "
+                f"steps without records: {result['records']['missing']}",
                 flush=True,
             )
     write_json_atomic(
@@ -193,7 +236,10 @@ def main() -> None:
             "trials": trials,
         },
     )
-    print(f"all exactly once: {all(t['exactly_once'] for t in trials)}; wrote {KILL_RESULTS}")
+    print(
+        f"all exactly once: {all(t['exactly_once'] for t in trials)}; every step's records: "
+        f"{not any(t['records']['missing'] for t in trials)}; wrote {KILL_RESULTS}"
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from agentrl.backend.precision import cpu_has_native_bf16
 from agentrl.base_models import cache_dir
 from agentrl.files import write_json_atomic
 from agentrl.plugins import load_environment
-from agentrl.run_folder import RunFolder
+from agentrl.run_folder import RunFolder, parse_record_stem
 from agentrl.tracking import load_trajectories
 from agentrl.trajectory import Trajectory
 from benchmarks.readme import replace_section
@@ -150,7 +150,7 @@ def compare(before: list[Trajectory], after: list[Trajectory], score: Score) -> 
 
 def warm_start_step(run_dir: Path, start_step: int, end_step: int) -> int | None:
     """The step a warm start (SFT) ended at, where the run evaluated it: a held-out set between first and last."""
-    steps = sorted(int(p.stem.split("-")[1]) for p in RunFolder(run_dir).trajectory_files("val"))
+    steps = sorted({parse_record_stem(p.stem)[1] for p in RunFolder(run_dir).trajectory_files("val")})
     between = [step for step in steps if start_step < step < end_step]
     return between[0] if between else None
 

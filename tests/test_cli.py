@@ -210,3 +210,35 @@ def test_entry_points_stop_on_signals_even_when_started_as_a_background_job(stop
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def test_show_warns_of_a_committed_step_without_records_and_a_register_writes_them_again(tmp_path):
+    from agentrl.step_record import backfill_records, write_step_record
+    from agentrl.tracking import load_trajectories, read_metrics
+    from tests.helpers import sample_groups
+
+    run_dir = make_run(tmp_path)
+    store = CheckpointStore(run_dir)
+    # Step 3 committed (its checkpoint holds its metrics and trajectories), then a kill before its records.
+    store.save(
+        3, lambda folder: write_step_record(folder, sample_groups()), {"metrics": {"loss": 0.5}, "split": "train"}
+    )
+    result = runner.invoke(app, ["show", "demo/agent-1", "--base-path", str(tmp_path)])
+    assert result.exit_code == 0 and "checkpoints [3] have no line in metrics.jsonl" in result.output, result.output
+    assert backfill_records(run_dir) == [3]
+    line = read_metrics(run_dir)[-1]
+    assert (line["step"], line["split"], line["loss"], line["backfilled"], line["skipped"]) == (
+        3,
+        "train",
+        0.5,
+        True,
+        False,
+    )
+    assert line["reward_mean"] == 0.5  # from the kept trajectories, as the step's own line would have it
+    assert (
+        load_trajectories(run_dir / "trajectories" / "train-0003.jsonl")[0].trajectories
+        == sample_groups()[0].trajectories
+    )
+    assert (run_dir / "transcripts" / "train-0003.html").exists()
+    assert backfill_records(run_dir) == []  # once only
+    assert "no line in metrics.jsonl" not in runner.invoke(app, ["show", str(run_dir)]).output

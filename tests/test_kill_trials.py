@@ -23,7 +23,7 @@ took (`trial`), whatever the machine."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["synchronous", "pipelined"])
+@pytest.mark.parametrize("mode", ["synchronous", "pipelined", "at-commit"])
 def test_a_run_killed_at_a_random_moment_trains_each_scenario_exactly_once(mode):
     seed = random.SystemRandom().randrange(2**32)
     result = trial(mode, SCENARIOS, random.Random(seed), KILL_WINDOW_S)
@@ -34,6 +34,14 @@ def test_a_run_killed_at_a_random_moment_trains_each_scenario_exactly_once(mode)
     for attempt in result["attempts"]:
         print(f"  {attempt['resumed']}: committed {attempt['steps_committed']}")
     # The kill landed while the run was working (the draw is within its first steps), and it was resumed.
-    assert first["killed_after_s"] is not None and first["trained"] is None, result
+    if mode == "at-commit":  # it killed itself after its first trained step's commit, before the step's records
+        assert first["killed_itself"] == "KILLED AT COMMIT 1", result
+    else:
+        assert first["killed_after_s"] is not None, result
+    assert first["trained"] is None, result
     assert later and later[-1]["trained"] is not None, result
     assert result["exactly_once"], result["attempts"][-1]["trained"]
+    # Every committed step has its metrics line and trajectories, written again from its checkpoint if need be.
+    assert result["records"]["steps"] and not result["records"]["missing"], result["records"]
+    if mode == "at-commit":
+        assert result["records"]["backfilled"] == [1], result["records"]

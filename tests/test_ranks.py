@@ -243,13 +243,16 @@ def test_a_rank_with_the_wrong_token_is_refused_and_too_few_ranks_say_how_to_sta
 
     joining = threading.Thread(target=impostor)
     joining.start()
-    command = rf"waited 2 s for 1 trainer ranks to join at 127\.0\.0\.1:{port}; 0 joined\. On each other host run: agentrl backend rank --join 127\.0\.0\.1:{port}"
+    command = (
+        rf"waited 2 s for 1 trainer ranks to join at 127\.0\.0\.1:{port}; 0 joined; turned away 1 connections "
+        rf"\(127\.0\.0\.1: wrong token\)\. On each other host run: agentrl backend rank --join 127\.0\.0\.1:{port}"
+    )
     with caplog.at_level(logging.WARNING), pytest.raises(agentrl.TrainingError, match=command):
         accept_ranks(JoinPoint("127.0.0.1", port, "the-token", 1), [1], 2, "tcp://127.0.0.1:1", {}, timeout_s=2)
     joining.join(10)
     assert len(refused) == 1 and isinstance(refused[0], agentrl.ConfigurationError)
     assert "refused this rank's token" in str(refused[0]) and "AGENTRL_JOIN_TOKEN" in str(refused[0])
-    assert any("refused a trainer rank" in record.message for record in caplog.records)
+    assert any("wrong token" in record.message for record in caplog.records)
     with pytest.raises(agentrl.ConfigurationError, match="is not HOST:PORT"):
         parse_address("head-without-a-port")
     with pytest.raises(agentrl.ConfigurationError, match="between two of its heartbeats"):

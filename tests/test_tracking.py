@@ -110,3 +110,35 @@ def test_a_full_disk_leaves_no_torn_metrics_line(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "refused:" in result.stdout and "records: [1]" in result.stdout
+
+
+def test_records_at_the_same_step_and_split_never_replace_each_other(tmp_path):
+    from agentrl.run_folder import RunFolder
+
+    groups = sample_groups() * 2
+    record_step(tmp_path, 3, "train", groups, {"reward_mean": 0.5})  # the trained step 3
+    record_step(tmp_path, 3, "train", groups[:1], {"reward_mean": 0.5, "skipped": True})  # skipped after it
+    for _ in range(3):  # three held-out evaluations at step 0
+        record_step(tmp_path, 0, "val", groups[1:], {"reward_mean": 1.0})
+    folder = RunFolder(tmp_path)
+    assert [p.name for p in folder.trajectory_files("train")] == ["train-0003.jsonl", "train-0003.2.jsonl"]
+    assert len(load_trajectories(folder.trajectories("train", 3))) == 2
+    assert len(load_trajectories(folder.trajectories("train", 3, copy=2))) == 1
+    assert [p.name for p in folder.trajectory_files("val")] == [
+        "val-0000.jsonl",
+        "val-0000.2.jsonl",
+        "val-0000.3.jsonl",
+    ]
+    assert sorted(p.name for p in folder.transcripts_dir.iterdir()) == [
+        "train-0003.2.html", "train-0003.html", "val-0000.2.html", "val-0000.3.html", "val-0000.html"]  # fmt: skip
+    assert "(record 3)" in folder.transcript("val", 0, copy=3).read_text()
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_art_benchmarking_reads_every_copy_with_its_step(tmp_path):
+    from agentrl.art.utils.benchmarking import load_trajectories as art_rows
+
+    for _ in range(2):
+        record_step(tmp_path / "proj" / "m", 12, "val", sample_groups(), {"reward_mean": 0.5})
+    rows = art_rows("proj", art_path=str(tmp_path))
+    assert {(r["split"], r["step"]) for r in rows} == {("val", 12)} and len(rows) == 2 * 2

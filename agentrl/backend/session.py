@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.errors import BackendBrokenError, CheckpointError, ServerError
 from agentrl.model import TrainResult, served_name
+from agentrl.step_record import backfill_records, write_step_record
 from agentrl.timeline import append_timeline, recorder, span
-from agentrl.tracking import record_step, summarize, with_art_names
+from agentrl.tracking import record_step, step_line
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -127,10 +128,16 @@ class ModelSession:
             try:
                 store.info(step)
                 trainer.load(self.adapter, store.path(step))
-                return step
             except CheckpointError as error:
                 aside = store.move_aside(step, str(error))
                 logger.warning("checkpoint %d is corrupt and was moved aside to %s: %s", step, aside, error)
+                continue
+            try:
+                backfill_records(self.model.run_dir)
+            except Exception as error:  # noqa: BLE001 - the checkpoints are whole; only their records could not be rewritten
+                logger.warning("could not write lost step records again from the checkpoints: %s: %s",
+                               type(error).__name__, error)  # fmt: skip
+            return step
         if steps:
             logger.warning("no valid checkpoint left in %s: starting again from an untrained adapter", store.root)
         store.save(0, functools.partial(trainer.save, self.adapter), {"metrics": {}})
@@ -164,7 +171,7 @@ class ModelSession:
             record_error = await _record_committed(recording, self.step)
             return TrainResult(step=self.step, metrics=metrics, skipped=True, record_error=record_error)
         new_step, old_step = self.step + 1, self.step
-        metrics["save_s"] = await self._save(new_step, old_step, metrics, step_input)
+        metrics["save_s"] = await self._save(new_step, old_step, metrics, step_input, (split, groups))
         metrics["swap_s"] = await self._swap(new_step, old_step)
         self.step = new_step
         recording = self.record(groups, metrics, step=new_step, split=split, skipped=False)
@@ -172,19 +179,28 @@ class ModelSession:
         return TrainResult(step=new_step, metrics=metrics, record_error=record_error)
 
     async def _save(
-        self, new_step: int, old_step: int, metrics: dict[str, float], step_input: StepInput | None
+        self,
+        new_step: int,
+        old_step: int,
+        metrics: dict[str, float],
+        step_input: StepInput | None,
+        record: tuple[str, list[TrajectoryGroup]],
     ) -> float:
-        """Write checkpoint `new_step` with the step's metrics and input (rolled back on failure); returns
-        the seconds it took. The input's compressed size is the metric `step_input_bytes`."""
+        """Write checkpoint `new_step` with the step's metrics, input and record (its split and trajectories, so a
+        crash between the commit and the run's records loses nothing: `backfill_records`), rolled back on failure;
+        returns the seconds it took. The input's compressed size is the metric `step_input_bytes`."""
         started, store = time.perf_counter(), self.store
+        split, groups = record
 
         def write(folder: Path) -> None:
             self.trainer.save(self.adapter, folder)
             if step_input is not None:
                 metrics["step_input_bytes"] = float(write_step_input(folder, step_input))
+            write_step_record(folder, groups)
 
         try:
-            await self.thread.run(store.save, new_step, write, {"metrics": dict(metrics)})
+            info = {"metrics": dict(metrics), "split": split}
+            await self.thread.run(store.save, new_step, write, info)
         except Exception as error:
             await self.roll_back(old_step, f"saving checkpoint {new_step} failed ({type(error).__name__}: {error})")
             raise CheckpointError(
@@ -244,11 +260,7 @@ class ModelSession:
         skipped: bool | None = None,
     ) -> None:
         """One step's record in the run folder (and in W&B when it is on)."""
-        named = with_art_names(metrics, groups)
-        if groups:  # the trajectories' own metrics (e.g. independent_reward beside a judge's reward), averaged
-            for key, value in summarize([t for g in groups for t in g.trajectories]).items():
-                named.setdefault(key, value)
-        record = named if skipped is None else {"skipped": skipped, **named}
+        record = step_line(metrics, groups, skipped)
         await asyncio.to_thread(record_step, self.model.run_dir, step, split, groups, record)
         await asyncio.to_thread(append_timeline, self.model.run_dir, recorder.take())
         if self.wandb is not None:

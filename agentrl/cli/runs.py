@@ -18,6 +18,7 @@ from agentrl.model import served_name
 from agentrl.rl.ledger import REASONS
 from agentrl.run_folder import DEFAULT_BASE_PATH
 from agentrl.runs import COMPARED, RunInfo, find_runs
+from agentrl.step_record import unrecorded_steps
 from agentrl.timeline import TIMELINE_FILE, busy_seconds, plot_timeline, read_timeline
 
 
@@ -48,6 +49,12 @@ def show(
         echo_comparison(info, resolve_run_option(against, base_path))
         return
     typer.echo(f"run {info.label}: checkpoints {info.steps or 'none'}")
+    if lost := unrecorded_steps(info.path):
+        typer.echo(
+            f"warning: checkpoints {lost} have no line in metrics.jsonl (a crash right after their commit): registering "
+            "the model again (or resuming with `agentrl train`) writes their records again from the checkpoints",
+            err=True,
+        )
     audited = any("judge_flip_rate" in m for m in info.metrics)  # the judge audit's columns, when it ran
     judge_header = f" {'flips':>6} {'1st':>5} {'tau':>6}" if audited else ""
     typer.echo(f"{'step':>5} {'split':<6} {'reward':>8} {'std':>7} {'tokens':>7} {'seconds':>8}{judge_header}")

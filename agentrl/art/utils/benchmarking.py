@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigurationError
-from agentrl.run_folder import RunFolder
+from agentrl.run_folder import RunFolder, parse_record_stem
 
 
 def load_trajectories(
@@ -24,11 +24,11 @@ def load_trajectories(
     rows = []
     for run in sorted(p for p in root.iterdir() if p.is_dir() and (models is None or p.name in models)):
         for path in RunFolder(run).trajectory_files():
-            split, _, step = path.stem.rpartition("-")
+            split, step, _ = parse_record_stem(path.stem)
             for line in path.read_text().splitlines():
                 if line.strip():
                     data = json.loads(line)
-                    rows.append({"model": run.name, "split": split, "step": int(step), "reward": data["reward"],
+                    rows.append({"model": run.name, "split": split, "step": step, "reward": data["reward"],
                                  **data.get("metrics", {})})  # fmt: skip
     return rows
 
