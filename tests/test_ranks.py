@@ -26,6 +26,8 @@ from agentrl.rl.tokenize import split_by_tokens
 from agentrl.timeline import recorder
 from tests.helpers import join_from_another_host, runner, synthetic_groups
 
+STRONG = secrets.token_urlsafe(32)
+
 
 def test_sequences_are_dealt_to_ranks_by_tokens():
     lengths = [100, 10, 90, 20, 50, 50, 5]
@@ -248,7 +250,7 @@ def test_a_rank_with_the_wrong_token_is_refused_and_too_few_ranks_say_how_to_sta
         rf"\(127\.0\.0\.1: wrong token\)\. On each other host run: agentrl backend rank --join 127\.0\.0\.1:{port}"
     )
     with caplog.at_level(logging.WARNING), pytest.raises(agentrl.TrainingError, match=command):
-        accept_ranks(JoinPoint("127.0.0.1", port, "the-token", 1), [1], 2, "tcp://127.0.0.1:1", {}, timeout_s=2)
+        accept_ranks(JoinPoint("127.0.0.1", port, STRONG, 1), [1], 2, "tcp://127.0.0.1:1", {}, timeout_s=2)
     joining.join(10)
     assert len(refused) == 1 and isinstance(refused[0], agentrl.ConfigurationError)
     assert "refused this rank's token" in str(refused[0]) and "AGENTRL_JOIN_TOKEN" in str(refused[0])
@@ -256,9 +258,12 @@ def test_a_rank_with_the_wrong_token_is_refused_and_too_few_ranks_say_how_to_sta
     with pytest.raises(agentrl.ConfigurationError, match="is not HOST:PORT"):
         parse_address("head-without-a-port")
     with pytest.raises(agentrl.ConfigurationError, match="between two of its heartbeats"):
-        JoinPoint("127.0.0.1", port, "t", 1, silence_s=1)
+        JoinPoint("127.0.0.1", port, STRONG, 1, silence_s=1)
+    with pytest.raises(agentrl.ConfigurationError, match="join token .* is too weak"):
+        JoinPoint("127.0.0.1", port, "a", 1)
+    assert STRONG not in repr(JoinPoint("127.0.0.1", port, STRONG, 1))
     with pytest.raises(agentrl.ConfigurationError, match="leave none here"):
-        TrainerRanks("unused", ranks=2, join=JoinPoint("127.0.0.1", port, "t", 2))
+        TrainerRanks("unused", ranks=2, join=JoinPoint("127.0.0.1", port, STRONG, 2))
 
 
 def test_the_command_lines_for_ranks_on_other_hosts_name_what_is_missing(monkeypatch, tmp_path):
@@ -272,6 +277,11 @@ def test_the_command_lines_for_ranks_on_other_hosts_name_what_is_missing(monkeyp
     )
     assert served.exit_code == 2 and "need AGENTRL_JOIN_TOKEN set" in served.output
     monkeypatch.setenv("AGENTRL_JOIN_TOKEN", "t")
+    served = runner.invoke(
+        app, ["backend", "serve", "--remote-ranks", "1", "--rank-join", "h:1", "--runs", str(tmp_path)]
+    )
+    assert served.exit_code == 2 and "is too weak" in served.output, served.output
+    monkeypatch.setenv("AGENTRL_JOIN_TOKEN", STRONG)
     served = runner.invoke(
         app, ["backend", "serve", "--remote-ranks", "1", "--rank-join", "h:1", "--runs", str(tmp_path)]
     )

@@ -11,6 +11,7 @@ import hashlib
 import io
 import logging
 import os
+import secrets
 import signal
 import tarfile
 
@@ -237,7 +238,8 @@ def test_an_adapter_push_is_written_only_when_its_checksum_matches(tmp_path):
 
 async def test_only_the_join_token_opens_the_replica_door():
     closed = Gateway(token="sample")
-    door = Gateway(token="sample", admin_token="admin", join_token="join")
+    join = secrets.token_urlsafe(32)
+    door = Gateway(token="sample", admin_token="admin", join_token=join)
     await closed.start()
     await door.start()
     try:
@@ -252,11 +254,11 @@ async def test_only_the_join_token_opens_the_replica_door():
             for token in ("sample", "admin", "wrong"):  # the gateway's other tokens do not open it
                 refused = await settings(door, token)
                 assert refused.status_code == 401 and "AGENTRL_JOIN_TOKEN" in refused.text
-            assert (await settings(door, "join")).status_code == 503  # no model registered yet: try again
-            offer = await client.post(f"{door.root_url}/replicas/join", headers={"Authorization": "Bearer join"},
+            assert (await settings(door, join)).status_code == 503  # no model registered yet: try again
+            offer = await client.post(f"{door.root_url}/replicas/join", headers={"Authorization": f"Bearer {join}"},
                                       content=b"{}")  # fmt: skip
             assert offer.status_code == 503
-            models = await client.get(f"{door.base_url}/models", headers={"Authorization": "Bearer join"})
+            models = await client.get(f"{door.base_url}/models", headers={"Authorization": f"Bearer {join}"})
             assert models.status_code == 401  # and the join token opens nothing else
     finally:
         await closed.stop()
@@ -268,6 +270,9 @@ def test_the_replica_command_names_what_is_missing(monkeypatch):
     missing = runner.invoke(app, ["backend", "replica", "--join", "127.0.0.1:9"])
     assert missing.exit_code == 2 and "set AGENTRL_JOIN_TOKEN" in missing.output
     monkeypatch.setenv("AGENTRL_JOIN_TOKEN", "t")
+    weak = runner.invoke(app, ["backend", "replica", "--join", "127.0.0.1:9"])
+    assert weak.exit_code == 2 and "AGENTRL_JOIN_TOKEN is too weak" in weak.output
+    monkeypatch.setenv("AGENTRL_JOIN_TOKEN", secrets.token_urlsafe(32))
     bad = runner.invoke(app, ["backend", "replica", "--join", "nowhere"])
     assert bad.exit_code == 2 and "HOST:PORT" in bad.output
     unreachable = runner.invoke(app, ["backend", "replica", "--join", "127.0.0.1:9", "--wait", "0"])
@@ -279,7 +284,7 @@ async def test_a_replica_on_another_host_gets_each_adapter_over_http_and_leaves_
     model = agentrl.TrainableModel(
         name="spread", project="replicas", base_path=str(tmp_path / "head"), server=agentrl.ServerConfig(kv_cache_gib=1)
     )
-    backend = agentrl.LocalBackend(join_token="join-secret")
+    backend = agentrl.LocalBackend(join_token=secrets.token_urlsafe(32))
     askers = None
 
     other_host = tmp_path / "other-host"

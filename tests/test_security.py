@@ -9,11 +9,14 @@ test_remote_backend.py. Every loop here is bounded, and every address is loopbac
 from __future__ import annotations
 
 import asyncio
+import base64
 import errno
 import json
 import os
+import secrets
 import threading
 import tracemalloc
+import uuid
 from pathlib import Path
 
 import httpx
@@ -115,10 +118,51 @@ def test_the_sampling_token_is_derived_one_way_and_overridable(tmp_path, monkeyp
     assert tokens.generated and tokens.sampling == sampling_token_for(tokens.admin) != tokens.admin
     assert (tmp_path / "backend.token").stat().st_mode & 0o777 == 0o600
     assert tokens.admin not in repr(tokens) and tokens.sampling not in repr(tokens)
-    monkeypatch.setenv("AGENTRL_SAMPLING_TOKEN", "chosen")
-    assert service_tokens(tmp_path).sampling == "chosen" and not service_tokens(tmp_path).generated
+    chosen = secrets.token_urlsafe(32)
+    monkeypatch.setenv("AGENTRL_SAMPLING_TOKEN", chosen)
+    assert service_tokens(tmp_path).sampling == chosen and not service_tokens(tmp_path).generated
     monkeypatch.setenv("AGENTRL_SAMPLING_TOKEN", tokens.admin)
     with pytest.raises(agentrl.ConfigurationError, match="must differ"):
+        service_tokens(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("AGENTRL_TOKEN", "abc"), ("AGENTRL_TOKEN", "a" * 64), ("AGENTRL_TOKEN", "0123456789abcdef"),
+     ("AGENTRL_SAMPLING_TOKEN", "sample")],
+)  # fmt: skip
+def test_a_weak_chosen_token_is_refused_at_start(tmp_path, monkeypatch, variable, value):
+    from agentrl.backend.remote.service import service_tokens
+
+    monkeypatch.delenv("AGENTRL_SAMPLING_TOKEN", raising=False)
+    monkeypatch.setenv("AGENTRL_TOKEN", secrets.token_urlsafe(32))
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(agentrl.ConfigurationError, match=f"{variable} is too weak.*token_urlsafe"):
+        service_tokens(tmp_path)
+
+
+def test_strong_tokens_of_every_usual_shape_pass():
+    from agentrl.secret_tokens import check_token_strength
+
+    for _ in range(200):  # the usual generators at 128 bits and up, whatever characters they happened to draw
+        for token in (secrets.token_urlsafe(16), secrets.token_hex(16), secrets.token_hex(16).upper(),
+                      base64.b64encode(secrets.token_bytes(16)).decode(), str(uuid.uuid4()).replace("-", "")):  # fmt: skip
+            assert check_token_strength(token, "t") == token
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path, monkeypatch):
+    from agentrl.backend.remote.service import service_tokens
+
+    monkeypatch.delenv("AGENTRL_TOKEN", raising=False)
+    monkeypatch.delenv("AGENTRL_SAMPLING_TOKEN", raising=False)
+    admin = service_tokens(tmp_path).admin
+    (tmp_path / "backend.token").chmod(0o644)
+    with pytest.raises(agentrl.ConfigurationError, match="mode is 0644 .*chmod 600"):
+        service_tokens(tmp_path)
+    (tmp_path / "backend.token").chmod(0o600)
+    assert service_tokens(tmp_path).admin == admin
+    (tmp_path / "backend.token").write_text("abc\n")
+    with pytest.raises(agentrl.ConfigurationError, match="too weak"):
         service_tokens(tmp_path)
 
 

@@ -12,6 +12,7 @@ from agentrl.cli.app import app
 from agentrl.errors import ConfigurationError
 from agentrl.openmp_spin import BOUNDED_SPIN_TURNS, SPIN_VARIABLE, bound_openmp_spinning, spin_is_bounded
 from agentrl.run_folder import DEFAULT_BASE_PATH
+from agentrl.secret_tokens import check_token_strength
 
 backend_app = typer.Typer(no_args_is_help=True, help="Run a backend service that RemoteBackend trains on.")
 app.add_typer(backend_app, name="backend")
@@ -29,7 +30,10 @@ def required_join_token() -> str:
     token = os.environ.get("AGENTRL_JOIN_TOKEN", "")
     if not token:
         raise typer.BadParameter("set AGENTRL_JOIN_TOKEN to the head's join token (the same value on every host)")
-    return token
+    try:
+        return check_token_strength(token, "AGENTRL_JOIN_TOKEN")
+    except ConfigurationError as error:
+        raise typer.BadParameter(str(error)) from error
 
 
 @backend_app.command("serve")
@@ -110,7 +114,7 @@ def backend_serve(
                 trainer_ranks=trainer_ranks,
                 shard_trainer=shard_trainer,
                 trainer_join=join,
-                join_token=os.environ.get("AGENTRL_JOIN_TOKEN") or None,
+                join_token=os.environ.get("AGENTRL_JOIN_TOKEN") or None,  # checked by the service
             )
         )
     except KeyboardInterrupt:

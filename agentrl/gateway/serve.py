@@ -22,6 +22,7 @@ from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.sessions import SessionLog
 from agentrl.gateway.store import SampledStore
 from agentrl.gateway.upstream import Replica, ReplicaDoor, Upstream
+from agentrl.secret_tokens import check_token_strength
 
 
 def is_loopback(host: str) -> bool:
@@ -59,6 +60,8 @@ class Gateway:
             )
         if routes and not admin_token:
             raise ConfigurationError("a gateway with backend routes needs an admin token for them")
+        if join_token is not None:  # a replica that joins receives every adapter and prompt
+            check_token_strength(join_token, "the join token (AGENTRL_JOIN_TOKEN, LocalBackend(join_token=...))")
         self.host, self.port, self.token = host, port, token
         self.store = store or SampledStore()
         self.upstream = Upstream(limits=limits or GatewayLimits())

@@ -65,6 +65,7 @@ from agentrl.errors import (
 from agentrl.files import make_private_dir, write_text_atomic
 from agentrl.gateway.limits import GatewayLimits, RequestRefused, read_body
 from agentrl.model import TrainableModel, served_name
+from agentrl.secret_tokens import check_private_file, check_token_strength
 
 logger = logging.getLogger(__name__)
 TOKEN_FILE = "backend.token"
@@ -95,16 +96,20 @@ def sampling_token_for(admin: str) -> str:
 
 def service_tokens(runs_dir: Path) -> ServiceTokens:
     """The admin token from `AGENTRL_TOKEN`, else the one saved beside the runs ({runs_dir}/backend.token,
-    mode 0600), else a new one saved there; the sampling token from `AGENTRL_SAMPLING_TOKEN`, else derived."""
+    mode 0600), else a new one saved there; the sampling token from `AGENTRL_SAMPLING_TOKEN`, else derived.
+    A chosen token weaker than 128 bits, or a token file others can read, is a ConfigurationError naming the fix."""
     admin, source, generated = "", TOKEN_ENV, False
     if token := os.environ.get(TOKEN_ENV, "").strip():
-        admin = token
-    elif (path := runs_dir / TOKEN_FILE).exists() and (saved := path.read_text().strip()):
-        admin, source = saved, str(path)
+        admin = check_token_strength(token, TOKEN_ENV)
+    elif (path := runs_dir / TOKEN_FILE).exists():
+        check_private_file(path)
+        admin, source = check_token_strength(path.read_text().strip(), f"the token in {path}"), str(path)
     else:
         admin, source, generated = secrets.token_urlsafe(32), str(path), True
         write_text_atomic(path, admin + "\n", mode=0o600)
-    sampling = os.environ.get(SAMPLING_TOKEN_ENV, "").strip() or sampling_token_for(admin)
+    if chosen := os.environ.get(SAMPLING_TOKEN_ENV, "").strip():
+        check_token_strength(chosen, SAMPLING_TOKEN_ENV)
+    sampling = chosen or sampling_token_for(admin)
     if sampling == admin:
         raise ConfigurationError(f"{SAMPLING_TOKEN_ENV} must differ from the admin token ({TOKEN_ENV})")
     return ServiceTokens(admin, sampling, source, generated)

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
@@ -30,6 +30,7 @@ from typing import Any
 
 from agentrl.backend.training.rank_links import SILENCE_S, RemoteRank
 from agentrl.errors import ConfigurationError, TrainingError
+from agentrl.secret_tokens import check_token_strength
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +45,13 @@ class JoinPoint:
 
     host: str
     port: int
-    token: str
+    token: str = field(repr=False)
     remote_ranks: int
     silence_s: float = SILENCE_S
     """How long a call waits without a word from a remote rank before it calls that host gone."""
 
     def __post_init__(self) -> None:
+        check_token_strength(self.token, "the join token (AGENTRL_JOIN_TOKEN)")
         if self.silence_s < 3 * HEARTBEAT_S:
             raise ConfigurationError(
                 f"silence_s={self.silence_s} would call a rank gone between two of its heartbeats "
