@@ -15,12 +15,15 @@ import json
 import os
 import secrets
 import threading
+import time
 import tracemalloc
 import uuid
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
+from openai.types.chat.chat_completion import Choice
 
 import agentrl
 from agentrl.backend.remote.service import BackendService, OperatorPolicy, ServiceTokens, sampling_token_for
@@ -620,3 +623,110 @@ async def test_malformed_backend_bodies_get_a_400(service, content):
     async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
         response = await client.post("/backend/register", content=content, headers=admin())
     assert response.status_code == 400, response.text
+
+
+# --- Low 6: abandoned bodies and cut streams ----------------------------------------------------------------------
+
+
+async def _raw_request(port: int, head: bytes, body: bytes, *, hang_up: bool, wait_s: float = 10) -> bytes:
+    """Send a request's head and part of its body over a raw connection; hang up, or read what comes back."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head + body)
+    await writer.drain()
+    if hang_up:
+        writer.close()
+        return b""
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), wait_s)
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+        )
+        return head + await asyncio.wait_for(reader.readexactly(length), wait_s)
+    finally:
+        writer.close()
+
+
+async def test_abandoned_and_stalled_bodies_are_let_go_quietly(capfd):
+    with FakeVLLM() as upstream:
+        gateway = Gateway(token=SAMPLING, limits=GatewayLimits(body_timeout_s=0.5))
+        await gateway.start()
+        gateway.connect([Replica(upstream.url, "k")], context=4096)
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SAMPLING}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n").encode()  # fmt: skip
+        try:
+            for _ in range(30):  # clients that hang up mid-body
+                await _raw_request(gateway.port, head, b'{"model"', hang_up=True)
+            started = time.monotonic()
+            stalled = await asyncio.gather(
+                *(_raw_request(gateway.port, head, b'{"model"', hang_up=False) for _ in range(20))
+            )  # clients that send 8 of 1,000 bytes and wait
+            assert time.monotonic() - started < 5
+            for answer in stalled:
+                assert answer.startswith(b"HTTP/1.1 408") and b"no part of the request body arrived" in answer
+            assert upstream.received == []
+        finally:
+            await gateway.stop()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ClientDisconnect" not in err, err[-3000:]
+
+
+STREAMED = {
+    "chat": ("/chat/completions", {**CHAT, "stream": True}),
+    "responses": ("/responses", {"model": "agent@2", "input": "hi", "stream": True}),
+    "messages": ("/messages", {"model": "agent@2", "max_tokens": 8, "stream": True,
+                               "messages": [{"role": "user", "content": "hi"}]}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("api", sorted(STREAMED))
+async def test_a_stream_cut_by_a_dying_replica_ends_with_an_error_event_and_is_never_trained(api):
+    from agentrl.gateway.store import fill_sampled_tokens
+
+    path, body = STREAMED[api]
+    with FakeVLLM(cut_streams_after=2) as upstream:
+        gateway = Gateway(token=SAMPLING)
+        await gateway.start()
+        gateway.connect([Replica(upstream.url, "k")], context=4096)
+        headers = {"Authorization": f"Bearer {SAMPLING}", "x-api-key": SAMPLING}
+        try:
+            async with httpx.AsyncClient(base_url=gateway.base_url, headers=headers, timeout=30) as client:
+                async with client.stream("POST", path, json=body) as response:
+                    frames = [frame async for frame in response.aiter_text()]
+            events = "".join(frames).strip().split("\n\n")
+            last = json.loads(events[-1].split("data: ", 1)[1])
+            assert "stream broke off mid-answer" in json.dumps(last), events[-1]
+            if api != "chat":
+                assert events[-1].startswith("event: error")
+            completion_id = gateway_id(events)
+            (kept,) = gateway.store.get(completion_id)
+            assert kept.token_ids == [20, 21] and kept.incomplete  # two of three tokens, marked
+            choice = Choice.model_validate({"index": 0, "finish_reason": "stop", "completion_id": completion_id,
+                                            "message": {"role": "assistant", "content": "t0 t1"}})  # fmt: skip
+            group = agentrl.TrajectoryGroup([agentrl.Trajectory(messages_and_choices=[choice], reward=1.0)])
+            with pytest.raises(agentrl.TokenizationError, match="cut off mid-stream"):
+                fill_sampled_tokens([group], gateway.store)
+        finally:
+            await gateway.stop()
+
+
+def gateway_id(events: list[str]) -> str:
+    """The id a stream's answer is kept under, from its opening event (a chat chunk, a response, a message)."""
+    opening = json.loads(events[0].split("data: ", 1)[1])
+    if "choices" in opening:
+        return opening["choices"][0]["completion_id"]
+    return (opening.get("response") or opening.get("message"))["id"]
+
+
+async def test_the_openai_client_raises_on_a_cut_stream():
+    with FakeVLLM(cut_streams_after=1) as upstream:
+        gateway = Gateway(token=SAMPLING)
+        await gateway.start()
+        gateway.connect([Replica(upstream.url, "k")], context=4096)
+        try:
+            client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=SAMPLING, max_retries=0)
+            stream = await client.chat.completions.create(**{**CHAT, "stream": True})
+            with pytest.raises(openai.APIError, match="stream broke off mid-answer"):
+                async for _ in stream:
+                    pass
+        finally:
+            await gateway.stop()

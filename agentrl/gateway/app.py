@@ -233,7 +233,9 @@ class _GatewayRoutes:
 
     async def complete(self, request: Request, path: str, on_answer: OnAnswer | None = None) -> Response:
         try:
-            body = parse_json_object(await read_body(request, self.upstream.limits.max_body_bytes))
+            body = parse_json_object(
+                await read_body(request, self.upstream.limits.max_body_bytes, self.upstream.limits.body_timeout_s)
+            )
         except RequestRefused as refused:
             return _error(refused.status, refused.message)
         sent = await self.forward(request, body, path)
@@ -263,7 +265,9 @@ class _GatewayRoutes:
         token data is kept under the answer's own id (resp_..., msg_...)."""
         refuse = _error if api == "responses" else _anthropic_error
         try:
-            body = parse_json_object(await read_body(request, self.upstream.limits.max_body_bytes))
+            body = parse_json_object(
+                await read_body(request, self.upstream.limits.max_body_bytes, self.upstream.limits.body_timeout_s)
+            )
             if api == "responses":
                 chat_body, thread = responses_api.chat_request(body, self.threads.get)
                 answer_id = responses_api.new_response_id()

@@ -7,11 +7,12 @@ with it. Each bound is refused with a 4xx that names the field, its value and th
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 MiB = 1024 * 1024
 
@@ -33,6 +34,9 @@ class GatewayLimits(BaseModel):
     """Most tokens one choice may generate; None: the served model's context (`ServerConfig.max_model_len`)."""
     max_in_flight_per_replica: int = Field(default=256, gt=0)
     """Requests one vLLM server works on at once; beyond that (on every replica) a request gets 429, to retry."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest wait for the next piece of a request's body; a client that sends nothing longer gets 408 and is let
+    go (a slow or stalled sender would otherwise hold its connection, and its buffer, for as long as it liked)."""
 
 
 class RequestRefused(Exception):
@@ -44,17 +48,34 @@ class RequestRefused(Exception):
         self.message = message
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request's body, refused (413) once it passes `limit` bytes, before the rest is read."""
+CLIENT_GONE = 499
+"""The status of a request whose client hung up before its body arrived (nobody reads the answer)."""
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The request's body, refused (413) once it passes `limit` bytes, before the rest is read; 408 when no piece
+    of it arrives for `timeout_s`; `CLIENT_GONE` when the client hangs up before it ends (quietly: no traceback)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestRefused(413, f"the request body is {int(declared)} bytes; this gateway takes at most {limit}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestRefused(413, f"the request body is over {limit} bytes, the most this gateway takes")
-        chunks.append(chunk)
+    pieces = request.stream().__aiter__()
+    try:
+        while True:
+            try:
+                chunk = await asyncio.wait_for(pieces.__anext__(), timeout_s)
+            except StopAsyncIteration:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise RequestRefused(413, f"the request body is over {limit} bytes, the most this gateway takes")
+            chunks.append(chunk)
+    except TimeoutError:
+        raise RequestRefused(
+            408, f"no part of the request body arrived for {timeout_s:g} s ({size} bytes so far): send it whole"
+        ) from None
+    except ClientDisconnect:
+        raise RequestRefused(CLIENT_GONE, "the client hung up before its request body arrived") from None
     return b"".join(chunks)
 
 

@@ -233,6 +233,10 @@ class MessageEvents:
         self.text_block: int | None = None
         self.call_blocks: dict[int, int] = {}
 
+    def cut(self, message: str) -> bytes:
+        """The error event that ends a stream whose server went away (Anthropic's clients raise on it)."""
+        return _sse("error", {"error": {"type": "api_error", "message": message}})
+
     def start(self, model: str | None, stamps: dict[str, Any]) -> list[bytes]:
         shell = {
             "id": self.message_id, "type": "message", "role": "assistant", "model": model, "content": [],

@@ -5,21 +5,38 @@ API's events (Responses, Anthropic Messages)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
+
+import httpx
 
 from agentrl.gateway.chunks import StreamedAnswer
 from agentrl.gateway.store import SampledStore, StreamAccumulator
 
 if TYPE_CHECKING:
-    import httpx
-
     from agentrl.gateway.messages_api import MessageEvents
     from agentrl.gateway.responses_stream import ResponseEvents
     from agentrl.gateway.upstream import Replica
 
+logger = logging.getLogger(__name__)
+
 OnAnswer = Callable[[dict[str, Any], dict[str, Any]], None]
 """Told each answer (request body, answer with the gateway's stamps) of a rollout session."""
+
+
+def cut_message(error: Exception) -> str:
+    """What a client is told when its stream's server went away mid-answer."""
+    return (
+        f"the inference server's stream broke off mid-answer ({type(error).__name__}: {error}); the answer is "
+        "incomplete and is not kept for training: retry the request"
+    )
+
+
+def chat_error_event(message: str) -> bytes:
+    """A chat completion stream's error event (the openai client raises `APIError` on it)."""
+    error = {"message": message, "type": "server_error", "code": "stream_cut"}
+    return f"data: {json.dumps({'error': error}, separators=(',', ':'))}\n\n".encode()
 
 
 async def relay_chat(
@@ -52,6 +69,9 @@ async def relay_chat(
                 answer.add(chunk)
                 line = "data: " + json.dumps(chunk, separators=(",", ":"))
             yield (line + "\n").encode()
+    except httpx.TransportError as error:  # the server went away mid-stream: say so, instead of a bare hang-up
+        logger.warning("a streamed chat completion broke off: %s: %s", type(error).__name__, error)
+        yield chat_error_event(cut_message(error))
     finally:
         await upstream.aclose()
         replica.request_done()
@@ -100,6 +120,9 @@ async def relay_as(  # noqa: C901 - over the limit when the rule came on; split 
                 joined.add(chunk)
                 for event in events.add(chunk):
                     yield event
+    except httpx.TransportError as error:  # the server went away mid-stream: the API's own error event
+        logger.warning("a streamed answer broke off: %s: %s", type(error).__name__, error)
+        yield events.cut(cut_message(error))
     finally:
         await upstream.aclose()
         replica.request_done()

@@ -45,6 +45,11 @@ class ResponseEvents:
         self.sequence += 1
         return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
+    def cut(self, message: str) -> bytes:
+        """The error event that ends a stream whose server went away (the openai client raises `APIError`)."""
+        return self._event("error", code="stream_cut", message=message, param=None,
+                           error={"type": "server_error", "code": "stream_cut", "message": message})  # fmt: skip
+
     def start(self, model: str | None, stamps: dict[str, Any]) -> list[bytes]:
         """The opening events: the response, in progress, with no output yet."""
         answer: dict[str, Any] = {"choices": [], "model": model}

@@ -31,6 +31,9 @@ class SampledChoice(BaseModel):
     logprobs: list[float]
     policy_step: int | None = None
     """The step of the adapter that sampled it ("name@step"); None for the base model."""
+    incomplete: bool = False
+    """The stream was cut before it ended (the replica died, the client hung up): the tokens are a prefix of the
+    answer, never trained on (`fill_sampled_tokens` refuses them)."""
 
 
 def policy_step_of(served_name: Any) -> int | None:
@@ -48,6 +51,7 @@ class _Kept:
     token_ids: array[int]
     logprobs: array[float]
     policy_step: int | None
+    incomplete: bool
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,15 @@ class _KeptCompletion:
                 if index is None:
                     prompts.append(prompt)
                     index = len(prompts) - 1
-            kept.append(_Kept(index, array("i", choice.token_ids), array("d", choice.logprobs), choice.policy_step))
+            kept.append(
+                _Kept(
+                    index,
+                    array("i", choice.token_ids),
+                    array("d", choice.logprobs),
+                    choice.policy_step,
+                    choice.incomplete,
+                )
+            )
         return cls(prompts, kept)
 
     def unpack(self) -> list[SampledChoice]:
@@ -79,6 +91,7 @@ class _KeptCompletion:
                 token_ids=k.token_ids.tolist(),
                 logprobs=k.logprobs.tolist(),
                 policy_step=k.policy_step,
+                incomplete=k.incomplete,
             )
             for k in self.choices
         ]
@@ -191,6 +204,8 @@ class StreamAccumulator:
         self.prompt_token_ids: list[int] | None = None
         self.token_ids: dict[int, list[int]] = {}
         self.logprobs: dict[int, list[float]] = {}
+        self.finished: set[int] = set()
+        """Choices whose last chunk (with a finish_reason) arrived."""
 
     def add(self, chunk: dict[str, Any]) -> None:
         self.completion_id = self.completion_id or chunk.get("id")
@@ -201,14 +216,18 @@ class StreamAccumulator:
             index = choice.get("index", 0)
             self.token_ids.setdefault(index, []).extend(choice.get("token_ids") or [])
             self.logprobs.setdefault(index, []).extend(_logprob_values(choice.get("logprobs")))
+            if choice.get("finish_reason"):
+                self.finished.add(index)
 
     def choices(self) -> list[SampledChoice]:
+        """The choices so far, each marked incomplete until its finishing chunk arrived."""
         return [
             SampledChoice(
                 prompt_token_ids=self.prompt_token_ids,
                 token_ids=self.token_ids[i],
                 logprobs=self.logprobs[i],
                 policy_step=self.policy_step,
+                incomplete=i not in self.finished,
             )
             for i in sorted(self.token_ids)
         ]
@@ -255,6 +274,11 @@ def _filled(item: Any, store: SampledStore) -> Any:
     if item.index >= len(choices):
         raise TokenizationError(f"completion {completion_id!r} has {len(choices)} choices, not an index {item.index}")
     sampled = choices[item.index]
+    if sampled.incomplete:
+        raise TokenizationError(
+            f"completion {completion_id!r} was cut off mid-stream (its replica died or its client hung up): its "
+            f"{len(sampled.token_ids)} tokens are not the whole answer. Drop this trajectory (or let the rollout fail)"
+        )
     content: list[dict[str, Any]] = [
         {"token": f"token_id:{token_id}", "logprob": logprob, "bytes": None, "top_logprobs": []}
         for token_id, logprob in zip(sampled.token_ids, sampled.logprobs, strict=True)

@@ -220,7 +220,7 @@ class BackendService:
                 )
                 return JSONResponse(reply.model_dump(), status_code=409, headers=headers)
             try:
-                body = await read_body(request, self.limits.max_backend_body_bytes)
+                body = await read_body(request, self.limits.max_backend_body_bytes, self.limits.body_timeout_s)
                 parsed = message.model_validate_json(body)
                 task = asyncio.ensure_future(call(parsed))
                 self._calls.add(task)
