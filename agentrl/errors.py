@@ -29,6 +29,10 @@ class JudgeError(AgentRLError):
     """An LLM judge failed to return a valid judgement after its retries."""
 
 
+class SessionOverflowError(AgentRLError):
+    """A rollout session was dropped (too many open) or logged past its bound, so its log is not whole."""
+
+
 class ConfigurationError(AgentRLError, ValueError):
     """An argument or setting is out of range or means something else here; the message names the fix."""
 

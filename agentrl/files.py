@@ -14,6 +14,7 @@ import math
 import os
 import re
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,21 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def gunzip_bounded(data: bytes, limit: int, what: str) -> bytes:
+    """`data` gunzipped, refusing (ConfigurationError) to inflate past `limit` bytes: a small file that inflates
+    without bound (a gzip bomb, or a damaged one) never takes the process's memory."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as error:
+        raise ConfigurationError(f"{what} is not valid gzip: {error}") from error
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise ConfigurationError(f"{what} inflates past {limit} bytes, the most agentrl reads from one such file")
+    if not inflater.eof:
+        raise ConfigurationError(f"{what} ends before its gzip stream does (a torn file)")
+    return out
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -14,8 +14,9 @@ import gzip
 import logging
 from pathlib import Path
 
-from agentrl.backend.checkpoints import STEP_RECORD_FILE, CheckpointStore
+from agentrl.backend.checkpoints import MAX_RECORD_BYTES, STEP_RECORD_FILE, CheckpointStore
 from agentrl.errors import CheckpointError
+from agentrl.files import gunzip_bounded
 from agentrl.tracking import groups_from_rows, read_metrics, record_step, step_line, trajectory_lines
 from agentrl.trajectory import TrajectoryGroup
 
@@ -35,7 +36,7 @@ def read_step_record(folder: Path) -> list[TrajectoryGroup]:
     path = folder / STEP_RECORD_FILE
     if not path.exists():
         return []
-    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+    lines = gunzip_bounded(path.read_bytes(), MAX_RECORD_BYTES, str(path)).decode().splitlines()
     return groups_from_rows([json.loads(line) for line in lines if line.strip()])
 
 

@@ -30,6 +30,7 @@ EXPECTED = {
     "RolloutError",
     "RolloutException",
     "RunLockedError",
+    "SessionOverflowError",
     "ServerConfig",
     "ServerError",
     "SFTConfig",

@@ -438,11 +438,23 @@ def test_the_vllm_process_gets_no_secret_of_this_environment(monkeypatch):
         "OPENAI_API_KEY",
         "AGENTRL_TOKEN",
         "MY_PASSWORD",
+        "AZURE_OPENAI_KEY",
+        "SSH_AUTH_SOCK",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "SENTRY_DSN",
+        "GITHUB_PAT",
+        "DB_PASS",
+        "anthropic_api_key",
+        "MY_SERVICE_APIKEY",
     ):
         monkeypatch.setenv(name, "secret-value")
-    monkeypatch.setenv("HF_HOME", "/cache")
+    for name, value in {"HF_HOME": "/cache", "PWD": "/work", "KEYBOARD_LAYOUT": "us", "OMP_NUM_THREADS": "2",
+                        "HTTPS_PROXY": "http://proxy:3128", "SSL_CERT_FILE": "/etc/ssl/cert.pem"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
     env = server_env(ServerConfig(), gpu=False, api_key="server-key")
-    assert "secret-value" not in env.values() and env["HF_HOME"] == "/cache" and env["VLLM_API_KEY"] == "server-key"
+    assert "secret-value" not in env.values() and env["VLLM_API_KEY"] == "server-key"
+    assert (env["HF_HOME"], env["PWD"], env["KEYBOARD_LAYOUT"], env["HTTPS_PROXY"]) == (
+        "/cache", "/work", "us", "http://proxy:3128")  # fmt: skip
 
 
 def test_rank_sockets_stay_on_loopback_unless_the_user_chose(monkeypatch):
@@ -730,3 +742,47 @@ async def test_the_openai_client_raises_on_a_cut_stream():
                     pass
         finally:
             await gateway.stop()
+
+
+# --- 7: bounds on what the gateway and a checkpoint's records may hold --------------------------------------------
+
+
+def test_response_threads_are_bounded_in_bytes_as_well_as_in_number():
+    from agentrl.gateway.responses_api import ResponseThreads
+
+    threads = ResponseThreads(max_responses=1000, max_bytes=100_000)
+    message = [{"role": "user", "content": "x" * 10_000}]
+    for index in range(50):
+        threads.put(f"resp_{index}", message)
+    assert threads.num_bytes <= 100_000 and threads.get("resp_49") == message and threads.get("resp_0") is None
+    threads.put("resp_huge", [{"role": "user", "content": "x" * 200_000}])  # larger than the whole bound: not kept
+    assert threads.get("resp_huge") is None and threads.get("resp_49") == message
+
+
+def test_a_session_past_its_bound_or_dropped_says_so_when_it_closes():
+    from agentrl.gateway.sessions import SessionLog
+
+    log = SessionLog(max_open=3, max_bytes_per_session=10_000)
+    big = log.open()
+    assert log.record(big, {"messages": "x" * 4000}, {"id": 1}) and log.record(big, {"messages": "x" * 4000}, {"id": 2})
+    assert not log.record(big, {"messages": "x" * 4000}, {"id": 3})  # past 10,000 bytes: ended
+    with pytest.raises(agentrl.SessionOverflowError, match="passed 10000 bytes"):
+        log.close(big)
+    forgotten, *others = [log.open() for _ in range(4)]  # one more than may be open: the oldest goes
+    assert not log.is_open(forgotten) and all(log.is_open(s) for s in others)
+    with pytest.raises(agentrl.SessionOverflowError, match="more than 3 rollout sessions were open at once"):
+        log.close(forgotten)
+    assert log.record(others[0], {"m": 1}, {"id": 1}) and log.close(others[0]) == [({"m": 1}, {"id": 1})]
+
+
+def test_a_step_input_that_inflates_without_bound_is_refused(tmp_path, monkeypatch):
+    import gzip
+
+    from agentrl.backend import checkpoints
+    from agentrl.backend.training import step_input
+
+    monkeypatch.setattr(step_input, "MAX_RECORD_BYTES", 1_000_000)
+    (tmp_path / checkpoints.STEP_INPUT_FILE).write_bytes(gzip.compress(b"\n" * 5_000_000))  # 5 MB from ~5 kB
+    assert (tmp_path / checkpoints.STEP_INPUT_FILE).stat().st_size < 20_000
+    with pytest.raises(agentrl.CheckpointError, match="inflates past 1000000 bytes"):
+        step_input.read_step_input(tmp_path)

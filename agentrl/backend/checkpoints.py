@@ -32,6 +32,8 @@ CHECKPOINT_FILES = frozenset(
 )
 """Every file a checkpoint folder may hold: the info, peft's adapter and config, AdamW's state, the step's input
 (`step_input`) and the step's record (its trajectories, to write the run's records again after a crash)."""
+MAX_RECORD_BYTES = 1024**3
+"""The most a checkpoint's step input or step record may inflate to when read (a step's groups are megabytes)."""
 _STAGING_PREFIX = ".staging-"
 _CORRUPT_PREFIX = ".corrupt-"
 

@@ -13,6 +13,8 @@ takes them, with their logprobs, from the gateway's store by that id).
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 import uuid
@@ -22,6 +24,8 @@ from typing import Any
 
 from agentrl.gateway.limits import RequestRefused
 from agentrl.gateway.translate import chat_choice, stamped
+
+logger = logging.getLogger(__name__)
 
 Thread = list[dict[str, Any]]
 """A conversation as chat messages, without the `instructions` of the requests that built it."""
@@ -273,19 +277,37 @@ def thread_after(thread: Thread, chat_answer: dict[str, Any]) -> Thread:
 
 
 class ResponseThreads:
-    """The conversations of recent responses by id, for `previous_response_id` (oldest out first)."""
+    """The conversations of recent responses by id, for `previous_response_id`: oldest out first beyond
+    `max_responses` threads or `max_bytes` of their JSON, so a client's long threads cannot grow the gateway's
+    (the trainer's) memory without bound. A thread larger than the whole bound is not kept (a warning says so)."""
 
-    def __init__(self, max_responses: int = 20_000) -> None:
+    def __init__(self, max_responses: int = 20_000, max_bytes: int = 256 * 1024 * 1024) -> None:
         self.max_responses = max_responses
-        self._by_id: OrderedDict[str, Thread] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._by_id: OrderedDict[str, tuple[Thread, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
+    @property
+    def num_bytes(self) -> int:
+        """The kept threads' size, as JSON."""
+        return self._bytes
+
     def put(self, response_id: str, thread: Thread) -> None:
+        size = len(json.dumps(thread, separators=(",", ":")))
+        if size > self.max_bytes:
+            logger.warning("response %s's thread is %d bytes, over the gateway's bound (%d): a follow-up naming it as "
+                           "previous_response_id will be refused", response_id, size, self.max_bytes)  # fmt: skip
+            return
         with self._lock:
-            self._by_id[response_id] = thread
-            while len(self._by_id) > self.max_responses:
-                self._by_id.popitem(last=False)
+            if (previous := self._by_id.pop(response_id, None)) is not None:
+                self._bytes -= previous[1]
+            self._by_id[response_id] = (thread, size)
+            self._bytes += size
+            while len(self._by_id) > self.max_responses or self._bytes > self.max_bytes:
+                self._bytes -= self._by_id.popitem(last=False)[1][1]
 
     def get(self, response_id: str) -> Thread | None:
         with self._lock:
-            return self._by_id.get(response_id)
+            kept = self._by_id.get(response_id)
+        return None if kept is None else kept[0]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -128,18 +129,19 @@ def server_command(
     return command + list(config.extra_args)
 
 
-SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
-"""Environment variables whose name holds one of these stay out of vLLM's processes (W&B, hub, cloud keys):
-the server reads its model from a local folder and needs none of them."""
+SECRET_NAME = re.compile(
+    r"TOKEN|SECRET|PASSW|CREDENTIAL|APIKEY|PRIVATE"  # anywhere in the name
+    r"|(?:^|_)(?:KEY|KEYS|AUTH|SOCK|COOKIE|DSN|PAT|PASS|SESSION)(?:_|$)"  # as a whole part: AZURE_OPENAI_KEY, SSH_AUTH_SOCK
+    r"|^(?:WANDB|AWS|AZURE|GOOGLE|GCP|GCLOUD|SSH|GPG|OPENAI|ANTHROPIC|GITHUB|GH|GITLAB|DOCKER|NPM|PYPI|TWINE)_"
+)
+"""Environment variable names that stay out of vLLM's processes: anything that reads as a key, a token, a password,
+an agent socket, or a cloud or service account's setting. The server reads its model from a local folder and needs
+none of them; what it needs (PATH, HOME, HF_HOME, VLLM_*, OMP_*, proxies) passes."""
 
 
 def without_secrets(environ: dict[str, str]) -> dict[str, str]:
-    """`environ` less the variables that look like secrets (`SECRET_WORDS`, WANDB_*, AWS_*)."""
-    return {
-        name: value
-        for name, value in environ.items()
-        if not any(word in name.upper() for word in SECRET_WORDS) and not name.upper().startswith(("WANDB_", "AWS_"))
-    }
+    """`environ` less the variables whose names look like secrets (`SECRET_NAME`)."""
+    return {name: value for name, value in environ.items() if not SECRET_NAME.search(name.upper())}
 
 
 def server_env(config: ServerConfig, *, gpu: bool, api_key: str) -> dict[str, str]:

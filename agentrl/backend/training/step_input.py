@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.backend.checkpoints import STEP_INPUT_FILE
+from agentrl.backend.checkpoints import MAX_RECORD_BYTES, STEP_INPUT_FILE
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError
+from agentrl.files import gunzip_bounded
 from agentrl.tracking import groups_from_rows, trajectory_lines
 from agentrl.trajectory import History, TrajectoryGroup
 
@@ -96,7 +97,8 @@ def read_step_input(folder: Path) -> StepInput:
             "from before agentrl recorded step inputs)"
         )
     try:
-        head, *rows = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
+        text = gunzip_bounded(path.read_bytes(), MAX_RECORD_BYTES, str(path)).decode()
+        head, *rows = [json.loads(line) for line in text.splitlines()]
         if head.get("supervised", False):
             demonstrations = [History.model_validate(row) for row in rows]
             return StepInput([], SFTConfig.model_validate(head["config"]), dict(head["conditions"]), demonstrations)
