@@ -2,6 +2,7 @@
 
 `number_app`: reset asks for a number above 7; each step reads the model's message, rewards 1.0 for
 a number above 7 (else 0.0), and ends after two steps or a right answer.
+`single_app`: `number_app` taking one session at a time.
 `tools_app`: an MCPEnvironment whose FastMCP tools (add, submit) the agent calls; `submit` with 5
 ends the episode with reward 1.0.
 """
@@ -103,4 +104,5 @@ class ToolsEnvironment(MCPEnvironment):
 
 
 number_app = create_app(NumberEnvironment, MessageAction, PromptObservation, env_name="number", max_concurrent_envs=8)
+single_app = create_app(NumberEnvironment, MessageAction, PromptObservation, env_name="number", max_concurrent_envs=1)
 tools_app = create_app(ToolsEnvironment, CallToolAction, CallToolObservation, env_name="tools", max_concurrent_envs=8)

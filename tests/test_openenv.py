@@ -28,6 +28,27 @@ async def test_an_unreachable_environment_and_an_app_that_cannot_start_are_clear
     assert children() <= before
 
 
+async def test_a_full_environment_says_so_and_an_episode_ends_without_a_server_traceback(capfd):
+    from agentrl.integrations.openenv import _TextEnvClient
+
+    model = agentrl.Model(name="m", base_url="http://127.0.0.1:9/v1", api_key="k")
+    async with serve_openenv("tests.openenv_envs:single_app") as url:
+        playing = _TextEnvClient(base_url=url)  # the one session the server takes
+        await playing.connect()
+        await playing.reset()
+        with pytest.raises(agentrl.ServerError, match=r"is at capacity \(Server at capacity: 1/1.*max_concurrent_envs"):
+            await openenv_rollout(model, url)
+        await playing.step({"message": "9"})
+        await playing.close()
+        again = _TextEnvClient(base_url=url)  # the session was ended on the server: a new one is taken
+        await again.connect()
+        await again.reset()
+        await again.close()
+        await asyncio.sleep(0.5)
+    server_log = capfd.readouterr().err
+    assert "Traceback" not in server_log and "WebSocketDisconnect" not in server_log, server_log[-3000:]
+
+
 def test_observations_become_text_the_model_reads():
     assert default_observation_text({"prompt": "Say hi", "done": False}) == "Say hi"
     assert default_observation_text({"board": [1, 2], "reward": 0.0, "metadata": {}}) == '{"board": [1, 2]}'

@@ -10,6 +10,7 @@ environment's server is the user's (any URL) or one started here with `serve_ope
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -30,6 +31,7 @@ try:
     from openenv.core import GenericEnvClient, MCPToolClient
     from openenv.core.client_types import StepResult
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation, ListToolsObservation
+    from websockets.exceptions import ConnectionClosed
 except ImportError as error:  # pragma: no cover - the extra is missing
     raise ImportError("agentrl.integrations.openenv needs OpenEnv: pip install 'agentrl[openenv]'") from error
 
@@ -52,7 +54,58 @@ def default_observation_text(observation: Any) -> str:
     return json.dumps(shown, default=str)
 
 
-class _ToolEnvClient(MCPToolClient):  # type: ignore[misc]  # openenv ships no type information
+class _EpisodeClient:
+    """What agentrl adds to OpenEnv's clients (mixed in before them): a session the server ends (at its
+    `max_concurrent_envs`, or on an error of its own) raises `ServerError` with the server's own reason, which
+    arrives before the close and would otherwise be lost behind a bare close code; and a disconnect that lets the
+    server close first, so its end of the episode does not log a `WebSocketDisconnect` traceback."""
+
+    _ws: Any
+    _ws_url: str
+
+    async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            await self._send(message)  # type: ignore[attr-defined]
+            reply: dict[str, Any] = await self._receive()  # type: ignore[attr-defined]
+        except ConnectionClosed as closed:
+            pending: Any = None  # the reason the server sent before it closed, still in the connection's buffer
+            with contextlib.suppress(Exception):
+                pending = json.loads(await asyncio.wait_for(self._ws.recv(), CLOSING_S))
+            if not (isinstance(pending, dict) and pending.get("type") == "error"):
+                raise ServerError(
+                    f"the OpenEnv environment at {self._ws_url} closed the session ({closed})"
+                ) from closed
+            reply = pending
+        if reply.get("type") == "error":
+            data = reply.get("data") or {}
+            if data.get("code") == "CAPACITY_REACHED":
+                raise ServerError(
+                    f"the OpenEnv environment at {self._ws_url} is at capacity ({data.get('message')}): raise its "
+                    "max_concurrent_envs (create_app(..., max_concurrent_envs=N)) or run fewer rollouts at once"
+                )
+            raise ServerError(
+                f"the OpenEnv environment at {self._ws_url} answered: {data.get('message')} ({data.get('code')})"
+            )
+        return reply
+
+    async def disconnect(self) -> None:
+        ws = self._ws
+        if ws is not None:  # ask the server to end the session and wait until it has closed its end
+            with contextlib.suppress(Exception):
+                await ws.send(json.dumps({"type": "close"}))
+                await asyncio.wait_for(ws.wait_closed(), CLOSING_S)
+        await super().disconnect()  # type: ignore[misc]
+
+
+CLOSING_S = 5.0
+"""How long a closing session waits for the server's side (and for the reason it closed, when it did)."""
+
+
+class _TextEnvClient(_EpisodeClient, GenericEnvClient):  # type: ignore[misc]  # openenv ships no type information
+    """OpenEnv's generic client with `_EpisodeClient`'s closing."""
+
+
+class _ToolEnvClient(_EpisodeClient, MCPToolClient):  # type: ignore[misc]  # openenv ships no type information
     """OpenEnv's MCP client, keeping the fields of observations that are not tool results (the
     reset's prompt), which its parser drops."""
 
@@ -94,7 +147,7 @@ async def openenv_rollout(  # noqa: C901 - over the limit when the rule came on;
     the step rewards. Each episode has its own session (WebSocket) on the server, closed on every path."""
     if max_turns < 1:
         raise ConfigurationError(f"max_turns must be at least 1, got {max_turns}")
-    client_class = _ToolEnvClient if use_tools else GenericEnvClient
+    client_class = _ToolEnvClient if use_tools else _TextEnvClient
     env = client_class(base_url=base_url)
     try:
         await env.connect()
