@@ -231,10 +231,15 @@ def plot_rewards(run_dir: Path) -> Path:
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
-    records = [  # skipped: no update; None: no reward that step (no trajectories)
-        r for r in read_metrics(run_dir) if isinstance(r.get("reward_mean"), (int, float)) and not r.get("skipped")
-    ]
+    rewarded = [
+        r for r in read_metrics(run_dir) if isinstance(r.get("reward_mean"), (int, float))
+    ]  # None: no trajectories
+    records = [r for r in rewarded if not r.get("skipped")]
     figure, axes = plt.subplots(figsize=(7, 4))
+    if skipped := sorted((r["step"], r["reward_mean"]) for r in rewarded if r.get("skipped")):
+        # A skipped step trained nothing, but its reward is a real measurement of the policy it sampled.
+        axes.scatter([p[0] for p in skipped], [p[1] for p in skipped], facecolors="none", edgecolors="grey",
+                     label="train, skipped (no signal, no update)")  # fmt: skip
     for split in sorted({r["split"] for r in records}):
         points = sorted((r["step"], r["reward_mean"]) for r in records if r["split"] == split)
         axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=split)
@@ -267,8 +272,10 @@ def plot_rewards(run_dir: Path) -> Path:
     axes.set_ylabel("mean reward")
     axes.set_title(Path(run_dir).name)
     axes.grid(alpha=0.3)
-    if records:
+    if rewarded:
         axes.legend()
+    else:
+        axes.text(0.5, 0.5, "no step with a reward recorded yet", ha="center", va="center", transform=axes.transAxes)
     return _save_figure(figure, RunFolder(Path(run_dir)).reward_plot)
 
 
@@ -314,10 +321,11 @@ def with_art_names(metrics: dict[str, float], groups: list[TrajectoryGroup]) -> 
 def step_line(metrics: dict[str, float], groups: list[TrajectoryGroup], skipped: bool | None) -> dict[str, float]:
     """A step's metrics line: the trainer's metrics with ART's names, the trajectories' own metrics averaged (e.g.
     independent_reward beside a judge's reward), and whether the step was skipped (None: not a train step)."""
-    named = with_art_names(metrics, groups)
+    summed = dict(metrics)
     if groups:
         for key, value in summarize([t for g in groups for t in g.trajectories]).items():
-            named.setdefault(key, value)
+            summed.setdefault(key, value)
+    named = with_art_names(summed, groups)
     return named if skipped is None else {"skipped": skipped, **named}
 
 

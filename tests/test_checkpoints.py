@@ -138,3 +138,28 @@ def test_delete_checkpoints_keeps_the_best_held_out_checkpoint_by_default(tmp_pa
     assert store.steps() == [2, 4]
     with pytest.raises(agentrl.ConfigurationError, match="no checkpoint has a recorded 'val/nope'"):
         asyncio.run(model.delete_checkpoints(best_by="val/nope"))
+
+
+def test_a_steps_result_carries_every_metric_its_metrics_line_records(tmp_path):
+    from agentrl.backend.run_lock import RunLock
+    from agentrl.backend.session import ModelSession, TrainerThread
+    from agentrl.backend.training.adapter_trainer import StepOutcome
+    from agentrl.tracking import read_metrics
+
+    model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
+    unused: Any = None  # a skipped step touches neither the trainer nor the server
+    session = ModelSession(model, "default", CheckpointStore(model.run_dir), RunLock(model.run_dir), unused, unused,
+                           TrainerThread())  # fmt: skip
+    group = agentrl.TrajectoryGroup(
+        [agentrl.Trajectory(reward=0.5, metrics={"tool_calls": 2.0, "judge_flip_rate": 0.25})] * 2
+    )
+    result = asyncio.run(session.commit(StepOutcome(False, {"frac_zero_variance_groups": 1.0}), split="train",
+                                        groups=[group]))  # fmt: skip
+    (line,) = read_metrics(model.run_dir)
+    recorded = {k: v for k, v in line.items() if k not in ("time", "step", "split", "skipped")}
+    assert result.metrics == recorded
+    assert (result.metrics["tool_calls"], result.metrics["judge_flip_rate"], result.metrics["reward"]) == (
+        2.0,
+        0.25,
+        0.5,
+    )

@@ -142,3 +142,12 @@ def test_art_benchmarking_reads_every_copy_with_its_step(tmp_path):
         record_step(tmp_path / "proj" / "m", 12, "val", sample_groups(), {"reward_mean": 0.5})
     rows = art_rows("proj", art_path=str(tmp_path))
     assert {(r["split"], r["step"]) for r in rows} == {("val", 12)} and len(rows) == 2 * 2
+
+
+def test_a_run_whose_steps_were_all_skipped_still_plots_their_rewards(tmp_path):
+    skipped_run, fresh_run = tmp_path / "a" / "run", tmp_path / "b" / "run"  # one name: one title
+    fresh_run.mkdir(parents=True)
+    for step in range(3):
+        record_step(skipped_run, 0, "train", sample_groups(), {"reward_mean": 0.25 * step, "skipped": True})
+    plotted = plot_rewards(skipped_run).read_bytes()
+    assert plotted[:8] == b"\x89PNG\r\n\x1a\n" and plotted != plot_rewards(fresh_run).read_bytes()

@@ -167,16 +167,18 @@ class ModelSession:
         """
         metrics = dict(outcome.metrics)
         if not outcome.updated:
-            recording = self.record(groups, metrics, step=self.step, split=split, skipped=True)
+            line = step_line(metrics, groups, None)  # what metrics.jsonl records, and what the caller is told
+            recording = self.record(groups, line, step=self.step, split=split, skipped=True)
             record_error = await _record_committed(recording, self.step)
-            return TrainResult(step=self.step, metrics=metrics, skipped=True, record_error=record_error)
+            return TrainResult(step=self.step, metrics=line, skipped=True, record_error=record_error)
         new_step, old_step = self.step + 1, self.step
         metrics["save_s"] = await self._save(new_step, old_step, metrics, step_input, (split, groups))
         metrics["swap_s"] = await self._swap(new_step, old_step)
         self.step = new_step
-        recording = self.record(groups, metrics, step=new_step, split=split, skipped=False)
+        line = step_line(metrics, groups, None)
+        recording = self.record(groups, line, step=new_step, split=split, skipped=False)
         record_error = await _record_committed(recording, new_step)
-        return TrainResult(step=new_step, metrics=metrics, record_error=record_error)
+        return TrainResult(step=new_step, metrics=line, record_error=record_error)
 
     async def _save(
         self,
@@ -259,7 +261,7 @@ class ModelSession:
         split: str,
         skipped: bool | None = None,
     ) -> None:
-        """One step's record in the run folder (and in W&B when it is on)."""
+        """One step's record in the run folder (and in W&B when it is on); `metrics` as `step_line` gives them or raw."""
         record = step_line(metrics, groups, skipped)
         await asyncio.to_thread(record_step, self.model.run_dir, step, split, groups, record)
         await asyncio.to_thread(append_timeline, self.model.run_dir, recorder.take())
