@@ -7,6 +7,8 @@ with every scenario trained exactly once) is agentrl's.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import itertools
 import math
 import time
@@ -16,9 +18,11 @@ from typing import Any, TypeVar
 
 import agentrl
 from agentrl import AfterEach, JudgeModel
+from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.judges.training import RUN_PREFIX, trained_judge
+from agentrl.run_folder import RunFolder
 from agentrl.scenario_record import SCENARIO, group_scenarios
-from agentrl.tracking import summarize
+from agentrl.tracking import read_metrics, summarize
 
 OFF_POLICY_TIS = 2.0
 """Truncated importance sampling for pipelined runs: an off-policy turn's weight is capped at 2x."""
@@ -110,6 +114,80 @@ def fmt_metrics(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if k not in ("reward_std", "num_trajectories"))
 
 
+RECORD_KEYS = ("time", "step", "split", "skipped", "backfilled", "reward", "reward_std_dev", "exception_rate")
+"""A metrics line's bookkeeping and ART aliases: what `recorded_evaluation` leaves out of a held-out summary."""
+
+
+def steps_done(model: agentrl.TrainableModel, groups_per_step: int) -> int:
+    """The steps a run has taken, by its record of consumed scenarios ("{epoch}:{id}"): a batch a step trained on,
+    or skipped for want of signal, counts; a warm start consumes none. Per epoch, as `iterate_dataset` batches."""
+    per_epoch = collections.Counter(key.partition(":")[0] for key in model.trained_scenarios())
+    return sum(math.ceil(count / groups_per_step) for count in per_epoch.values())
+
+
+def recorded_evaluation(model: agentrl.TrainableModel, step: int) -> dict[str, float] | None:
+    """The last held-out summary recorded at `step` (the weights a resumed run starts from), or None."""
+    lines = [r for r in read_metrics(model.run_dir) if r.get("split") == "val" and r.get("step") == step]
+    return {k: v for k, v in lines[-1].items() if k not in RECORD_KEYS} if lines else None
+
+
+def say_what_was_kept(model: agentrl.TrainableModel, steps: int) -> None:
+    """What an interrupted run leaves, and how to resume it."""
+    latest = CheckpointStore(model.run_dir).latest_step()
+    kept = f"its checkpoints up to step {latest}" if latest is not None else "no checkpoint yet"
+    print(
+        f"\nStopped. Kept: the run folder {model.run_dir.resolve()}, with {kept} and every committed step's metrics, "
+        f"trajectories and transcripts. Run the same command again to resume: it trains the rest of the run's "
+        f"{steps} steps, each scenario still once.",
+        flush=True,
+    )
+
+
+async def train_batches(
+    model: agentrl.TrainableModel,
+    batches: list[agentrl.DatasetBatch[Any]],
+    make_group: MakeGroup,
+    config: agentrl.TrainConfig,
+    max_exception_rate: float,
+    after_each: AfterEach | None,
+    max_steps_off_policy: int | None,
+) -> None:
+    """One step per batch: the synchronous loop, or pipelined (`agentrl.train_pipelined`) with `max_steps_off_policy`."""
+    if max_steps_off_policy is not None:
+        if max_steps_off_policy > 0 and not config.truncated_importance_sampling:
+            config = config.model_copy(update={"truncated_importance_sampling": OFF_POLICY_TIS})
+        print(
+            f"pipelined: rollouts run up to {max_steps_off_policy} step(s) ahead of the trainer "
+            f"(truncated importance sampling at {config.truncated_importance_sampling:g})"
+        )
+        first = await model.get_step()
+        await agentrl.train_pipelined(
+            model,
+            lambda model, step: batches[step - first].groups(lambda s: make_group(model, s)),
+            steps=len(batches),
+            max_steps_off_policy=max_steps_off_policy,
+            config=config,
+            after_each=after_each,
+            max_exception_rate=max_exception_rate,
+            on_step=print_step,
+        )
+    else:
+        for number, batch in enumerate(batches, start=1):
+            step_started = time.perf_counter()
+            scheduled = batch.groups(lambda s: make_group(model, s))
+            groups = await agentrl.gather_trajectory_groups(
+                scheduled,
+                max_exception_rate=max_exception_rate,
+                after_each=after_each,
+                desc=f"batch {number}/{len(batches)} rollouts",
+            )
+            # Groups a judge dropped are consumed by this step too: a resumed run does not sample them again.
+            kept = set(group_scenarios(groups))
+            dropped = [group for group in scheduled if group.metadata[SCENARIO] not in kept]
+            result = await model.train(groups, config, dropped=dropped)
+            print_step(result, f", {time.perf_counter() - step_started:.1f} s")
+
+
 async def train_and_evaluate(
     model: agentrl.TrainableModel,
     *,
@@ -125,8 +203,10 @@ async def train_and_evaluate(
     max_steps_off_policy: int | None = None,
     judge: JudgeModel | None = None,
 ) -> RunSummary:
-    """Register `model`, evaluate it, train `steps` steps of `groups_per_step` scenarios each (resuming where
-    it stopped, each scenario once per epoch: `scheduled_batches`), evaluate again.
+    """Register `model`, evaluate it, train until the run has taken `steps` steps of `groups_per_step` scenarios
+    each (`steps_done`: a resumed run trains the rest, each scenario once per epoch: `scheduled_batches`),
+    evaluate again. A resumed run's weights were evaluated when it stopped: that record
+    is reused, not sampled again. Interrupted (Ctrl-C), it says what was kept and how to resume.
 
     A `judge` that is a `TrainableModel` (a trained judge, `judge_option`) is registered on the
     policy's backend and served at its checkpoint; nothing here trains it.
@@ -149,54 +229,30 @@ async def train_and_evaluate(
             await judge.register(model.backend)
             print(f"judging with {judge.project}/{judge.name} at step {await judge.get_step()}, beside the policy")
         start_step = await model.get_step()
-        before = await model.log(await evaluate(model), split="val")
-        print(f"held-out at step {start_step}: {fmt_metrics(before)}")
+        if (before := recorded_evaluation(model, start_step)) is not None:
+            print(f"held-out at step {start_step} (recorded when the run stopped there): {fmt_metrics(before)}")
+        else:
+            before = await model.log(await evaluate(model), split="val")
+            print(f"held-out at step {start_step}: {fmt_metrics(before)}")
         after_warm_start = None
         if warm_start is not None and start_step == 0:
             await warm_start(model)
             after_warm_start = await model.log(await evaluate(model), split="val")
             print(f"held-out after the warm start (step {await model.get_step()}): {fmt_metrics(after_warm_start)}")
-        batches = scheduled_batches(model, scenarios, groups_per_step, steps)
-        if max_steps_off_policy is not None:
-            if max_steps_off_policy > 0 and not config.truncated_importance_sampling:
-                config = config.model_copy(update={"truncated_importance_sampling": OFF_POLICY_TIS})
-            print(
-                f"pipelined: rollouts run up to {max_steps_off_policy} step(s) ahead of the trainer "
-                f"(truncated importance sampling at {config.truncated_importance_sampling:g})"
-            )
-            first = await model.get_step()
-            await agentrl.train_pipelined(
-                model,
-                lambda model, step: batches[step - first].groups(lambda s: make_group(model, s)),
-                steps=len(batches),
-                max_steps_off_policy=max_steps_off_policy,
-                config=config,
-                after_each=after_each,
-                max_exception_rate=max_exception_rate,
-                on_step=print_step,
-            )
-        else:
-            for number, batch in enumerate(batches, start=1):
-                step_started = time.perf_counter()
-                scheduled = batch.groups(lambda s: make_group(model, s))
-                groups = await agentrl.gather_trajectory_groups(
-                    scheduled,
-                    max_exception_rate=max_exception_rate,
-                    after_each=after_each,
-                    desc=f"batch {number}/{len(batches)} rollouts",
-                )
-                # Groups a judge dropped are consumed by this step too: a resumed run does not sample them again.
-                kept = set(group_scenarios(groups))
-                dropped = [group for group in scheduled if group.metadata[SCENARIO] not in kept]
-                result = await model.train(groups, config, dropped=dropped)
-                print_step(result, f", {time.perf_counter() - step_started:.1f} s")
+        done = steps_done(model, groups_per_step)
+        if done:
+            print(f"resuming: {done} of the run's {steps} steps done, {max(0, steps - done)} to train")
+        batches = scheduled_batches(model, scenarios, groups_per_step, max(0, steps - done))
+        await train_batches(model, batches, make_group, config, max_exception_rate, after_each, max_steps_off_policy)
         end_step = await model.get_step()
-        after = await model.log(await evaluate(model), split="val")
+        after = before if end_step == start_step and not batches else None
+        after = after or await model.log(await evaluate(model), split="val")
         print(f"\nheld-out at step {start_step}: {fmt_metrics(before)}")
         print(f"held-out at step {end_step}: {fmt_metrics(after)}")
         run_dir = model.run_dir.resolve()
         print(f"run folder: {run_dir}\nreward plot: {run_dir / 'reward.png'}")
-        print(f"transcripts: {run_dir / 'transcripts' / f'val-{end_step:04d}.html'} (and one per step)")
+        shown = RunFolder(run_dir).trajectory_files("val")[-1].stem  # the last evaluation's page
+        print(f"transcripts: {run_dir / 'transcripts' / f'{shown}.html'} (and one per step)")
         return RunSummary(
             start_step,
             end_step,
@@ -206,6 +262,9 @@ async def train_and_evaluate(
             str(model.run_dir.resolve()),
             time.perf_counter() - started,
         )
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        say_what_was_kept(model, steps)
+        raise
     finally:
         if backend is not None:
             await backend.close()

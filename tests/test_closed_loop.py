@@ -4,6 +4,7 @@ The tests share one served model and run in file order: token checks first, then
 """
 
 import asyncio
+import functools
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import pytest
 
 import agentrl
 from agentrl.rl.tokenize import tokenize_history
+from agentrl.run_folder import RunFolder
 from agentrl_environments.larger_number.task import evaluate, rollout, scenarios
 
 # Measured here (2026-11-21, 8 prompts): mean |sampler - trainer| logprob 0.049 nats on single turns
@@ -218,21 +220,50 @@ async def test_a_real_step_with_kl_another_loss_and_a_mask_accounts_for_every_sa
     assert m["tokens_unaccounted"] == 0 and m["ledger_failed_rollouts_unknown"] == 0
 
 
-async def test_the_training_entry_loop_logs_evaluations_and_prints_where_to_look(served_model, capsys):
-    """environments/training.py, as the main job and `agentrl train` run it, on the served model."""
-    from agentrl_environments.training import train_and_evaluate
+@pytest.mark.filterwarnings("ignore:coroutine 'rollout' was never awaited")  # the groups the Ctrl-C cut off
+async def test_the_training_entry_loop_stops_says_what_it_kept_and_resumes_the_rest(served_model, capsys):
+    """environments/training.py, as the main job and `agentrl train` run it, on the served model: interrupted after
+    its first step, it says what it kept; run again it trains the rest of its steps; run once more, nothing, and
+    reuses the recorded evaluation instead of sampling the same weights again."""
+    from agentrl_environments.training import steps_done, train_and_evaluate
 
-    train, test = scenarios("train", 4, seed=21), scenarios("test", 8)
-    summary = await train_and_evaluate(
-        served_model,
-        scenarios=train,
-        groups_per_step=4,
-        make_group=lambda model, s: agentrl.TrajectoryGroup(rollout(model, s) for _ in range(4)),
-        evaluate=lambda model: evaluate(model, test, samples=1),
-        steps=1,
-        config=agentrl.TrainConfig(learning_rate=1e-4),
+    train, test = scenarios("train", 8, seed=21), scenarios("test", 8)
+    made = 0
+
+    def make_group(model, scenario):
+        nonlocal made
+        made += 1
+        if made == 5:  # the second batch's first group: Ctrl-C, as a user would press it mid-run
+            running.cancel()
+        return agentrl.TrajectoryGroup(rollout(model, scenario) for _ in range(4))
+
+    steps = steps_done(served_model, 4) + 2
+    run = functools.partial(
+        train_and_evaluate, served_model, scenarios=train, groups_per_step=4, make_group=make_group,
+        evaluate=lambda model: evaluate(model, test, samples=1), steps=steps, config=agentrl.TrainConfig(learning_rate=1e-4),
+    )  # fmt: skip
+    start = await served_model.get_step()
+    running = asyncio.ensure_future(run())
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    stopped = capsys.readouterr().out
+    assert "Stopped. Kept: the run folder" in stopped and "Run the same command again to resume" in stopped, stopped
+    assert served_model.registered and steps_done(served_model, 4) == steps - 1
+
+    summary = await run()  # the same call again: the one step left
+    resumed = capsys.readouterr().out
+    assert f"resuming: {steps - 1} of the run's {steps} steps done, 1 to train" in resumed, resumed
+    assert (
+        steps_done(served_model, 4) == steps
+        and summary.end_step <= start + 2
+        and 0 <= summary.after["reward_mean"] <= 1
     )
+    assert "reward plot:" in resumed and "transcripts:" in resumed and served_model.registered  # backend kept
+    evaluations = RunFolder(served_model.run_dir).trajectory_files("val")
+    assert f"{evaluations[-1].stem}.html" in resumed and (served_model.run_dir / "transcripts").is_dir()
+
+    again = await run()  # done: nothing to train, nothing sampled again
     printed = capsys.readouterr().out
-    assert summary.end_step >= summary.start_step and 0 <= summary.after["reward_mean"] <= 1
-    assert "reward plot:" in printed and "transcripts:" in printed and served_model.registered  # backend kept
-    assert (served_model.run_dir / "transcripts" / f"val-{summary.end_step:04d}.html").exists()
+    assert "0 to train" in printed and "recorded when the run stopped there" in printed, printed
+    assert again.before["reward_mean"] == again.after["reward_mean"] == summary.after["reward_mean"]
+    assert RunFolder(served_model.run_dir).trajectory_files("val") == evaluations

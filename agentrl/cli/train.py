@@ -26,7 +26,9 @@ def _entry(env: str) -> EnvironmentCommands:
 def train(
     env: str = typer.Argument(..., help=f"one of: {', '.join(environment_names())}"),
     preset: str = typer.Option("cpu", help="cpu (this laptop-class machine) or gpu"),
-    steps: int | None = typer.Option(None, help="training steps (default: the preset's)"),
+    steps: int | None = typer.Option(
+        None, help="the run's training steps in all: a resumed run trains the rest (default: the preset's)"
+    ),
     model: str | None = typer.Option(None, help="base model: the packaged default, a Hugging Face id or a folder"),
     name: str | None = typer.Option(None, help="run name (default: the environment's); an existing run resumes"),
     base_path: str = typer.Option(DEFAULT_BASE_PATH, help="root folder of runs"),
