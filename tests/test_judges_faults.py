@@ -143,3 +143,29 @@ def test_rubric_tasks_load_from_jsonl_and_bad_lines_name_their_number(tmp_path):
         load_rubric_tasks(path)
     path.write_text('{"task_id": "a", "prompt": "p", "rubrics": ["r1", "r2"]}\n')
     assert load_rubric_tasks(path)[0].rubrics == ["r1", "r2"]
+
+
+@pytest.mark.parametrize("name", ["o3", "o4-mini", "gpt-5-mini"])
+async def test_a_judge_that_takes_only_its_default_temperature_is_sent_none_and_ranks(fake, name):
+    """ART's default RULER judge (openai/o3) and 2048's (openai/o4-mini): litellm refuses any temperature but 1
+    before sending, so a judge call that always sent 0 never reached them. The fake speaks OpenAI's protocol."""
+    fake.good_score = 0.75
+    reasoning = agentrl.Model(name=name, base_url=fake.base_url, api_key="test")  # litellm sees openai/<name>
+    judged = await ruler_score_group(group_of("a", "b"), reasoning, audit=None)
+    assert judged.rewards == [0.75, 0.75] and "temperature" not in fake.requests[0]
+    await judge_rubrics("q", "an answer", ["says yes"], reasoning)  # the rubric judge's call too
+    assert len(fake.requests) == 2 and all("temperature" not in r for r in fake.requests)
+    with pytest.raises(agentrl.ConfigurationError, match=rf"judge openai/{name} does not take temperature=0.2 .*leave"):
+        await ruler_score_group(group_of("a", "b"), reasoning, extra_litellm_params={"temperature": 0.2})
+
+
+async def test_art_ruler_with_its_default_judge_name_reaches_the_judge(fake, monkeypatch):
+    """`art.rewards.ruler_score_group(group, "openai/o3", swallow_exceptions=True)` as ART's scripts call it, the
+    provider's address pointed at the local stand-in: scored, not None (litellm refused every call before)."""
+    from agentrl.art.rewards import ruler_score_group as art_ruler_score_group
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+    fake.good_score = 0.25
+    judged = await art_ruler_score_group(group_of("a", "b"), "openai/o3", swallow_exceptions=True)
+    assert judged is not None and judged.rewards == [0.25, 0.25] and "temperature" not in fake.requests[0]

@@ -10,6 +10,7 @@ answer that fails validation is retried like a failed request, up to `max_attemp
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from agentrl.errors import JudgeError
+from agentrl.errors import ConfigurationError, JudgeError
 from agentrl.litellm_loader import load_litellm
 from agentrl.model import JudgeModel
 
@@ -100,6 +101,51 @@ RETRY_TEMPERATURE = 0.7
 """A greedy judge that gave an unusable answer would give the same one again: its retries sample."""
 
 
+SAMPLING_PARAMS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "logprobs", "top_logprobs")
+"""Parameters a provider may refuse for a model (litellm checks them before it sends anything)."""
+
+
+@functools.lru_cache(maxsize=512)
+def litellm_refusal(model: str, param: str, value: Any) -> str | None:
+    """Why litellm would refuse `param=value` for `model` before sending the request (an o-series or GPT-5 model
+    takes only its default temperature), from its own parameter check: no request is made. None: it takes it."""
+    litellm = load_litellm()
+    try:
+        name, provider, _, _ = litellm.get_llm_provider(model)
+        litellm.get_optional_params(model=name, custom_llm_provider=provider, **{param: value})
+    except litellm.exceptions.UnsupportedParamsError as error:
+        return str(error)
+    except Exception:  # noqa: BLE001 - a provider litellm cannot place: the call itself will say so
+        return None
+    return None
+
+
+def judge_sampling(model: str) -> dict[str, Any]:
+    """Greedy decoding (temperature 0, retries at `RETRY_TEMPERATURE`) where the model takes it; nothing where it
+    takes only its default temperature (ART sends none: o3, o4-mini, GPT-5), so the judge samples as it must."""
+    if litellm_refusal(model, "temperature", 0.0) or litellm_refusal(model, "temperature", RETRY_TEMPERATURE):
+        if model not in _SAMPLED_JUDGES:
+            _SAMPLED_JUDGES.add(model)
+            logger.info("judge %s takes only its default temperature: its judgements are sampled at it", model)
+        return {}
+    return {"temperature": 0.0}
+
+
+_SAMPLED_JUDGES: set[str] = set()
+
+
+def checked_extra_params(model: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` (a caller's `extra_litellm_params`), or a ConfigurationError naming a sampling parameter the model
+    refuses, before any call: a judge that refuses every call would otherwise leave every group unscored."""
+    for param in SAMPLING_PARAMS:
+        if param in extra and (why := litellm_refusal(model, param, extra[param])) is not None:
+            raise ConfigurationError(
+                f"judge {model} does not take {param}={extra[param]!r} (litellm: {why.splitlines()[0]}): leave "
+                f"{param} out of extra_litellm_params"
+            )
+    return extra
+
+
 def _bound_lengths(node: Any, max_items: int | None) -> None:
     if isinstance(node, dict):
         if node.get("type") == "string" and "enum" not in node:
@@ -165,9 +211,9 @@ async def structured_judge_call(
         "messages": messages,
         "response_format": response_format(schema_model, bound_lengths=local, max_items=max_items),
         "timeout": timeout_s,
-        "temperature": 0.0,
+        **judge_sampling(route["model"]),
         "max_retries": 0,  # retries are ours alone: bounded, and counted in the limiter
-        **(extra_litellm_params or {}),
+        **checked_extra_params(route["model"], extra_litellm_params or {}),
     }
     limiter = limiter or DEFAULT_LIMITER
     limiter.calls += 1
@@ -197,7 +243,7 @@ async def structured_judge_call(
                 with attempt:
                     attempts += 1
                     limiter.attempts += 1
-                    if attempts > 1 and last_invalid and params["temperature"] == 0.0:
+                    if attempts > 1 and last_invalid and params.get("temperature") == 0.0:
                         params["temperature"] = RETRY_TEMPERATURE
                     last_invalid = False
                     response = await litellm.acompletion(**params)
