@@ -114,6 +114,14 @@ class TrainConfig(BaseModel):
     is still near its base, the penalty's gradient is mostly that rounding noise (measured: README "Scaling")."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """Estimator of KL(policy || base) per token (Schulman's k1/k2/k3)."""
+    kl_advantage_coef: float = Field(default=0.0, ge=0)
+    """ART's `kl_penalty_coef`: the KL to the base model shapes the advantages instead of adding a loss term. Per
+    loss token, kl = (source - base logprob), detached; each token's advantage gains coef * (mean kl - kl), the
+    mean over the micro-batch's loss tokens, so tokens that drifted further than average are pushed back. 0 = off."""
+    kl_advantage_source: Literal["current_learner", "sample"] = "current_learner"
+    """Whose logprobs `kl_advantage_coef` compares with the base model's: the trainer's (detached) or the sampler's."""
+    advantage_logprob_tau: float = Field(default=0.0, ge=0)
+    """ART's `kimi_k2_tau`: each token's advantage less tau * (trainer - old logprob), detached; 0 = off."""
     truncated_importance_sampling: float = Field(default=0.0, ge=0)
     """Cap C of the sampler->trainer importance weight min(p_trainer/p_sampler, C); 0 = off.
     When on, the trainer's own detached logprobs are the loss's old policy."""
@@ -161,6 +169,11 @@ class TrainConfig(BaseModel):
                 raise ValueError(f"unknown loss {value!r}; choose one of {sorted(LOSS_CONFIGS)}")
             return LOSS_CONFIGS[value]()
         return value
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a step needs the base model's logprobs (a pass with the adapter off)."""
+        return self.kl_coef > 0 or self.kl_advantage_coef > 0
 
 
 class SFTConfig(BaseModel):

@@ -38,7 +38,14 @@ def test_art_trains_cispo_by_default_and_epsilons_clip_the_selected_loss():
         assert agentrl_train_config({"importance_sampling_level": level}).loss.importance_sampling_level == level
     mapped = agentrl_train_config({"kl_penalty_coef": 0.05, "scale_rewards": False, "truncated_importance_sampling": 2.0,
                                    "packed_sequence_length": 4096, "allow_training_without_logprobs": True})  # fmt: skip
-    assert (mapped.kl_coef, mapped.scale_advantages_by_std, mapped.truncated_importance_sampling) == (0.05, False, 2.0)
+    assert (mapped.kl_advantage_coef, mapped.kl_coef) == (0.05, 0.0)  # ART's kl_penalty_coef shapes advantages
+    assert (mapped.scale_advantages_by_std, mapped.truncated_importance_sampling) == (False, 2.0)
+    sampled = agentrl_train_config({"kl_penalty_coef": 0.1, "kl_penalty_source": "sample", "kimi_k2_tau": 0.2})
+    assert (sampled.kl_advantage_source, sampled.advantage_logprob_tau, sampled.needs_reference) == (
+        "sample",
+        0.2,
+        True,
+    )
     assert mapped.micro_batch_tokens == 4096 and mapped.allow_training_without_logprobs
     assert agentrl_train_config({"beta": 0.04}).kl_coef == 0.04  # before ART 0.5.11
     # ART's defaults for the keys agentrl has no counterpart of ask for nothing, and pass
@@ -51,9 +58,7 @@ def test_art_trains_cispo_by_default_and_epsilons_clip_the_selected_loss():
     [
         ({"advantage_balance": 0.5}, "advantage_balance"),
         ({"mask_prob_ratio": True}, "mask_prob_ratio"),
-        ({"kimi_k2_tau": 0.1}, "kimi_k2_tau"),
         ({"adam_params": {"beta1": 0.8}}, "adam_params"),
-        ({"kl_penalty_source": "sample"}, "kl_penalty_source"),
         ({"kl_ref_adapter_path": "/x"}, "kl_ref_adapter_path"),
         ({"normalize_advantages": False}, "normalize_advantages"),
         ({"save_checkpoint": False}, "save_checkpoint"),

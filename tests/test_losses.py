@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrl.config import CISPOLoss, DROLoss, GSPOLoss, ImportanceSamplingLoss, PPOLoss
-from agentrl.rl.losses import KL_ESTIMATORS, loss_denominator, mismatch_masks, policy_loss
+from agentrl.rl.losses import KL_ESTIMATORS, KLAdvantage, loss_denominator, mismatch_masks, policy_loss
 
 RATIOS = [1.5, 0.5, 1.1, 0.7]
 ADVANTAGES = [1.0, 1.0, -1.0, -1.0]
@@ -173,10 +173,37 @@ def test_kl_penalty_is_added_to_the_loss():
     assert out.loss.item() == pytest.approx(((-1.5 - 0.5 + 1.1 + 0.7) + 0.5 * sum(k3)) / 4)
 
 
+@pytest.mark.parametrize("source", ["current_learner", "sample"])
+def test_arts_kl_penalty_shapes_the_advantages_by_hand(source):
+    """ART's `kl_penalty_coef`: A_t + coef * (mean kl - kl_t), kl_t = source_t - base_t, all detached."""
+    logprobs_BT, old_BT, advantages_BT, mask_BT = reference_case()
+    kl = [0.4, 0.0, -0.2, 0.2]  # mean 0.1
+    source_BT = logprobs_BT.detach() if source == "current_learner" else old_BT
+    ref_BT = source_BT - torch.tensor([kl], dtype=torch.float64)
+    out = policy_loss(ImportanceSamplingLoss(), logprobs_BT, old_BT, advantages_BT, mask_BT, denominator=4.0,
+                      ref_logprobs_BT=ref_BT, kl_advantage=KLAdvantage(coef=0.5, source=source))  # fmt: skip
+    out.loss.backward()
+    shaped = [0.85, 1.05, -0.85, -1.05]  # 1 + 0.5 * (0.1 - 0.4), 1 + 0.5 * 0.1, -1 + 0.5 * 0.3, -1 + 0.5 * (0.1 - 0.2)
+    assert out.loss.item() == pytest.approx(-sum(r * a for r, a in zip(RATIOS, shaped)) / 4)
+    assert logprobs_BT.grad[0].tolist() == pytest.approx([-r * a / 4 for r, a in zip(RATIOS, shaped)])  # no KL gradient
+    assert float(out.kl_to_base_sum) == pytest.approx(sum(kl)) and float(out.kl_sum) == 0.0  # no loss term
+
+
+def test_arts_kimi_k2_tau_by_hand():
+    """ART's `kimi_k2_tau`: A_t - tau * (log p_t - log p_old_t), detached."""
+    shaped = [a - 0.1 * math.log(r) for r, a in zip(RATIOS, ADVANTAGES)]
+    out, grad = run(ImportanceSamplingLoss(), kl_advantage=KLAdvantage(tau=0.1))
+    assert out.loss.item() == pytest.approx(-sum(r * a for r, a in zip(RATIOS, shaped)) / 4)
+    assert grad == pytest.approx([-r * a / 4 for r, a in zip(RATIOS, shaped)])
+
+
 def test_kl_without_reference_is_a_clear_error():
     logprobs_BT, old_BT, advantages_BT, mask_BT = reference_case()
     with pytest.raises(ValueError, match="ref_logprobs_BT"):
         policy_loss(PPOLoss(), logprobs_BT, old_BT, advantages_BT, mask_BT, denominator=1.0, kl_coef=0.1)
+    with pytest.raises(ValueError, match="ref_logprobs_BT"):
+        policy_loss(PPOLoss(), logprobs_BT, old_BT, advantages_BT, mask_BT, denominator=1.0,
+                    kl_advantage=KLAdvantage(coef=0.1))  # fmt: skip
 
 
 def test_truncated_importance_sampling_by_hand():

@@ -290,3 +290,21 @@ def test_all_tokens_normalisation_counts_the_zero_variance_groups_tokens(tiny_mo
     shrink = trained / (trained + solved)
     assert metrics["all_tokens"]["loss"] == pytest.approx(metrics["tokens"]["loss"] * shrink, rel=1e-5)
     assert metrics["all_tokens"]["grad_norm"] == pytest.approx(metrics["tokens"]["grad_norm"] * shrink, rel=1e-4)
+
+
+def test_arts_kl_penalty_reads_the_base_models_logprobs_and_reports_the_mean_kl(tiny_model_path, tokenizer):
+    """A step with ART's `kl_penalty_coef` (agentrl's `kl_advantage_coef`) makes the reference pass: after a first
+    step moved the adapter, the second reports the mean KL to the base (`kl_policy_ref`) and adds no loss term."""
+    from agentrl.backend.training.trainer import Trainer
+    from tests.helpers import synthetic_groups
+
+    trainer = Trainer(tiny_model_path, seed=0)
+    trainer.add_adapter("default", agentrl.LoRAConfig())
+    groups = synthetic_groups(tokenizer, seed=5, size=4, max_words=8)
+    config = agentrl.TrainConfig(learning_rate=5e-3, loss="cispo", kl_advantage_coef=0.5)
+    first = trainer.train_step("default", groups, config).metrics
+    assert first["kl_policy_ref"] == pytest.approx(0.0, abs=1e-6)  # the adapter starts at zero: policy = base
+    second = trainer.train_step("default", groups, config).metrics
+    assert abs(second["kl_policy_ref"]) > 1e-5 and second["kl_penalty"] == 0.0
+    plain = trainer.train_step("default", groups, agentrl.TrainConfig(learning_rate=5e-3, loss="cispo")).metrics
+    assert plain["kl_policy_ref"] == 0.0  # no reference pass asked for

@@ -29,11 +29,11 @@ class TrainConfig(BaseModel):
 
     learning_rate: float = Field(default=5e-6, gt=0)
     kl_penalty_coef: float = Field(default=0.0, ge=0)
-    """Weight of the KL penalty to the base model (agentrl's `kl_coef`)."""
+    """ART's KL penalty: it shapes the advantages by the KL to the base model (agentrl's `kl_advantage_coef`)."""
     kl_penalty_source: Literal["current_learner", "sample"] = "current_learner"
     grad_accumulation_sequences: int | None = None
     beta: float = Field(default=0.0, ge=0)
-    """The KL penalty's name before ART 0.5.11 (the same as `kl_penalty_coef`)."""
+    """ART's KL penalty before 0.5.11, a loss term to the reference (agentrl's `kl_coef`)."""
 
 
 # Keys that change training, and ART's default for each (a key at its default asks for nothing).
@@ -48,6 +48,7 @@ MAPPED_DEFAULTS: dict[str, Any] = {
     "beta": 0.0,
     "kl_penalty_source": "current_learner",
     "scale_rewards": True,
+    "kimi_k2_tau": None,
     "normalize_advantages": True,
     "allow_training_without_logprobs": False,
     "truncated_importance_sampling": None,
@@ -67,7 +68,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "advantage_balance": (0.0, "weigh rewards in your rollout instead"),
     "max_negative_advantage_importance_sampling_weight": (None, "use truncated_importance_sampling"),
     "mask_prob_ratio": (False, "use loss_fn='ppo', whose clipping removes out-of-range tokens"),
-    "kimi_k2_tau": (None, "use loss_fn='cispo' or 'ppo'"),
     "scale_learning_rate_by_reward_std_dev": (False, "set learning_rate yourself"),
     "num_trajectories_learning_rate_multiplier_power": (0.0, "set learning_rate yourself"),
     "megatron_topology": (None, "agentrl trains with torch.distributed ranks (LocalBackend(ranks=...))"),
@@ -85,11 +85,6 @@ def _check_unsupported(keys: Mapping[str, Any]) -> None:
             raise ConfigurationError(
                 f"{key}={keys[key]!r} has no counterpart in agentrl (only ART's default {default!r} is accepted): {instead}"
             )
-    if keys.get("kl_penalty_source", "current_learner") != "current_learner":
-        raise ConfigurationError(
-            f"kl_penalty_source={keys['kl_penalty_source']!r}: agentrl estimates the KL penalty from the learner "
-            "(ART's 'current_learner'); drop the key"
-        )
     if keys.get("normalize_advantages", True) is not True:
         raise ConfigurationError(
             "normalize_advantages=False: agentrl always centres rewards within each group (GRPO); for advantages "
@@ -122,12 +117,14 @@ def agentrl_train_config(keys: Mapping[str, Any]) -> agentrl.TrainConfig:
     """The `agentrl.TrainConfig` that trains as ART does with these training keys (ART's defaults for
     the rest); raises `ConfigurationError` naming any key agentrl cannot honour."""
     _check_unsupported(keys)
-    kl = keys.get("kl_penalty_coef") or keys.get("beta") or 0.0
     packed = keys.get("packed_sequence_length")
     return agentrl.TrainConfig(
         learning_rate=keys.get("learning_rate", 5e-6),
         loss=_loss(keys),
-        kl_coef=kl,
+        kl_coef=keys.get("beta") or 0.0,
+        kl_advantage_coef=keys.get("kl_penalty_coef") or 0.0,
+        kl_advantage_source=keys.get("kl_penalty_source") or "current_learner",
+        advantage_logprob_tau=keys.get("kimi_k2_tau") or 0.0,
         scale_advantages_by_std=bool(keys.get("scale_rewards", True)),
         allow_training_without_logprobs=bool(keys.get("allow_training_without_logprobs", False)),
         truncated_importance_sampling=keys.get("truncated_importance_sampling") or 0.0,

@@ -239,6 +239,45 @@ class LossOutput:
     num_token_masked: torch.Tensor  # scalar: loss tokens the token mismatch mask left out
     num_sequence_masked: torch.Tensor  # scalar: loss tokens the sequence mismatch mask left out
     num_masked: torch.Tensor  # scalar: loss tokens either mask left out (the ledger's `masked`)
+    kl_to_base_sum: (
+        torch.Tensor
+    )  # scalar: summed (source - base) logprob over loss tokens, where advantages are shaped by it
+
+
+@dataclass(frozen=True)
+class KLAdvantage:
+    """ART's advantage shaping (`kl_penalty_coef`, `kimi_k2_tau`): terms added to each token's advantage before the
+    policy loss, every one detached, so they steer the update without a gradient of their own."""
+
+    coef: float = 0.0
+    """kl_advantage_coef: + coef * (mean kl - kl), kl = source - base logprob per loss token."""
+    source: str = "current_learner"
+    """"current_learner" (the trainer's logprobs) or "sample" (the sampler's)."""
+    tau: float = 0.0
+    """advantage_logprob_tau: - tau * (trainer - old logprob)."""
+
+    def shaped(
+        self,
+        advantages_BT: torch.Tensor,
+        logprobs_BT: torch.Tensor,
+        sampler_logprobs_BT: torch.Tensor,
+        old_logprobs_BT: torch.Tensor,
+        ref_logprobs_BT: torch.Tensor | None,
+        mask_BT: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shaped advantages [B, T], and the summed kl over loss tokens (0 without `coef`)."""
+        kl_sum = logprobs_BT.new_zeros(())
+        if self.coef > 0:
+            if ref_logprobs_BT is None:
+                raise ValueError("kl_advantage_coef > 0 needs ref_logprobs_BT (the base model's logprobs)")
+            source_BT = logprobs_BT.detach() if self.source == "current_learner" else sampler_logprobs_BT
+            kl_BT = (source_BT - ref_logprobs_BT).detach() * mask_BT
+            kl_sum = kl_BT.sum()
+            mean_kl = kl_sum / mask_BT.sum().clamp(min=1)
+            advantages_BT = advantages_BT + self.coef * (mean_kl - kl_BT) * mask_BT
+        if self.tau > 0:
+            advantages_BT = advantages_BT - self.tau * (logprobs_BT.detach() - old_logprobs_BT) * mask_BT
+        return advantages_BT, kl_sum
 
 
 def policy_loss(
@@ -252,6 +291,7 @@ def policy_loss(
     ref_logprobs_BT: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: Literal["k1", "k2", "k3"] = "k3",
+    kl_advantage: KLAdvantage | None = None,
     truncated_importance_sampling: float = 0.0,
     token_mask_bounds: tuple[float, float] | None = None,
     sequence_mask_bounds: tuple[float, float] | None = None,
@@ -274,6 +314,10 @@ def policy_loss(
     mask_BT = mask_BT.to(logprobs_BT.dtype)
     kept_BT = mask_BT * masks.keep_BT.to(mask_BT.dtype)
     old_logprobs_BT = logprobs_BT.detach() if truncated_importance_sampling > 0 else sampler_logprobs_BT
+    kl_to_base = None
+    if kl_advantage is not None:
+        advantages_BT, kl_to_base = kl_advantage.shaped(advantages_BT, logprobs_BT, sampler_logprobs_BT,
+                                                        old_logprobs_BT, ref_logprobs_BT, mask_BT)  # fmt: skip
     per_token = token_loss(loss_cfg, logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     loss_BT = per_token.loss_BT
     if truncated_importance_sampling > 0:
@@ -292,6 +336,7 @@ def policy_loss(
         loss=loss,
         num_clipped=num_clipped,
         kl_sum=kl_sum,
+        kl_to_base_sum=logprobs_BT.new_zeros(()) if kl_to_base is None else kl_to_base,
         num_token_masked=masks.token_masked_BT.sum(),
         num_sequence_masked=masks.sequence_masked_BT.sum(),
         num_masked=(masks.token_masked_BT | masks.sequence_masked_BT).sum(),

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 import torch
 
 from agentrl.config import TrainConfig
-from agentrl.rl.losses import policy_loss
+from agentrl.rl.losses import KLAdvantage, policy_loss
 from agentrl.rl.tokenize import TokenBatch
 
 SUM_NAMES = (
     "loss",
     "clipped",
     "kl_penalty",
+    "kl_to_base",
     "entropy",
     "sampler_minus_trainer",
     "sampler_minus_trainer_sq",
@@ -49,6 +50,14 @@ class GRPOLoss:
     def __post_init__(self) -> None:
         self.sums = {name: torch.zeros((), device=self.device) for name in SUM_NAMES + MAX_NAMES}
 
+    @property
+    def kl_advantage(self) -> KLAdvantage | None:
+        """ART's advantage shaping, where the config asks for it."""
+        c = self.config
+        if not (c.kl_advantage_coef or c.advantage_logprob_tau):
+            return None
+        return KLAdvantage(c.kl_advantage_coef, c.kl_advantage_source, c.advantage_logprob_tau)
+
     def __call__(
         self,
         batch: TokenBatch,
@@ -68,6 +77,7 @@ class GRPOLoss:
             ref_logprobs_BT=ref_logprobs_BT,
             kl_coef=self.config.kl_coef,
             kl_estimator=self.config.kl_estimator,
+            kl_advantage=self.kl_advantage,
             truncated_importance_sampling=self.config.truncated_importance_sampling,
             token_mask_bounds=self.config.mismatch_token_mask,
             sequence_mask_bounds=self.config.mismatch_sequence_mask,
@@ -82,6 +92,7 @@ class GRPOLoss:
         self.sums["masked"] += out.num_masked
         self.sums["clipped"] += out.num_clipped
         self.sums["kl_penalty"] += out.kl_sum
+        self.sums["kl_to_base"] += out.kl_to_base_sum
         self.sums["entropy"] += entropy_N.sum()
         self.sums["sampler_minus_trainer"] += gap_BT.sum()
         self.sums["sampler_minus_trainer_sq"] += gap_BT.square().sum()
@@ -106,4 +117,5 @@ def loss_metrics(sums: dict[str, float], num_loss_tokens: int) -> dict[str, floa
         "token_mask_fraction": sums["token_masked"] / n,
         "sequence_mask_fraction": sums["sequence_masked"] / n,
         "kl_penalty": sums["kl_penalty"] / n,
+        "kl_policy_ref": sums["kl_to_base"] / n,  # ART's name: the mean KL that `kl_advantage_coef` shapes by
     }

@@ -330,7 +330,7 @@ class Trainer:
             max_tokens,
             loss,
             shared_prefix=config.shared_prefix,
-            with_reference=config.kl_coef > 0,
+            with_reference=config.needs_reference,
             desc="train step",
         )
         return loss.sums, plan
