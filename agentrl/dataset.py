@@ -65,16 +65,25 @@ def content_ids(dataset: Sequence[Any]) -> list[str]:
     ".2", ... in order), so a resumed run finds its trained scenarios in a dataset that was rebuilt larger,
     smaller or in another order. Items that are not JSON data (nor pydantic models or dataclasses of it)
     are named by their index instead, which assumes the same dataset on resume."""
-    try:
-        digests = [hashlib.sha256(_as_json(item).encode()).hexdigest()[:16] for item in dataset]
-    except (TypeError, ValueError):
+    digests = [content_digest(item) for item in dataset]
+    if any(digest is None for digest in digests):
         return [str(index) for index in range(len(dataset))]
     seen: dict[str, int] = {}
-    ids = []
-    for digest in digests:
-        repeat = seen[digest] = seen.get(digest, -1) + 1
-        ids.append(f"{digest}.{repeat}" if repeat else digest)
-    return ids
+    return [repeated_id(str(digest), seen) for digest in digests]
+
+
+def content_digest(item: Any) -> str | None:
+    """16 hex digits of the sha256 of an item's JSON (`content_ids`); None for an item that is not JSON data."""
+    try:
+        return hashlib.sha256(_as_json(item).encode()).hexdigest()[:16]
+    except (TypeError, ValueError):
+        return None
+
+
+def repeated_id(digest: str, seen: dict[str, int]) -> str:
+    """`digest`, or `digest.N` for its Nth repeat among those `seen` so far (which it updates)."""
+    repeat = seen[digest] = seen.get(digest, -1) + 1
+    return f"{digest}.{repeat}" if repeat else digest
 
 
 def iterate_dataset(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -33,8 +34,9 @@ from agentrl.trajectory import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
-MakeGroups = Callable[[TrainableModel, int], Iterable[TrajectoryGroup]]
-"""A step's groups, unresolved (their rollouts as awaitables): `make_groups(model, step)`."""
+MakeGroups = Callable[[TrainableModel, int], Iterable[TrajectoryGroup] | Awaitable[Iterable[TrajectoryGroup]]]
+"""A step's groups, unresolved (their rollouts as awaitables): `make_groups(model, step)`, or a coroutine giving them
+(a source read lazily); no groups: the source has run out."""
 OnStep = Callable[[TrainResult], Awaitable[None] | None]
 
 
@@ -61,7 +63,7 @@ async def train_pipelined(
     model: TrainableModel,
     make_groups: MakeGroups,
     *,
-    steps: int,
+    steps: int | None,
     max_steps_off_policy: int = 1,
     config: TrainConfig | None = None,
     after_each: AfterEach | None = None,
@@ -69,6 +71,7 @@ async def train_pipelined(
     on_step: OnStep | None = None,
 ) -> list[TrainResult]:
     """Train `steps` steps of `model` (registered) with sampling and training overlapped; returns each step's result.
+    With `steps=None` it trains until `make_groups` gives no groups (a lazily read, perhaps endless, source).
 
     `make_groups(model, step)` gives the groups of loop step `step` (counted from the model's step at
     the start, as the synchronous loop counts), their rollouts unstarted; a step trains on as many
@@ -99,7 +102,7 @@ async def train_pipelined(
 async def _overlapped(
     model: TrainableModel,
     make_groups: MakeGroups,
-    steps: int,
+    steps: int | None,
     max_steps_off_policy: int,
     config: TrainConfig | None,
     after_each: AfterEach | None,
@@ -115,8 +118,11 @@ async def _overlapped(
     results: list[TrainResult] = []
     try:
         cycle_started, sampler_busy_at_cycle_start = time.time(), sampling.busy_s()
-        for done in range(steps):
-            sampler.launch(done)
+        done = 0
+        while steps is None or done < steps:
+            await sampler.launch(done)
+            if done >= len(sampler.sizes):
+                break  # the source ran out
             waiting_started = time.time()
             taken, stale = await sampler.take(sampler.sizes[done])
             if stale:
@@ -140,6 +146,7 @@ async def _overlapped(
             sampler.judge_dropped.clear()
             result = await model.train([f.group for f in taken], config, step_metrics=step_metrics, dropped=dropped)
             results.append(result)
+            done += 1
             if on_step is not None and (pending := on_step(result)) is not None:
                 await pending
         return results
@@ -156,7 +163,7 @@ class _Sampler:
         model: TrainableModel,
         make_groups: MakeGroups,
         first: int,
-        steps: int,
+        steps: int | None,
         max_steps_off_policy: int,
         after_each: AfterEach | None,
         max_exception_rate: float | None,
@@ -172,11 +179,18 @@ class _Sampler:
         self.sizes: list[int] = []  # groups per loop step whose groups were started, as make_groups gave them
         self.judge_dropped: list[TrajectoryGroup] = []
 
-    def launch(self, done: int) -> None:
-        """Start the groups of every loop step that may sample now: up to `max_steps_off_policy` ahead."""
-        while len(self.sizes) < self.steps and len(self.sizes) <= done + self.max_steps_off_policy:
+    async def launch(self, done: int) -> None:
+        """Start the groups of every loop step that may sample now: up to `max_steps_off_policy` ahead, and no
+        further than the source goes (a step given no groups ends it)."""
+        while (self.steps is None or len(self.sizes) < self.steps) and len(
+            self.sizes
+        ) <= done + self.max_steps_off_policy:
             loop_step = self.first + len(self.sizes)
-            groups = list(self.make_groups(self.model, loop_step))
+            made = self.make_groups(self.model, loop_step)
+            groups = list(await made if inspect.isawaitable(made) else made)
+            if not groups:
+                self.steps = len(self.sizes)
+                return
             self.sizes.append(len(groups))
             # The budget is the step's, as in the synchronous loop's one gather: a group of 8 at 10% alone would
             # tolerate no failure at all.

@@ -279,7 +279,7 @@ def test_benchmarking_reads_recorded_trajectories(tmp_path):
 
     for name, rewards in (("base", [0.2, 0.4]), ("trained", [0.8, 1.0])):
         group = art.TrajectoryGroup([art.Trajectory(reward=r, metrics={"turns": 2}) for r in rewards])
-        write_trajectories(tmp_path / "proj" / name, 3, "val", [group])
+        write_trajectories(tmp_path / "proj" / "models" / name, 3, "val", [group])
     rows = load_trajectories("proj", art_path=str(tmp_path))
     assert {(r["model"], r["step"], r["reward"]) for r in rows} == {
         ("base", 3, 0.2), ("base", 3, 0.4), ("trained", 3, 0.8), ("trained", 3, 1.0)}  # fmt: skip
@@ -350,7 +350,7 @@ async def test_checkpoints_round_trip_through_object_storage_and_fork(tmp_path, 
     bucket = "s3://runs" if where == "s3" else str(tmp_path / "bucket")
     if where == "s3":
         request.getfixturevalue("s3_endpoint")
-    backend = LocalBackend(path=str(tmp_path / ".art"))
+    backend = LocalBackend()  # no `path`: each model's base_path holds its run
     source = _fake_run(tmp_path, "agent", [0, 1, 2])
     await backend._experimental_push_to_s3(source, s3_bucket=bucket, prefix="exp")
     elsewhere = art.TrainableModel(name="agent", project="proj", base_path=str(tmp_path / "other"))
@@ -381,11 +381,14 @@ async def test_a_prompted_model_registers_logs_and_keeps_state(tmp_path):
     await baseline.register(backend)
     assert baseline.backend() is backend and await baseline.get_step() == 0
     await baseline.log([art.Trajectory(reward=0.5), art.Trajectory(reward=1.0)], split="val", metrics={"cost": 0.1})
-    (record,) = read_metrics(tmp_path / "proj" / "gpt-baseline")
+    (record,) = read_metrics(tmp_path / "proj" / "models" / "gpt-baseline")
     assert (record["split"], record["reward_mean"], record["cost"]) == ("val", 0.75, 0.1)
     assert baseline.read_state() is None
     baseline.overwrite_state({"epoch": 1})
     assert baseline.merge_state({"seen": 3}) == {"epoch": 1, "seen": 3} == baseline.read_state()
+    baseline.overwrite_state({"epoch": 1, "best": {"reward": 0.5, "step": 2}})
+    merged = baseline.merge_state({"best": {"reward": 0.7}})  # ART merges nested dicts key by key
+    assert merged == {"epoch": 1, "best": {"reward": 0.7, "step": 2}} == baseline.read_state()
 
 
 HOSTILE_KEYS = [
@@ -402,7 +405,7 @@ HOSTILE_KEYS = [
 async def test_a_pull_from_a_hostile_bucket_writes_nothing_outside_the_run_folder(tmp_path, where, hostile, request):
     from agentrl.art.local import LocalBackend
 
-    backend = LocalBackend(path=str(tmp_path / ".art"))
+    backend = LocalBackend()
     source = _fake_run(tmp_path, "agent", [0, 1])
     bucket = "s3://runs" if where == "s3" else str(tmp_path / "bucket")
     if where == "s3":
@@ -413,7 +416,7 @@ async def test_a_pull_from_a_hostile_bucket_writes_nothing_outside_the_run_folde
         for stale in client.list_objects_v2(Bucket="runs", Prefix="hostile/").get("Contents", []):
             client.delete_object(Bucket="runs", Key=stale["Key"])
     await backend._experimental_push_to_s3(source, s3_bucket=bucket, prefix="hostile")
-    key = f"hostile/proj/agent/{hostile}"
+    key = f"hostile/proj/models/agent/{hostile}"
     if where == "s3":
         client.put_object(Bucket="runs", Key=key, Body=b"pwned")
         assert any(o["Key"] == key for o in client.list_objects_v2(Bucket="runs", Prefix="hostile/")["Contents"])
@@ -440,22 +443,22 @@ async def test_a_pull_from_a_hostile_bucket_writes_nothing_outside_the_run_folde
 async def test_a_pull_follows_no_symbolic_link(tmp_path):
     from agentrl.art.local import LocalBackend
 
-    backend = LocalBackend(path=str(tmp_path / ".art"))
+    backend = LocalBackend()
     source = _fake_run(tmp_path, "agent", [0, 1])
     secret = tmp_path / "secret.txt"
     secret.write_text("the user's secret")
     (source.run_dir / "notes.txt").symlink_to(secret)  # a link in the source is never pushed nor pulled
     bucket = tmp_path / "bucket"
     await backend._experimental_push_to_s3(source, s3_bucket=str(bucket), prefix="p")
-    assert not (bucket / "p/proj/agent/notes.txt").exists()
-    (bucket / "p/proj/agent/notes.txt").symlink_to(secret)
+    assert not (bucket / "p/proj/models/agent/notes.txt").exists()
+    (bucket / "p/proj/models/agent/notes.txt").symlink_to(secret)
     elsewhere = art.TrainableModel(name="agent", project="proj", base_path=str(tmp_path / "pulled"))
     outside = tmp_path / "elsewhere-outside"
     outside.mkdir()
     elsewhere.run_dir.mkdir(parents=True)
     (elsewhere.run_dir / "trajectories").symlink_to(outside)  # a link in the run folder pointing out of it
-    (bucket / "p/proj/agent/trajectories").mkdir()
-    (bucket / "p/proj/agent/trajectories/train-0001.jsonl").write_text("{}\n")
+    (bucket / "p/proj/models/agent/trajectories").mkdir()
+    (bucket / "p/proj/models/agent/trajectories/train-0001.jsonl").write_text("{}\n")
     with pytest.raises(agentrl.ConfigurationError, match="outside"):
         await backend._experimental_pull_from_s3(elsewhere, s3_bucket=str(bucket), prefix="p")
     assert not list(outside.iterdir()) and not (elsewhere.run_dir / "notes.txt").exists()
@@ -463,3 +466,21 @@ async def test_a_pull_follows_no_symbolic_link(tmp_path):
     assert await backend._experimental_pull_from_s3(elsewhere, s3_bucket=str(bucket), prefix="p") == 1
     assert not (elsewhere.run_dir / "notes.txt").exists()  # the source's link was passed over
     assert (elsewhere.run_dir / "trajectories/train-0001.jsonl").read_text() == "{}\n"
+
+
+async def test_art_layout_a_fork_into_a_backends_path_and_a_pull_after_register(tmp_path, base_model_path):
+    """ART keeps runs at {path}/{project}/models/{name}, in storage too; a fork into `LocalBackend(path=...)` is the
+    run that registers there (it started from step 0 before), and a pull after `register` (ART's 2048 script) resumes
+    from the newest checkpoint pulled. On the real trainer, with the server seam stubbed (no vLLM needed)."""
+    from agentrl.art.local import LocalBackend
+
+    source = _fake_run(tmp_path, "agent", [0, 1, 2])
+    assert source.run_dir == tmp_path / ".art" / "proj" / "models" / "agent"
+    bucket = tmp_path / "bucket"
+    await LocalBackend()._experimental_push_to_s3(source, s3_bucket=str(bucket), prefix="exp")
+    assert (bucket / "exp" / "proj" / "models" / "agent" / "checkpoints" / "0002").is_dir()
+    backend = LocalBackend(path=str(tmp_path / "elsewhere"))
+    forked = art.TrainableModel(name="fork", project="proj", base_path=str(tmp_path / "ignored"))
+    step = await backend._experimental_fork_checkpoint(forked, "agent", "proj", str(bucket), 1, False, "exp")
+    assert step == 1 and forked.run_dir == tmp_path / "elsewhere" / "proj" / "models" / "fork"
+    assert (forked.run_dir / "checkpoints" / "0001").is_dir() and not (tmp_path / "ignored").exists()

@@ -60,7 +60,6 @@ def test_art_trains_cispo_by_default_and_epsilons_clip_the_selected_loss():
         ({"mask_prob_ratio": True}, "mask_prob_ratio"),
         ({"adam_params": {"beta1": 0.8}}, "adam_params"),
         ({"kl_ref_adapter_path": "/x"}, "kl_ref_adapter_path"),
-        ({"normalize_advantages": False}, "normalize_advantages"),
         ({"save_checkpoint": False}, "save_checkpoint"),
         ({"loss_fn": "dapo"}, "loss_fn"),
         ({"megatron_topology": object()}, "megatron_topology"),
@@ -228,3 +227,51 @@ async def test_auto_trajectory_exists_only_inside_a_capture():
 
     trajectory = await art.capture_auto_trajectory(agent())
     assert trajectory.reward == 0.5 and art.auto_trajectory() is None and "duration" in trajectory.metrics
+
+
+async def test_pipeline_trainer_reads_scenarios_lazily_sync_and_async_and_passes_over_trained_ones():
+    from agentrl.art.pipeline_trainer import _ScenarioSource
+    from agentrl.dataset import content_ids
+
+    read = []
+
+    def endless():
+        number = 0
+        while True:
+            number += 1
+            read.append(number)
+            yield {"n": number % 3}  # repeats: named as iterate_dataset names them (".1", ".2")
+
+    ids = content_ids([{"n": 1}, {"n": 2}, {"n": 0}, {"n": 1}])
+    source = _ScenarioSource(endless(), trained={f"0:{ids[1]}"})
+    assert await source.next_batch(2) == ([{"n": 1}, {"n": 0}], [f"0:{ids[0]}", f"0:{ids[2]}"]) and read == [1, 2, 3]
+    assert (await source.next_batch(1))[1] == [f"0:{ids[3]}"] and read == [1, 2, 3, 4]  # the repeat's own key
+
+    async def three():
+        for number in range(3):
+            yield {"n": number}
+
+    source = _ScenarioSource(three(), trained=())
+    assert len((await source.next_batch(2))[0]) == 2 and len((await source.next_batch(2))[0]) == 1
+    assert await source.next_batch(2) == ([], []) and source.stopped
+
+
+async def test_calls_art_answers_rather_than_refuses():
+    """Calls ART 0.5.18 runs that agentrl once refused: each answered as ART answers it."""
+    from agentrl.art.rewards import ruler
+    from agentrl.art.training import agentrl_train_config
+
+    assert list(iterate_dataset([], groups_per_step=2)) == []  # ART yields nothing
+    assert await ruler([]) == []  # ART scores nothing
+    calls = []
+
+    @art.retry(max_attempts=3, delay=0.01, backoff_factor=0.5, exceptions=(ValueError,))
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ValueError("again")
+        return "ok"
+
+    assert flaky() == "ok" and len(calls) == 3  # a factor below 1 shortens the waits
+    centred = agentrl_train_config({"normalize_advantages": False})
+    assert centred.scale_advantages_by_std is False  # centred per group, not divided by the std

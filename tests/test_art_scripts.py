@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import shutil
 
 import pytest
 
@@ -119,6 +120,7 @@ async def train_2048(backend: LocalBackend, base_model: str) -> art.TrainableMod
     model = art.TrainableModel(name="agent-001", project="2048-multi-turn", base_model=base_model)
     model._internal_config = art.dev.InternalModelConfig(init_args=art.dev.InitArgs(max_seq_length=2048))
     await model.register(backend)
+    await backend._experimental_pull_from_s3(model, verbose=True)  # after register, as ART's 2048 script does
 
     @art.retry(exceptions=(openai.LengthFinishReasonError,))
     async def rollout(model: art.Model, step: int, is_validation: bool) -> art.Trajectory:
@@ -158,12 +160,14 @@ async def train_2048(backend: LocalBackend, base_model: str) -> art.TrainableMod
             pbar_desc="gather",
             max_exceptions=4,
         )
+        await backend._experimental_push_to_s3(model)  # the bucket from BACKUP_BUCKET, as ART reads it
         result = await backend.train(model, train_groups, learning_rate=1e-5)
         await model.log(train_groups, metrics=result.metrics, step=result.step, split="train")
     return model
 
 
-async def test_arts_2048_loop_in_its_0_5_18_form(backend, base_model):
+async def test_arts_2048_loop_in_its_0_5_18_form(backend, base_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("BACKUP_BUCKET", str(tmp_path / "bucket"))
     model = await train_2048(backend, base_model)
     trained = records(model, "train")
     assert await model.get_step() >= 1, trained  # at least one of the two steps had rewards that differ
@@ -171,6 +175,22 @@ async def test_arts_2048_loop_in_its_0_5_18_form(backend, base_model):
     assert model.server.max_model_len == 2048  # _internal_config assigned after construction reached the server
     steps = [t for g in (await load_last(model)) for t in g.trajectories]
     assert steps and all(t.initial_policy_version is not None for t in steps)  # every turn carries its adapter's step
+
+    # The run pulled into another model after its register (the 2048 script's order) resumes there.
+    await backend._experimental_push_to_s3(model)
+    stored = tmp_path / "bucket" / "2048-multi-turn" / "models"
+    shutil.copytree(stored / "agent-001", stored / "agent-002")
+    again = art.TrainableModel(name="agent-002", project="2048-multi-turn", base_model=base_model)
+    again._internal_config = model._internal_config
+    await again.register(backend)
+    assert await again.get_step() == 0
+    await backend._experimental_pull_from_s3(again)
+    step = await model.get_step()
+    assert await again.get_step() == step and again.get_inference_name() == f"agent-002@{step}"
+    completion = await again.openai_client().chat.completions.create(
+        model=again.get_inference_name(), messages=[{"role": "user", "content": "up?"}], max_tokens=2
+    )
+    assert completion.model == f"agent-002@{step}"
 
 
 async def load_last(model: art.TrainableModel) -> list[art.TrajectoryGroup]:
@@ -350,9 +370,8 @@ async def test_pipeline_trainer_trains_steps_evaluates_and_resumes(backend, base
     assert [r.step for r in results if not r.skipped] and await model.get_step() == results[-1].step
     assert seen[:2] == [-1, 0] and 1 in seen and evaluated[0] == 0  # eval at start, then the scenarios in order
     assert all("staleness_max" in r.metrics for r in results)
-    step = await model.get_step()
     resumed = PipelineTrainer(model, backend, rollout_fn, scenarios, config, eval_at_start=False, min_batch_size=1,
-                              max_steps=step + 1)  # fmt: skip
+                              max_steps=5)  # fmt: skip
     seen.clear()
     await resumed.train()
     assert seen == [2]  # resumed at the one scenario no committed step consumed (a skipped step consumes its own)
@@ -360,6 +379,20 @@ async def test_pipeline_trainer_trains_steps_evaluates_and_resumes(backend, base
 
     assert sorted(model.trained_scenarios()) == sorted(f"0:{i}" for i in content_ids(scenarios))
     assert records(model, "val")
+
+    read = 0
+
+    async def endless():  # ART's scripts pass generators that never end: read only as steps need them
+        nonlocal read
+        while True:
+            read += 1
+            yield {"id": 100 + read, "q": f"Count to {read}."}
+
+    before = await model.get_step()
+    lazy = PipelineTrainer(model, backend, rollout_fn, endless(), config, eval_at_start=False, min_batch_size=1,
+                           max_steps=1, max_steps_off_policy=1, total_scenarios=1000)  # fmt: skip
+    results = await lazy.train()
+    assert len(results) == 1 and read <= 2 and await model.get_step() <= before + 1  # max_steps counts from the start
 
 
 async def test_train_sft_in_arts_forms(backend, base_model, tmp_path):

@@ -19,6 +19,7 @@ from agentrl.errors import ConfigurationError
 from agentrl.files import check_safe_name, write_json_atomic
 from agentrl.litellm_loader import load_litellm
 from agentrl.model import Backend, served_name
+from agentrl.run_folder import RunFolder
 from agentrl.tracking import ART_METRIC_NAMES, append_metrics, read_metrics, summarize
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
@@ -66,8 +67,13 @@ class _ArtMethods:
         return cls
 
     @property
+    def _art_dir(self) -> Path:
+        """ART's run folder: {base_path}/{project}/models/{name} (`art.utils.output_dirs.get_model_dir`)."""
+        return art_model_dir(self.base_path, self.project, self.name)
+
+    @property
     def _state_path(self) -> Path:
-        return Path(self.base_path) / self.project / self.name / "state.json"
+        return self._art_dir / "state.json"
 
     def read_state(self) -> dict[str, Any] | None:
         """The run's saved state (your own JSON), or None before any was written."""
@@ -82,10 +88,24 @@ class _ArtMethods:
         self.overwrite_state(state)
 
     def merge_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        """Update the run's saved state with these keys; returns the merged state."""
-        merged = {**(self.read_state() or {}), **state}
+        """Merge these keys into the run's saved state, nested dicts key by key (ART's deep merge); returns it."""
+        merged = _deep_merged(self.read_state() or {}, state)
         self.overwrite_state(merged)
         return merged
+
+
+def _deep_merged(into: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """`into` updated by `update`, where both hold a dict under one key those dicts merged the same way."""
+    merged = dict(into)
+    for key, value in update.items():
+        both = isinstance(value, Mapping) and isinstance(merged.get(key), Mapping)
+        merged[key] = _deep_merged(merged[key], value) if both else value
+    return merged
+
+
+def art_model_dir(base_path: str | Path, project: str, name: str) -> Path:
+    """Where ART keeps a model's run: {base_path}/{project}/models/{name}."""
+    return Path(base_path) / project / "models" / name
 
 
 class Model(_ArtMethods, agentrl.Model):
@@ -147,7 +167,7 @@ class Model(_ArtMethods, agentrl.Model):
         metrics: Mapping[str, float] | None = None,
         step: int | None = None,
     ) -> None:
-        """Record a prompted model's results (its reward and metrics) in {base_path}/{project}/{name}/metrics.jsonl."""
+        """Record a prompted model's results (its reward and metrics) in {base_path}/{project}/models/{name}/metrics.jsonl."""
         check_safe_name(split, "split")
         items: list[Any] = list(trajectories or [])
         record: dict[str, Any] = {}
@@ -158,15 +178,18 @@ class Model(_ArtMethods, agentrl.Model):
             record.update(summarize(flat))
         record.update(metrics or {})
         if record:
-            append_metrics(
-                Path(self.base_path) / self.project / self.name, {"step": step or 0, "split": split, **record}
-            )
+            append_metrics(self._art_dir, {"step": step or 0, "split": split, **record})
 
 
 class TrainableModel(_ArtMethods, agentrl.TrainableModel):
     """ART's trainable model: `base_model` (a hub name or agentrl's packaged model), `lora_config`,
     `_internal_config` (art.dev.InternalModelConfig, its agentrl keys translated, at construction or
     assigned later), ART's `train`/`log`/`backend()`."""
+
+    @property
+    def _run_folder(self) -> RunFolder:
+        """ART's layout: {base_path}/{project}/models/{name}."""
+        return RunFolder(self._art_dir)
 
     entity: str | None = None
     id: str | None = None

@@ -2,21 +2,30 @@
 steps sample while a step trains, at most `max_steps_off_policy` steps behind the served adapter.
 
 Each step trains on `min_batch_size` groups, one per scenario (`rollout_fn(model, scenario, config)`
-returns the group). `eval_fn(model, step, config)` runs at the start and every `eval_every_n_steps`,
-and its trajectories are logged as "val". With `resume`, a run continues with the scenarios no committed
-step consumed (the run's record, `TrainableModel.trained_scenarios`), so a crash repeats or skips none.
+returns the group). Scenarios are read as the run goes, as ART reads them: a sync or async iterable,
+endless generators included, is never read ahead of the steps that sample it. `eval_fn(model, step, config)`
+runs at the start and every `eval_every_n_steps`, and its trajectories are logged as "val". With `resume`, a
+run passes over the scenarios committed steps consumed (the run's record, `TrainableModel.trained_scenarios`,
+by content), so a crash repeats or skips none. `max_steps` counts from the step the run starts at, as ART's;
+`total_scenarios` only sizes the progress line, as ART's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+import signal
+from collections.abc import AsyncIterable, Awaitable, Callable, Collection, Iterable, Iterator
 from typing import Any
 
+from tqdm.auto import tqdm
+
 import agentrl
+from agentrl.dataset import content_digest, repeated_id
 from agentrl.errors import ConfigurationError
 from agentrl.pipeline import train_pipelined
+from agentrl.scenario_record import scenario_key
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 from .training import agentrl_train_config
@@ -91,11 +100,6 @@ class PipelineTrainer:
         self._workers = asyncio.Semaphore(num_rollout_workers)
         self.results: list[agentrl.TrainResult] = []
 
-    async def _scenario_list(self) -> list[Any]:
-        if isinstance(self.scenarios, AsyncIterable):
-            return [s async for s in self.scenarios]
-        return list(self.scenarios)
-
     async def _rollout(self, scenario: Any) -> TrajectoryGroup:
         async with self._workers:
             group = await self.rollout_fn(self.model, scenario, self.config)
@@ -114,49 +118,106 @@ class PipelineTrainer:
         if flat:
             await agentrl.TrainableModel.log(self.model, flat, "val")
 
-    async def train(self) -> list[agentrl.TrainResult]:
-        """Train until the scenarios (or `max_steps`) run out; returns each step's result."""
+    async def train(self, *, handle_signals: bool = True) -> list[agentrl.TrainResult]:
+        """Train until the scenarios run out, or `max_steps` steps past the start; returns each step's result.
+        With `handle_signals` (ART's default), Ctrl-C or SIGTERM stops reading scenarios: the steps already
+        sampling train, then it returns."""
         if not self.model.registered:
             await self.model.register(self.backend)
-        scenarios = await self._scenario_list()
-        if self.total_scenarios is not None:
-            scenarios = scenarios[: self.total_scenarios]
         start = await self.model.get_step()
-        batches = (
-            list(
-                agentrl.iterate_dataset(
-                    scenarios,
-                    batch_size=self.min_batch_size,
-                    shuffle=False,
-                    already_trained=self.model.trained_scenarios() if self.resume else (),
-                    show_progress=False,
-                )
-            )
-            if scenarios
-            else []
-        )
-        steps = len(batches)
-        if self.max_steps is not None:
-            steps = min(steps, max(self.max_steps - start, 0))
+        source = _ScenarioSource(self.scenarios, self.model.trained_scenarios() if self.resume else ())
         if self.eval_at_start:
             await self._evaluate(start)
-        if steps == 0:
-            logger.info("PipelineTrainer: nothing to train (%d scenarios, resumed at step %d)", len(scenarios), start)
+        if self.max_steps == 0:
             return []
+        progress = tqdm(
+            total=self.total_scenarios, desc="scenarios", unit="scenario", disable=self.total_scenarios is None
+        )
 
-        def make_groups(model: agentrl.TrainableModel, step: int) -> list[TrajectoryGroup]:
-            return batches[step - start].groups(lambda scenario: TrajectoryGroup([self._rollout(scenario)]))
+        async def make_groups(model: agentrl.TrainableModel, step: int) -> list[TrajectoryGroup]:
+            items, keys = await source.next_batch(self.min_batch_size)
+            progress.update(len(items))
+            batch = agentrl.DatasetBatch(items, step - start, 0, step - start, keys)
+            return batch.groups(lambda scenario: TrajectoryGroup([self._rollout(scenario)]))
 
         async def on_step(result: agentrl.TrainResult) -> None:
             if self.eval_every_n_steps > 0 and result.step % self.eval_every_n_steps == 0:
                 await self._evaluate(result.step)
 
-        self.results = await train_pipelined(
-            self.model,
-            make_groups,
-            steps=steps,
-            max_steps_off_policy=self.max_steps_off_policy,
-            config=self.train_config,
-            on_step=on_step,
-        )
+        with _stopping_on_signals(source, enabled=handle_signals), progress:
+            self.results = await train_pipelined(
+                self.model,
+                make_groups,
+                steps=self.max_steps,
+                max_steps_off_policy=self.max_steps_off_policy,
+                config=self.train_config,
+                on_step=on_step,
+            )
+        if not self.results:
+            logger.info("PipelineTrainer: nothing to train (resumed at step %d, %d scenarios read)", start, source.read)
         return self.results
+
+
+class _ScenarioSource:
+    """ART's scenarios, read a batch at a time as steps need them (a sync or async iterable, perhaps endless),
+    each named by its content as `iterate_dataset` names them ("0:{digest}", repeats ".1", ...; a scenario that
+    is not JSON data by its position), those a committed step consumed passed over."""
+
+    def __init__(self, scenarios: Iterable[Any] | AsyncIterable[Any], trained: Collection[str]) -> None:
+        self._async = scenarios.__aiter__() if isinstance(scenarios, AsyncIterable) else None
+        self._sync = None if self._async is not None else iter(scenarios)  # type: ignore[arg-type]
+        self.trained = set(trained)
+        self.read = 0
+        self.stopped = False
+        self._seen: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+
+    async def _next(self) -> tuple[bool, Any]:
+        try:
+            return True, (await anext(self._async) if self._async is not None else next(self._sync))  # type: ignore[arg-type]
+        except (StopIteration, StopAsyncIteration):
+            return False, None
+
+    async def next_batch(self, size: int) -> tuple[list[Any], list[str]]:
+        """Up to `size` untrained scenarios and their keys; none once the source ran out or a stop was asked for."""
+        items: list[Any] = []
+        keys: list[str] = []
+        async with self._lock:
+            while len(items) < size and not self.stopped:
+                more, item = await self._next()
+                if not more:
+                    self.stopped = True
+                    break
+                self.read += 1
+                digest = content_digest(item)
+                key = scenario_key(0, repeated_id(digest, self._seen) if digest is not None else str(self.read - 1))
+                if key not in self.trained:
+                    items.append(item)
+                    keys.append(key)
+        return items, keys
+
+
+@contextlib.contextmanager
+def _stopping_on_signals(source: _ScenarioSource, *, enabled: bool) -> Iterator[None]:
+    """With `enabled`, SIGINT and SIGTERM stop `source` (the run ends once the steps already sampling have trained)
+    instead of interrupting; the handlers before are put back afterwards."""
+    loop = asyncio.get_running_loop()
+    installed = []
+    if enabled:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, _stop, source, sig)
+                installed.append(sig)
+    try:
+        yield
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def _stop(source: _ScenarioSource, sig: signal.Signals) -> None:
+    if not source.stopped:
+        logger.warning(
+            "%s: reading no more scenarios; the steps already sampling train, then the run returns", sig.name
+        )
+    source.stopped = True

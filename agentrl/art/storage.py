@@ -3,8 +3,8 @@
 
 A destination is an S3 bucket (`"my-bucket"` or `"s3://my-bucket"`, through boto3: the `s3` extra;
 `AWS_ENDPOINT_URL` points it at any S3-compatible server) or a local folder (`"/backups"`,
-`"file:///backups"`). A run lives at `{bucket}/{prefix/}{project}/{name}/`, its files as in the run
-folder. Pulling never overwrites a file the run folder already has, and a checkpoint arrives whole:
+`"file:///backups"`). A run lives at `{bucket}/{prefix/}{project}/models/{name}/` (ART's layout, the
+same as the run folder's under its base path), its files as in the run folder. Pulling never overwrites a file the run folder already has, and a checkpoint arrives whole:
 it is downloaded into a staging folder and renamed into place, as the trainer writes them.
 
 A stored key is never trusted as a path: a pull takes only keys whose parts are plain names (no empty,
@@ -137,7 +137,7 @@ def _inside(folder: Path, target: Path) -> Path:
 
 
 def _run_prefix(prefix: str | None, project: str, name: str) -> str:
-    return "/".join(p.strip("/") for p in (prefix or "", project, name) if p and p.strip("/")) + "/"
+    return "/".join(p.strip("/") for p in (prefix or "", project, "models", name) if p and p.strip("/")) + "/"
 
 
 def _excluded(relative: str, exclude: Iterable[str]) -> bool:

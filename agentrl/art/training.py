@@ -85,11 +85,6 @@ def _check_unsupported(keys: Mapping[str, Any]) -> None:
             raise ConfigurationError(
                 f"{key}={keys[key]!r} has no counterpart in agentrl (only ART's default {default!r} is accepted): {instead}"
             )
-    if keys.get("normalize_advantages", True) is not True:
-        raise ConfigurationError(
-            "normalize_advantages=False: agentrl always centres rewards within each group (GRPO); for advantages "
-            "not divided by the group's std pass scale_rewards=False"
-        )
     if keys.get("save_checkpoint", True) is not True:
         raise ConfigurationError(
             "save_checkpoint=False: agentrl serves every step from its checkpoint; keep disk use down with "
@@ -125,7 +120,8 @@ def agentrl_train_config(keys: Mapping[str, Any]) -> agentrl.TrainConfig:
         kl_advantage_coef=keys.get("kl_penalty_coef") or 0.0,
         kl_advantage_source=keys.get("kl_penalty_source") or "current_learner",
         advantage_logprob_tau=keys.get("kimi_k2_tau") or 0.0,
-        scale_advantages_by_std=bool(keys.get("scale_rewards", True)),
+        # ART's normalize_advantages=False centres rewards per group without dividing by their std, as scale_rewards=False.
+        scale_advantages_by_std=bool(keys.get("scale_rewards", True)) and bool(keys.get("normalize_advantages", True)),
         allow_training_without_logprobs=bool(keys.get("allow_training_without_logprobs", False)),
         truncated_importance_sampling=keys.get("truncated_importance_sampling") or 0.0,
         micro_batch_tokens=packed,

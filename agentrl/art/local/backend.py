@@ -115,31 +115,52 @@ class LocalBackend(agentrl.LocalBackend):
         prefix: str | None = None,
         only_step: int | str | None = None,
         exclude: Iterable[str] | None = None,
+        step: int | None = None,
         **kwargs: Any,
     ) -> int | None:
         """Copy a run folder back from object storage (`only_step`: one checkpoint, "latest" or a step;
-        `exclude`: "checkpoints", "logs", "trajectories"); returns the latest step pulled."""
-        if model.registered:
-            raise ConfigurationError("pull before `register`: a registered model's run folder is in use")
-        return await asyncio.to_thread(
+        `exclude`: "checkpoints", "logs", "trajectories"); returns the latest step pulled. Before `register`, or
+        after it (as ART's 2048 script does): a registered model then resumes from the newest checkpoint pulled."""
+        self._place(model)
+        only_step = step if only_step is None else only_step  # `step`: ART's older name
+        latest = await asyncio.to_thread(
             pull_from_s3, model, s3_bucket=s3_bucket, prefix=prefix, only_step=only_step, exclude=exclude, **kwargs
         )
+        if model.registered:
+            await self._resume_again(model)
+        return latest
+
+    def _place(self, model: agentrl.TrainableModel) -> None:
+        """Put an unregistered model's run folder under this backend's `path`, where `register` will (ART's backend
+        keeps the files), so what a pull or fork copies is the run that then registers."""
+        if self.art_path is not None and not model.registered:
+            model.base_path = str(self.art_path)
+
+    async def _resume_again(self, model: agentrl.TrainableModel) -> None:
+        """After a pull into a registered model's folder: serve and train from its newest valid checkpoint."""
+        session = self.session(model)
+        async with session.busy:
+            step = await self._trainer_thread.run(session.resume)
+            if step != session.step:
+                session.step = step
+                await session.serve_current()
+        await model.get_step()
 
     async def _experimental_fork_checkpoint(
         self,
         model: agentrl.TrainableModel,
         from_model: str,
-        *,
         from_project: str | None = None,
         from_s3_bucket: str | None = None,
         not_after_step: int | None = None,
+        verbose: bool = False,
         prefix: str | None = None,
-        **kwargs: Any,
     ) -> int:
         """Start `model` from another run's checkpoint (the latest, or the latest at or before `not_after_step`),
         local or in object storage; returns the step copied. Call before `register`."""
         if model.registered:
             raise ConfigurationError("fork before `register`: the model would keep serving its own checkpoint")
+        self._place(model)
         return await asyncio.to_thread(
             fork_checkpoint,
             model,
@@ -149,7 +170,7 @@ class LocalBackend(agentrl.LocalBackend):
             not_after_step=not_after_step,
             prefix=prefix,
             base_path=Path(self.art_path or model.base_path),
-            **kwargs,
+            verbose=verbose,
         )
 
     async def _experimental_pull_model_checkpoint(self, *args: Any, **kwargs: Any) -> Any:

@@ -38,7 +38,9 @@ async def ruler(
     *,
     debug: bool = False,
 ) -> list[TrajectoryScore]:
-    """Score the message lists relative to each other in one judge call."""
+    """Score the message lists relative to each other in one judge call; none given, none scored (as ART)."""
+    if not message_lists:
+        return []
     result = await agentrl_ruler(
         message_lists, judge_model, rubric=rubric, tools=tools, extra_litellm_params=extra_litellm_params, debug=debug
     )

@@ -1,6 +1,6 @@
 """ART's `art.utils.benchmarking`: compare models from their recorded trajectories, in charts.
 
-`load_trajectories` reads every model's `trajectories/*.jsonl` under `{art_path}/{project}` into rows
+`load_trajectories` reads every model's `trajectories/*.jsonl` under `{art_path}/{project}/models` into rows
 (one per trajectory: model, split, step, reward, metrics); the charts take those rows."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def load_trajectories(
     project_name: str, models: list[str] | None = None, art_path: str = ".art"
 ) -> list[dict[str, Any]]:
     """One row per recorded trajectory: model, split, step, reward, and each metric by name."""
-    root = Path(art_path) / project_name
+    root = Path(art_path) / project_name / "models"
     if not root.is_dir():
         raise ConfigurationError(f"{root} does not exist: no run of project {project_name!r} under {art_path}")
     rows = []

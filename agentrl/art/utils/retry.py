@@ -24,10 +24,10 @@ def retry(  # noqa: C901 - over the limit when the rule came on; split it when n
     on_retry: Callable[[BaseException, int], Any] | None = None,
 ) -> Callable[[F], F]:
     """Call the function up to `max_attempts` times while it raises one of `exceptions`, waiting `delay`
-    seconds, then `delay * backoff_factor`, ...; `on_retry(error, attempt)` runs before each wait (awaited
+    seconds, then `delay * backoff_factor`, ... (a factor below 1 shortens the waits, as ART's does); `on_retry(error, attempt)` runs before each wait (awaited
     when it is async). The last error is raised as it was."""
-    if max_attempts < 1 or delay < 0 or backoff_factor < 1:
-        raise ConfigurationError("retry needs max_attempts >= 1, delay >= 0 and backoff_factor >= 1")
+    if max_attempts < 1 or delay < 0 or backoff_factor < 0:
+        raise ConfigurationError("retry needs max_attempts >= 1, delay >= 0 and backoff_factor >= 0")
 
     def waits() -> list[float]:
         return [delay * backoff_factor**i for i in range(max_attempts - 1)]
