@@ -275,3 +275,19 @@ async def test_calls_art_answers_rather_than_refuses():
     assert flaky() == "ok" and len(calls) == 3  # a factor below 1 shortens the waits
     centred = agentrl_train_config({"normalize_advantages": False})
     assert centred.scale_advantages_by_std is False  # centred per group, not divided by the std
+
+
+def test_arts_output_dirs_types_and_model_step_by_path(tmp_path):
+    from agentrl.art import types
+    from agentrl.art.utils import get_model_step, get_repo_root_path
+    from agentrl.art.utils.output_dirs import get_model_dir, get_step_checkpoint_dir, get_trajectories_split_dir
+    from agentrl.backend.checkpoints import CheckpointStore
+
+    assert types.TrainConfig is art.TrainConfig
+    model = art.TrainableModel(name="m", project="p", base_path=str(tmp_path / "own"))
+    assert get_model_dir(model, str(tmp_path)) == f"{tmp_path}/p/models/m"
+    CheckpointStore(tmp_path / "p" / "models" / "m").save(3, lambda folder: None, {"metrics": {}})
+    assert get_model_step(model, str(tmp_path)) == 3 and get_model_step(model) == 0  # its own base_path has none
+    assert get_step_checkpoint_dir("/r", 3) == "/r/checkpoints/0003" and get_repo_root_path()
+    with pytest.raises(agentrl.ConfigurationError, match="val-NNNN.jsonl"):
+        get_trajectories_split_dir("/r", "val")

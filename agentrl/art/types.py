@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field
 import agentrl
 from agentrl.errors import ConfigurationError
 
+from .training import TrainConfig
+
+__all__ = ["Message", "MessageOrChoice", "Messages", "MessagesAndChoices", "TrainConfig", "TrainSFTConfig", "Tools"]
+
 Message = dict[str, Any]
 Messages = list[dict[str, Any]]
 MessageOrChoice = dict[str, Any] | Choice

@@ -15,6 +15,7 @@ import agentrl
 from agentrl.backend.checkpoints import CheckpointStore
 
 from .iterate_dataset import DatasetBatch, iterate_dataset
+from .output_dirs import get_model_dir
 from .retry import retry
 from .strip_logprobs import strip_logprobs
 
@@ -25,6 +26,7 @@ __all__ = [
     "DatasetBatch",
     "format_message",
     "get_model_step",
+    "get_repo_root_path",
     "iterate_dataset",
     "limit_concurrency",
     "log_http_errors",
@@ -72,9 +74,18 @@ def format_message(message: Any) -> str:
     return "\n".join(lines)
 
 
-def get_model_step(model: agentrl.TrainableModel) -> int:
-    """The step of the model's latest complete checkpoint on disk (0 when it has none)."""
-    return CheckpointStore(Path(model.run_dir)).latest_step() or 0
+def get_model_step(model: agentrl.TrainableModel, art_path: str | None = None) -> int:
+    """The step of the model's latest complete checkpoint on disk (0 when it has none); with `art_path`, of its run
+    under that folder ({art_path}/{project}/models/{name}), as ART's."""
+    run_dir = Path(model.run_dir) if art_path is None else get_model_dir(model, art_path)
+    return CheckpointStore(Path(run_dir)).latest_step() or 0
+
+
+def get_repo_root_path() -> str:
+    """The nearest folder at or above the working directory that holds `.git`, else "." (where ART's default
+    run folder, `.art`, lives)."""
+    here = Path.cwd()
+    return str(next((folder for folder in (here, *here.parents) if (folder / ".git").exists()), Path(".")))
 
 
 def log_http_errors(function: Callable[..., Any]) -> Callable[..., Any]:
