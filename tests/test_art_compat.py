@@ -168,7 +168,7 @@ async def test_gather_takes_arts_max_exceptions_as_a_count_or_a_fraction():
     assert len(kept.trajectories) == 3 and len(kept.exceptions) == 1
     (kept,) = await art.gather_trajectory_groups(groups(), pbar_desc="gather", max_exceptions=1)
     assert len(kept.exceptions) == 1
-    with pytest.raises(agentrl.RolloutError):  # ART's default: no exception allowed
+    with pytest.raises(ValueError, match="tool crashed"):  # ART's default: none allowed; its own exception raised
         await art.gather_trajectory_groups(groups(), pbar_desc=None)
 
     async def split(group: art.TrajectoryGroup) -> list[art.TrajectoryGroup]:  # ART's after_each may return a list
@@ -291,3 +291,17 @@ def test_arts_output_dirs_types_and_model_step_by_path(tmp_path):
     assert get_step_checkpoint_dir("/r", 3) == "/r/checkpoints/0003" and get_repo_root_path()
     with pytest.raises(agentrl.ConfigurationError, match="val-NNNN.jsonl"):
         get_trajectories_split_dir("/r", "val")
+
+
+async def test_a_group_awaitable_that_raises_is_dropped_and_past_the_budget_its_own_error_raises():
+    async def good() -> art.TrajectoryGroup:
+        return art.TrajectoryGroup([art.Trajectory(reward=1.0), art.Trajectory(reward=0.0)])
+
+    async def bad() -> art.TrajectoryGroup:
+        raise KeyError("the environment broke")
+
+    groups = await art.gather_trajectory_groups([good(), bad(), good()], max_exceptions=1, pbar_desc=None)
+    assert [len(g.trajectories) for g in groups] == [2, 2]  # ART drops the failed one: no empty group
+    assert all("_agentrl_art_awaited_group" not in g.metadata for g in groups)
+    with pytest.raises(KeyError, match="the environment broke"):  # the rollout's own exception, not a wrapper
+        await art.gather_trajectory_groups([good(), bad()], pbar_desc=None)

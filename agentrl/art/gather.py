@@ -44,13 +44,17 @@ async def gather_trajectory_groups(
 ) -> list[TrajectoryGroup]:
     """Run the groups' rollouts concurrently and return the resolved groups in order.
 
-    `after_each(group)` may return a group, None (drop it) or a list of groups (all kept, in place).
+    `after_each(group)` may return a group, None (drop it) or a list of groups (all kept, in place). A group given
+    as an awaitable that raises counts as a failure against `max_exceptions` and is dropped, as ART drops it; past
+    the budget the rollout's own exception is raised, as ART raises it.
     `pbar_total_completion_tokens` and `max_metrics` change only ART's progress bar and are accepted.
     """
     items = list(groups)
     expanded: dict[int, list[TrajectoryGroup]] = {}
 
     async def each(group: TrajectoryGroup) -> TrajectoryGroup | None:
+        if group.metadata.pop(_AWAITED, False) and not group.trajectories:
+            return None  # the awaitable itself raised: ART has no group to keep
         result: Any = await after_each(group) if after_each is not None else group
         if isinstance(result, list):
             if not result:
@@ -62,15 +66,24 @@ async def gather_trajectory_groups(
         return kept
 
     # An awaitable that returns a group (an `async def`) is run as the one rollout of a group of its own.
-    items = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g]) for g in items]
-    gathered = await agentrl.gather_trajectory_groups(
-        items,  # type: ignore[arg-type]
-        **_budget(max_exceptions),
-        after_each=each,
-        desc=pbar_desc or "gather",
-        show_progress=pbar_desc is not None,
-    )
+    items = [g if isinstance(g, TrajectoryGroup) else TrajectoryGroup([g], metadata={_AWAITED: True}) for g in items]
+    try:
+        gathered = await agentrl.gather_trajectory_groups(
+            items,  # type: ignore[arg-type]
+            **_budget(max_exceptions),
+            after_each=each,
+            desc=pbar_desc or "gather",
+            show_progress=pbar_desc is not None,
+        )
+    except RolloutError as error:
+        if isinstance(error.__cause__, Exception):
+            raise error.__cause__ from None  # ART raises the rollout's own exception
+        raise
     return [g for group in gathered for g in expanded.get(id(group), [group])]
+
+
+_AWAITED = "_agentrl_art_awaited_group"
+"""Marks (for the gather alone) a group built around an awaitable that returns a group."""
 
 
 async def gather_trajectories(
