@@ -305,3 +305,10 @@ async def test_a_group_awaitable_that_raises_is_dropped_and_past_the_budget_its_
     assert all("_agentrl_art_awaited_group" not in g.metadata for g in groups)
     with pytest.raises(KeyError, match="the environment broke"):  # the rollout's own exception, not a wrapper
         await art.gather_trajectory_groups([good(), bad()], pbar_desc=None)
+
+
+def test_a_prompted_models_names_take_the_step_as_arts():
+    judge = art.Model(name="judge", project="p", inference_model_name="openai/gpt-4.1", inference_base_url="http://h/v1")
+    assert judge.get_inference_name() == "openai/gpt-4.1" and judge.get_inference_name(step=3) == "openai/gpt-4.1@3"
+    assert judge.litellm_completion_params(step=3)["model"] == "openai/gpt-4.1@3"
+    assert judge.litellm_completion_params()["model"] == "openai/gpt-4.1"

@@ -136,12 +136,13 @@ class Model(_ArtMethods, agentrl.Model):
         return self._key()
 
     def _served_name(self, step: int | None) -> str:
-        return self.inference_name
+        """Its name, or with `step` "{name}@{step}" (ART's name of a checkpoint, for a server that serves them)."""
+        return self.inference_name if step is None else f"{self.inference_name}@{step}"
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
-        """`litellm.acompletion` keywords: model (a provider-prefixed name as given), base_url, api_key,
-        temperature 1 (ART's)."""
-        name = self.inference_name
+        """`litellm.acompletion` keywords: model (a provider-prefixed name as given; "@{step}" with `step`),
+        base_url, api_key, temperature 1 (ART's)."""
+        name = self._served_name(step)
         model = name if _has_provider(name) or not self.base_url else f"{self.litellm_provider}/{name}"
         return {"model": model, "base_url": self.base_url, "api_key": self._key(), "temperature": 1}
 
