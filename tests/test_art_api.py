@@ -36,7 +36,8 @@ ART_NAMES = [
     ("agentrl.art", "Backend", None),
     ("agentrl.art", "LocalBackend", ["in_process", "path", "gpu_cost_per_hour_usd", "enable_expert_replay"]),
     ("agentrl.art", "LocalTrainResult", ["step", "metrics", "checkpoint_path"]),
-    ("agentrl.art", "LoRAConfig", ["r", "lora_alpha", "target_modules"]),
+    ("agentrl.art", "LoRAConfig", ["rank", "alpha", "dropout", "target_modules", "bias", "use_rslora"]),
+    ("agentrl.art.dev", "LoRAConfig", ["rank", "alpha", "dropout", "target_modules", "init_weights"]),
     ("agentrl.art", "MegatronTopologyConfig", None),
     ("agentrl.art", "ServerlessBackend", None),
     ("agentrl.art", "ServerlessTrainResult", None),
@@ -131,6 +132,9 @@ def test_each_art_name_resolves_at_its_import_path_and_takes_arts_keywords(modul
             accepted = set(value.model_fields) | {"inference_api_key", "inference_base_url", "lora_config",
                                                   "_internal_config"}  # fmt: skip
             assert set(keywords) <= accepted, sorted(set(keywords) - accepted)
+            return
+        if inspect.isclass(value) and issubclass(value, dict):  # a TypedDict, as ART's: its keys
+            assert set(keywords) <= set(value.__annotations__), sorted(set(keywords) - set(value.__annotations__))
             return
         parameters = inspect.signature(target).parameters
         assert set(keywords) <= set(parameters), sorted(set(keywords) - set(parameters))

@@ -115,6 +115,16 @@ def test_models_take_arts_keywords_accessors_and_a_typed_config():
 def test_internal_config_translates_at_construction_or_assignment_and_refuses_the_rest():
     model = art.TrainableModel(name="a", project="p", lora_config=art.LoRAConfig(r=4, lora_alpha=8))
     assert (model.lora.rank, model.lora.alpha) == (4, 8)
+    current = art.TrainableModel(name="a", project="p", lora_config=art.LoRAConfig(rank=4, alpha=8, dropout=0.1,
+                                 use_gradient_checkpointing="unsloth", bias="none"))  # ART 0.5.18's keys  # fmt: skip
+    assert current.lora_config == {
+        "rank": 4,
+        "alpha": 8,
+        "dropout": 0.1,
+        "target_modules": list(current.lora.target_modules),
+    }
+    with pytest.raises(agentrl.ConfigurationError, match="use_rslora=True has no counterpart"):
+        art.TrainableModel(name="a", project="p", lora_config=art.dev.LoRAConfig(rank=4, use_rslora=True))
     model._internal_config = art.dev.InternalModelConfig(
         init_args=art.dev.InitArgs(max_seq_length=8192),
         engine_args=art.dev.EngineArgs(gpu_memory_utilization=0.7, tensor_parallel_size=2, enable_sleep_mode=True),
@@ -127,7 +137,7 @@ def test_internal_config_translates_at_construction_or_assignment_and_refuses_th
     assert built.server.max_model_len == 2048
     rebuilt = art.TrainableModel(**model.model_dump())  # art-e's round trip
     assert rebuilt.server == model.server and rebuilt.lora == model.lora and rebuilt.name == "a"
-    with pytest.raises(ValueError, match=r"engine_args.max_num_seqs"):  # a pydantic ValidationError, our message
+    with pytest.raises(agentrl.ConfigurationError, match=r"engine_args.max_num_seqs"):  # never a ValidationError
         art.TrainableModel(name="c", project="p", _internal_config={"engine_args": {"max_num_seqs": 8}})
     with pytest.raises(agentrl.ConfigurationError, match="trainer_args"):
         model._internal_config = {"trainer_args": {"learning_rate": 1.0}}
@@ -308,7 +318,9 @@ async def test_a_group_awaitable_that_raises_is_dropped_and_past_the_budget_its_
 
 
 def test_a_prompted_models_names_take_the_step_as_arts():
-    judge = art.Model(name="judge", project="p", inference_model_name="openai/gpt-4.1", inference_base_url="http://h/v1")
+    judge = art.Model(
+        name="judge", project="p", inference_model_name="openai/gpt-4.1", inference_base_url="http://h/v1"
+    )
     assert judge.get_inference_name() == "openai/gpt-4.1" and judge.get_inference_name(step=3) == "openai/gpt-4.1@3"
     assert judge.litellm_completion_params(step=3)["model"] == "openai/gpt-4.1@3"
     assert judge.litellm_completion_params()["model"] == "openai/gpt-4.1"

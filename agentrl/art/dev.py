@@ -84,8 +84,27 @@ class TrainerArgs(TypedDict, total=False):
     max_grad_norm: float
 
 
-LoRAConfig = PeftArgs
-"""ART's `art.dev.LoRAConfig`: the same keys as `PeftArgs`."""
+class LoRAConfig(TypedDict, total=False):
+    """ART 0.5.18's `art.LoRAConfig` / `art.dev.LoRAConfig` (a plain dict): rank, alpha, dropout and target_modules
+    become `agentrl.LoRAConfig`; the rest are accepted at ART's defaults (or where they change only how ART's trainer
+    computes), and otherwise raise naming the key (`art.models.lora_from_art`). Older scripts' peft names (r,
+    lora_alpha, lora_dropout) are read too."""
+
+    rank: int
+    target_modules: list[str]
+    alpha: int
+    dropout: float
+    bias: str
+    layers_to_transform: list[int] | None
+    layers_pattern: str | None
+    use_gradient_checkpointing: str
+    random_state: int
+    max_seq_length: int
+    use_rslora: bool
+    modules_to_save: list[str] | None
+    init_weights: bool
+    loftq_config: dict[str, Any]
+    temporary_location: str
 
 
 class TrainSFTConfig(TypedDict, total=False):

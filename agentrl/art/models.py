@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import PrivateAttr, model_validator
+from pydantic import PrivateAttr, ValidationError, model_validator
 
 import agentrl
 from agentrl.errors import ConfigurationError
@@ -54,6 +54,13 @@ class _ArtMethods:
     project: str
     base_path: str
     config: Any
+
+    def __init__(self, **data: Any) -> None:
+        """As pydantic's, but a refusal is a `ConfigurationError` naming the key and the fix, never a ValidationError."""
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise configuration_error(error, type(self).__name__) from None
 
     def _served_name(self, step: int | None) -> str:
         raise NotImplementedError
@@ -101,6 +108,15 @@ def _deep_merged(into: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str
         both = isinstance(value, Mapping) and isinstance(merged.get(key), Mapping)
         merged[key] = _deep_merged(merged[key], value) if both else value
     return merged
+
+
+def configuration_error(error: ValidationError, what: str) -> ConfigurationError:
+    """A ValidationError as agentrl's error: the ConfigurationError a validator raised, else pydantic's findings."""
+    for detail in error.errors():
+        if isinstance(raised := (detail.get("ctx") or {}).get("error"), ConfigurationError):
+            return raised
+    findings = "; ".join(f"{'.'.join(map(str, d['loc'])) or what}: {d['msg']}" for d in error.errors())
+    return ConfigurationError(f"{what}: {findings}")
 
 
 def art_model_dir(base_path: str | Path, project: str, name: str) -> Path:
@@ -191,6 +207,11 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
     def _run_folder(self) -> RunFolder:
         """ART's layout: {base_path}/{project}/models/{name}."""
         return RunFolder(self._art_dir)
+
+    @property
+    def lora_config(self) -> dict[str, Any]:
+        """The LoRA settings as ART's `LoRAConfig` dict (rank, alpha, dropout, target_modules)."""
+        return _lora_as_art(self.lora)
 
     entity: str | None = None
     id: str | None = None
@@ -347,20 +368,44 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         )
 
 
+LORA_NAMES = {"rank": "rank", "r": "rank", "alpha": "alpha", "lora_alpha": "alpha", "dropout": "dropout",
+              "lora_dropout": "dropout", "target_modules": "target_modules"}  # fmt: skip
+"""ART's LoRA keys (0.5.18's, and peft's that older scripts use) -> `agentrl.LoRAConfig`'s."""
+LORA_COMPUTE_ONLY = ("use_gradient_checkpointing", "random_state", "temporary_location", "max_seq_length")
+"""ART's LoRA keys that change how its trainer computes (memory, seeding, scratch files), not the adapter trained."""
+LORA_DEFAULTS: dict[str, Any] = {"bias": "none", "layers_to_transform": None, "layers_pattern": None,
+                                 "use_rslora": False, "modules_to_save": None, "init_weights": True, "loftq_config": None}  # fmt: skip
+"""ART's LoRA keys agentrl has no counterpart of: only their default is accepted."""
+
+
 def _lora_from_art(lora_config: Any) -> agentrl.LoRAConfig:
-    """ART's `LoRAConfig` (or its dict: r, lora_alpha, target_modules, lora_dropout) as agentrl's."""
+    """ART's `LoRAConfig` dict (rank, alpha, dropout, target_modules, ...; or older scripts' peft names) as agentrl's."""
     if isinstance(lora_config, agentrl.LoRAConfig):
         return lora_config
     data = lora_config.model_dump() if hasattr(lora_config, "model_dump") else dict(lora_config)
-    names = {"r": "rank", "rank": "rank", "lora_alpha": "alpha", "alpha": "alpha", "lora_dropout": "dropout",
-             "dropout": "dropout", "target_modules": "target_modules"}  # fmt: skip
-    unknown = sorted(set(data) - set(names))
+    unknown = sorted(set(data) - set(LORA_NAMES) - set(LORA_COMPUTE_ONLY) - set(LORA_DEFAULTS))
     if unknown:
-        raise ConfigurationError(f"lora_config keys {unknown} have no counterpart in agentrl.LoRAConfig")
-    mapped = {names[k]: v for k, v in data.items() if v is not None}
+        raise ConfigurationError(f"lora_config keys {unknown} are not ART's LoRAConfig keys")
+    for key, default in LORA_DEFAULTS.items():
+        if key in data and data[key] not in (default, {} if key == "loftq_config" else default):
+            raise ConfigurationError(
+                f"lora_config {key}={data[key]!r} has no counterpart in agentrl.LoRAConfig (only ART's default "
+                f"{default!r} is accepted): agentrl trains a plain LoRA on rank, alpha, dropout and target_modules"
+            )
+    mapped = {LORA_NAMES[k]: v for k, v in data.items() if k in LORA_NAMES and v is not None}
     if "target_modules" in mapped:
         mapped["target_modules"] = tuple(mapped["target_modules"])
     return agentrl.LoRAConfig(**mapped)
+
+
+def _lora_as_art(lora: agentrl.LoRAConfig) -> dict[str, Any]:
+    """agentrl's LoRA settings as ART's `LoRAConfig` dict."""
+    return {
+        "rank": lora.rank,
+        "alpha": lora.alpha,
+        "dropout": lora.dropout,
+        "target_modules": list(lora.target_modules),
+    }
 
 
 def agentrl_metric(art_metric: str) -> str:

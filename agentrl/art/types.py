@@ -10,9 +10,19 @@ from pydantic import BaseModel, ConfigDict, Field
 import agentrl
 from agentrl.errors import ConfigurationError
 
+from .dev import LoRAConfig
 from .training import TrainConfig
 
-__all__ = ["Message", "MessageOrChoice", "Messages", "MessagesAndChoices", "TrainConfig", "TrainSFTConfig", "Tools"]
+__all__ = [
+    "LoRAConfig",
+    "Message",
+    "MessageOrChoice",
+    "Messages",
+    "MessagesAndChoices",
+    "TrainConfig",
+    "TrainSFTConfig",
+    "Tools",
+]
 
 Message = dict[str, Any]
 Messages = list[dict[str, Any]]
@@ -41,14 +51,3 @@ def sft_config(config: TrainSFTConfig | agentrl.SFTConfig | dict[str, Any] | Non
     return agentrl.SFTConfig(
         learning_rate=art.learning_rate, epochs=1, batch_size=8 if art.batch_size == "auto" else art.batch_size
     )
-
-
-class LoRAConfig(BaseModel):
-    """ART's `art.LoRAConfig` (peft's names); a model's `lora_config` becomes `agentrl.LoRAConfig`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    r: int = Field(default=8, gt=0)
-    lora_alpha: int = Field(default=16, gt=0)
-    target_modules: list[str] | None = None
-    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
