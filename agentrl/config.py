@@ -43,6 +43,12 @@ class PPOLoss(_Frozen):
     """Ratio ceiling is 1 + clip_high."""
     importance_sampling_level: ImportanceSamplingLevel = "token"
     """The ratio that is clipped (see `ImportanceSamplingLevel`)."""
+    ratio_cap: float | None = Field(default=None, gt=0)
+    """ART's `max_negative_advantage_importance_sampling_weight`: the ratio is capped at this before it is clipped
+    (every token's, as ART caps it); None = off."""
+    mask_out_of_range: bool = False
+    """ART's `mask_prob_ratio`: a ratio outside (1 - clip_low, 1 + clip_high) becomes 0 before the loss (no
+    gradient through that token)."""
 
 
 class CISPOLoss(_Frozen):
@@ -55,6 +61,12 @@ class CISPOLoss(_Frozen):
     """Weight ceiling is 1 + clip_high."""
     importance_sampling_level: ImportanceSamplingLevel = "token"
     """The ratio that is clipped into the weight (see `ImportanceSamplingLevel`)."""
+    ratio_cap: float | None = Field(default=None, gt=0)
+    """ART's `max_negative_advantage_importance_sampling_weight`: the ratio is capped at this before it is clipped
+    (every token's, as ART caps it); None = off."""
+    mask_out_of_range: bool = False
+    """ART's `mask_prob_ratio`: a ratio outside (1 - clip_low, 1 + clip_high) becomes 0 before the loss (no
+    gradient through that token)."""
 
 
 class DROLoss(_Frozen):

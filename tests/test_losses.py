@@ -197,6 +197,20 @@ def test_arts_kimi_k2_tau_by_hand():
     assert grad == pytest.approx([-r * a / 4 for r, a in zip(RATIOS, shaped)])
 
 
+def test_arts_ratio_cap_and_out_of_range_mask_by_hand():
+    """ART's `max_negative_advantage_importance_sampling_weight` caps every ratio before clipping; `mask_prob_ratio`
+    zeroes a ratio outside (1 - clip_low, 1 + clip_high), which then carries no gradient."""
+    out, grad = run(CISPOLoss(ratio_cap=1.2))  # ratios [1.5, 0.5, 1.1, 0.7] -> weights [1.2, 0.5, 1.1, 0.7]
+    weights = [1.2, 0.5, 1.1, 0.7]
+    logps = [math.log(r * SAMPLER_P) for r in RATIOS]
+    assert out.loss.item() == pytest.approx(-sum(w * a * lp for w, a, lp in zip(weights, ADVANTAGES, logps)) / 4)
+    assert grad == pytest.approx([-w * a / 4 for w, a in zip(weights, ADVANTAGES)])
+    out, grad = run(PPOLoss(clip_low=0.2, clip_high=0.28, mask_out_of_range=True))  # only 1.1 is inside (0.8, 1.28)
+    # r = [0, 0, 1.1, 0]: -min(r A, clip(r) A) = [0, 0, 1.1, 0.8] (token 3: min(0, 0.8 * -1) = -0.8)
+    assert out.loss.item() == pytest.approx((0 + 0 + 1.1 + 0.8) / 4)
+    assert grad == pytest.approx([0.0, 0.0, 1.1 / 4, 0.0])  # the masked tokens carry no gradient
+
+
 def test_kl_without_reference_is_a_clear_error():
     logprobs_BT, old_BT, advantages_BT, mask_BT = reference_case()
     with pytest.raises(ValueError, match="ref_logprobs_BT"):

@@ -49,6 +49,8 @@ MAPPED_DEFAULTS: dict[str, Any] = {
     "kl_penalty_source": "current_learner",
     "scale_rewards": True,
     "kimi_k2_tau": None,
+    "max_negative_advantage_importance_sampling_weight": None,
+    "mask_prob_ratio": False,
     "normalize_advantages": True,
     "allow_training_without_logprobs": False,
     "truncated_importance_sampling": None,
@@ -66,8 +68,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "kl_ref_adapter_path": (None, "agentrl's KL penalty is always to the base model"),
     "kl_penalty_step_lag": (None, "agentrl's KL penalty is always to the base model"),
     "advantage_balance": (0.0, "weigh rewards in your rollout instead"),
-    "max_negative_advantage_importance_sampling_weight": (None, "use truncated_importance_sampling"),
-    "mask_prob_ratio": (False, "use loss_fn='ppo', whose clipping removes out-of-range tokens"),
     "scale_learning_rate_by_reward_std_dev": (False, "set learning_rate yourself"),
     "num_trajectories_learning_rate_multiplier_power": (0.0, "set learning_rate yourself"),
     "megatron_topology": (None, "agentrl trains with torch.distributed ranks (LocalBackend(ranks=...))"),
@@ -96,15 +96,22 @@ def _loss(keys: Mapping[str, Any]) -> CISPOLoss | PPOLoss:
     name = "ppo" if keys.get("ppo") else keys.get("loss_fn") or "cispo"
     level = keys.get("importance_sampling_level") or "token"
     low, high = keys.get("epsilon"), keys.get("epsilon_high")
+    shaping = {  # how ART shapes the ratio before it clips it
+        "ratio_cap": keys.get("max_negative_advantage_importance_sampling_weight"),
+        "mask_out_of_range": bool(keys.get("mask_prob_ratio", False)),
+    }
     if name == "cispo":
         return CISPOLoss(
             clip_low=1.0 if low is None else low,
             clip_high=4.0 if high is None else high,
             importance_sampling_level=level,
+            **shaping,
         )
     if name == "ppo":  # ART's PPO clips symmetrically unless epsilon_high is given
         low = 0.2 if low is None else low
-        return PPOLoss(clip_low=low, clip_high=low if high is None else high, importance_sampling_level=level)
+        return PPOLoss(
+            clip_low=low, clip_high=low if high is None else high, importance_sampling_level=level, **shaping
+        )
     raise ConfigurationError(f"loss_fn={name!r}: ART's losses are 'cispo' and 'ppo' (agentrl adds DRO and GSPO)")
 
 

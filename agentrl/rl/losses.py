@@ -62,6 +62,17 @@ def importance_ratio(
     return ((log_ratio_BT + seq_log_ratio_B1) / 2).exp()  # geometric_average: sqrt(token ratio * sequence ratio)
 
 
+def arts_ratio(cfg: PPOLoss | CISPOLoss, ratio_BT: torch.Tensor) -> torch.Tensor:
+    """The ratio as ART shapes it before clipping: capped at `ratio_cap`, then zeroed outside the clip range with
+    `mask_out_of_range` (both off by default)."""
+    if cfg.ratio_cap is not None:
+        ratio_BT = ratio_BT.clamp(max=cfg.ratio_cap)
+    if cfg.mask_out_of_range:
+        inside_BT = (ratio_BT > 1 - cfg.clip_low) & (ratio_BT < 1 + cfg.clip_high)
+        ratio_BT = torch.where(inside_BT, ratio_BT, torch.zeros_like(ratio_BT))
+    return ratio_BT
+
+
 @functools.singledispatch
 def token_loss(
     cfg: object,
@@ -95,7 +106,7 @@ def ppo_loss(
     advantages_BT: torch.Tensor,
     mask_BT: torch.Tensor,
 ) -> TokenLoss:
-    ratio_BT = importance_ratio(cfg.importance_sampling_level, logprobs_BT, old_logprobs_BT, mask_BT)
+    ratio_BT = arts_ratio(cfg, importance_ratio(cfg.importance_sampling_level, logprobs_BT, old_logprobs_BT, mask_BT))
     unclipped_BT = ratio_BT * advantages_BT
     clipped_BT = ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * advantages_BT
     # The pessimistic bound: clipping only ever removes incentive, never adds it.
@@ -110,7 +121,7 @@ def cispo_loss(
     advantages_BT: torch.Tensor,
     mask_BT: torch.Tensor,
 ) -> TokenLoss:
-    ratio_BT = importance_ratio(cfg.importance_sampling_level, logprobs_BT, old_logprobs_BT, mask_BT)
+    ratio_BT = arts_ratio(cfg, importance_ratio(cfg.importance_sampling_level, logprobs_BT, old_logprobs_BT, mask_BT))
     weight_BT = ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high).detach()
     # Unlike PPO, a clipped token still gets a gradient, just a bounded one.
     is_clipped_BT = (ratio_BT < 1 - cfg.clip_low) | (ratio_BT > 1 + cfg.clip_high)
