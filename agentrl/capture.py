@@ -59,6 +59,8 @@ class _Capture:
 
     trajectory: Trajectory
     model_name: str | None
+    every_endpoint: bool = False
+    """Record every chat completion, whatever endpoint answered (ART's `capture_auto_trajectory`)."""
     open: bool = True
     threads: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """The conversations of the Responses answers captured so far, for a later `previous_response_id`."""
@@ -72,15 +74,17 @@ _installed: set[str] = set()
 
 @contextlib.contextmanager
 def capture_trajectory(
-    trajectory: Trajectory | None = None, *, model: _Named | str | None = None
+    trajectory: Trajectory | None = None, *, model: _Named | str | None = None, every_endpoint: bool = False
 ) -> Iterator[Trajectory]:
     """Record every completion a trained adapter answers through agentrl's gateway inside the block into
     `trajectory` (a new one by default), turn by turn: a call that continues the conversation extends it,
     any other call starts an additional history. `model` (a model or its name) records only that model's
-    completions. Set the reward after the block."""
+    completions. With `every_endpoint`, every chat completion is recorded, whatever answered it (as ART's
+    capture does); one from elsewhere carries no sampled tokens, so training on it needs
+    `allow_training_without_logprobs` and otherwise fails naming it. Set the reward after the block."""
     _install_hooks()
     name = model if isinstance(model, str) or model is None else model.name
-    capture = _Capture(trajectory if trajectory is not None else Trajectory(), name)
+    capture = _Capture(trajectory if trajectory is not None else Trajectory(), name, every_endpoint)
     token = _current.set(capture)
     with _open_lock:
         _open_by_id[id(capture)] = capture
@@ -226,11 +230,12 @@ def _to_record(request: Any) -> tuple[_Capture, str, dict[str, Any]] | None:
     return capture, *sampling
 
 
-def capture_counts(answer: dict[str, Any], model_name: str | None) -> bool:
+def capture_counts(answer: dict[str, Any], model_name: str | None, every_endpoint: bool = False) -> bool:
     """Whether an answer is recorded: agentrl's gateway answered it from a trained adapter (the base model
-    and other endpoints stay out), of `model_name` when one is given."""
+    and other endpoints stay out; with `every_endpoint` any answer with choices), of `model_name` when given."""
     choices = answer.get("choices") or []
-    if not any(c.get("completion_id") and c.get("policy_step") is not None for c in choices):
+    gateway = any(c.get("completion_id") and c.get("policy_step") is not None for c in choices)
+    if not (gateway or (every_endpoint and choices)):
         return False
     return model_name is None or str(answer.get("model", "")).startswith(f"{model_name}@")
 
@@ -239,7 +244,7 @@ def _observe_answer(capture: _Capture, api: str, body: dict[str, Any], answer: d
     if not capture.open:
         return
     exchange = _as_chat(capture, api, body, answer)
-    if exchange is not None and capture_counts(exchange[1], capture.model_name):
+    if exchange is not None and capture_counts(exchange[1], capture.model_name, capture.every_endpoint):
         record_completion(capture.trajectory, *exchange)
 
 

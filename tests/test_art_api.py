@@ -488,3 +488,22 @@ async def test_art_layout_a_fork_into_a_backends_path_and_a_pull_after_register(
     step = await backend._experimental_fork_checkpoint(forked, "agent", "proj", str(bucket), 1, False, "exp")
     assert step == 1 and forked.run_dir == tmp_path / "elsewhere" / "proj" / "models" / "fork"
     assert (forked.run_dir / "checkpoints" / "0001").is_dir() and not (tmp_path / "ignored").exists()
+
+
+async def test_capture_auto_trajectory_records_completions_from_any_endpoint(fake):
+    """ART's capture records every OpenAI-format completion the coroutine makes, whatever answered it (here a
+    stand-in for a hosted API); agentrl's own `capture_trajectory` keeps to its gateway's trained adapters."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="test", max_retries=0)
+
+    async def agent() -> None:
+        await client.chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": "hi"}])
+        art.auto_trajectory(required=True).reward = 0.5
+
+    captured = await art.capture_auto_trajectory(agent())
+    assert captured.reward == 0.5 and len(captured.choices()) == 1
+    assert captured.messages_and_choices[0] == {"role": "user", "content": "hi"}
+    with agentrl.capture_trajectory() as native:
+        await client.chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": "hi"}])
+    assert native.messages_and_choices == []  # not agentrl's gateway: not a trainable turn, not recorded

@@ -157,9 +157,10 @@ async def trajectory_group_batches(
 
 
 async def capture_auto_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
-    """Run `coroutine` and return the trajectory of every completion it made through agentrl's gateway
-    (`agentrl.capture_trajectory`), finished; set its reward inside with `auto_trajectory().reward = ...`."""
-    with capture_trajectory() as trajectory:
+    """Run `coroutine` and return the trajectory of every OpenAI-format chat completion it made (as ART's: through
+    agentrl's gateway or any other endpoint: `agentrl.capture_trajectory(every_endpoint=True)`), finished; set
+    its reward inside with `auto_trajectory().reward = ...`."""
+    with capture_trajectory(every_endpoint=True) as trajectory:
         await coroutine
     return trajectory.finish()
 
