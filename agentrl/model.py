@@ -74,9 +74,14 @@ class Model(BaseModel):
         """An `openai.AsyncOpenAI` for this model's endpoint, shared by all rollouts on this event loop.
 
         One client means one bounded connection pool: hundreds of concurrent rollouts queue for a
-        connection instead of opening hundreds of sockets at once (which a busy server drops).
+        connection instead of opening hundreds of sockets at once (which a busy server drops). Called outside an
+        event loop (a script's set-up, as ART allows), a client of its own: a pool belongs to the loop that uses it.
         """
-        key = (id(asyncio.get_running_loop()), self._endpoint())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return self._make_client()
+        key = (id(loop), self._endpoint())
         if key not in self._clients:
             self._clients[key] = self._make_client()
         return self._clients[key]

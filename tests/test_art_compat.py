@@ -325,3 +325,9 @@ def test_a_prompted_models_names_take_the_step_as_arts():
     assert judge.get_inference_name() == "openai/gpt-4.1" and judge.get_inference_name(step=3) == "openai/gpt-4.1@3"
     assert judge.litellm_completion_params(step=3)["model"] == "openai/gpt-4.1@3"
     assert judge.litellm_completion_params()["model"] == "openai/gpt-4.1"
+
+
+def test_openai_client_outside_a_running_loop_as_art_allows():
+    model = art.Model(name="m", project="p", inference_base_url="http://127.0.0.1:9/v1", inference_api_key="k")
+    client = model.openai_client()  # a script's set-up, before asyncio.run
+    assert str(client.base_url).startswith("http://127.0.0.1:9/v1") and client is not model.openai_client()
