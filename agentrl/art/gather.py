@@ -123,13 +123,16 @@ async def trajectory_group_batches(
     groups: Iterable[Awaitable[TrajectoryGroup] | TrajectoryGroup],
     *,
     batch_size: int,
-    max_concurrent_batches: int = 1,
+    max_batch_exceptions: int | float = 0,
+    max_concurrent_batches: int = 4,
     skip_batches: int = 0,
-    pbar_desc: str | None = "gather",
-    max_exceptions: int | float = 0,
+    pbar_desc: str | None = "batches",
+    pbar_total_completion_tokens: bool = False,
 ) -> AsyncIterator[list[TrajectoryGroup]]:
     """Gather `groups` `batch_size` at a time (up to `max_concurrent_batches` gathering at once) and
-    yield each batch of resolved groups in order, after skipping the first `skip_batches`."""
+    yield each batch of resolved groups, after skipping the first `skip_batches`; `max_batch_exceptions` failed
+    rollouts (a count, or a fraction below 1) are allowed per batch. ART's keywords and defaults; a batch holds
+    the next `batch_size` groups in input order (ART's fills a batch with whichever groups finish first)."""
     if batch_size < 1 or max_concurrent_batches < 1:
         raise ConfigurationError("trajectory_group_batches needs batch_size >= 1 and max_concurrent_batches >= 1")
     items = list(groups)
@@ -144,7 +147,7 @@ async def trajectory_group_batches(
         for batch in batches:
             running.append(
                 asyncio.ensure_future(
-                    gather_trajectory_groups(batch, pbar_desc=pbar_desc, max_exceptions=max_exceptions)
+                    gather_trajectory_groups(batch, pbar_desc=pbar_desc, max_exceptions=max_batch_exceptions)
                 )
             )
             if len(running) >= max_concurrent_batches:
