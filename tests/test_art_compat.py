@@ -331,3 +331,16 @@ def test_openai_client_outside_a_running_loop_as_art_allows():
     model = art.Model(name="m", project="p", inference_base_url="http://127.0.0.1:9/v1", inference_api_key="k")
     client = model.openai_client()  # a script's set-up, before asyncio.run
     assert str(client.base_url).startswith("http://127.0.0.1:9/v1") and client is not model.openai_client()
+
+
+async def test_gather_records_arts_completion_tokens_metric():
+    from tests.helpers import make_choice
+
+    async def rollout() -> art.Trajectory:
+        turns = [make_choice([1, 2, 3], [-0.1] * 3), {"role": "user", "content": "more"}, make_choice([4], [-0.2])]
+        return art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, *turns], reward=1.0)
+
+    (group,) = await art.gather_trajectory_groups([art.TrajectoryGroup([rollout()])], pbar_desc=None)
+    assert group.trajectories[0].metrics["completion_tokens"] == 2.0  # (3 + 1) / 2 choices, as ART averages
+    (alone,) = await art.gather_trajectories([rollout()], pbar_desc=None)
+    assert alone.metrics["completion_tokens"] == 2.0

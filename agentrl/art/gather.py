@@ -55,6 +55,8 @@ async def gather_trajectory_groups(
     async def each(group: TrajectoryGroup) -> TrajectoryGroup | None:
         if group.metadata.pop(_AWAITED, False) and not group.trajectories:
             return None  # the awaitable itself raised: ART has no group to keep
+        for trajectory in group.trajectories:
+            _record_completion_tokens(trajectory)
         result: Any = await after_each(group) if after_each is not None else group
         if isinstance(result, list):
             if not result:
@@ -82,6 +84,13 @@ async def gather_trajectory_groups(
     return [g for group in gathered for g in expanded.get(id(group), [group])]
 
 
+def _record_completion_tokens(trajectory: Trajectory) -> None:
+    """ART's gather metric: the mean number of sampled tokens per choice that kept its logprobs."""
+    counts = [len(c.logprobs.content or c.logprobs.refusal or []) for c in trajectory.choices() if c.logprobs]
+    if counts:
+        trajectory.metrics["completion_tokens"] = sum(counts) / len(counts)
+
+
 _AWAITED = "_agentrl_art_awaited_group"
 """Marks (for the gather alone) a group built around an awaitable that returns a group."""
 
@@ -100,7 +109,11 @@ async def gather_trajectories(
 
     async def one(rollout: Awaitable[Any]) -> Any:
         try:
-            return await rollout
+            result = await rollout
+            for trajectory in result if isinstance(result, list) else [result]:
+                if isinstance(trajectory, Trajectory):
+                    _record_completion_tokens(trajectory)
+            return result
         finally:
             bar.update(1)
 
