@@ -169,3 +169,10 @@ async def test_art_ruler_with_its_default_judge_name_reaches_the_judge(fake, mon
     fake.good_score = 0.25
     judged = await art_ruler_score_group(group_of("a", "b"), "openai/o3", swallow_exceptions=True)
     assert judged is not None and judged.rewards == [0.25, 0.25] and "temperature" not in fake.requests[0]
+
+
+async def test_art_ruler_logs_each_explanation_as_arts_does(fake, judge):
+    from agentrl.art.rewards import ruler_score_group as art_ruler_score_group
+
+    judged = await art_ruler_score_group(group_of("a", "b"), judge)
+    assert all(t.logs[-1].startswith("RULER explanation: judged trajectory_") for t in judged.trajectories)

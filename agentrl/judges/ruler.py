@@ -30,6 +30,8 @@ from agentrl.rl.ledger import group_tokens
 from agentrl.trajectory import RolloutException, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
+EXPLANATION_LOG = "RULER: "
+"""How a judged trajectory's log line with RULER's explanation starts."""
 
 DEFAULT_RUBRIC = """\
 - A trajectory that achieves its goal always scores far higher than one that does not.
@@ -275,7 +277,7 @@ async def ruler_score_group(  # noqa: C901 - over the limit when the rule came o
                         "ruler_score": score,
                         **step_metrics,
                     },
-                    "logs": [*trajectory.logs, f"RULER: {explanation}"],
+                    "logs": [*trajectory.logs, f"{EXPLANATION_LOG}{explanation}"],
                 },
             )
         )

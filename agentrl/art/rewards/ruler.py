@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from agentrl.errors import JudgeError
 from agentrl.judges import ruler as agentrl_ruler
 from agentrl.judges import ruler_score_group as agentrl_ruler_score_group
-from agentrl.judges.ruler import DEFAULT_RUBRIC
+from agentrl.judges.ruler import DEFAULT_RUBRIC, EXPLANATION_LOG
 from agentrl.trajectory import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
@@ -70,4 +70,9 @@ async def ruler_score_group(
             raise
         logger.warning("RULER failed for a group of %d; returning None: %s", len(group.trajectories), error)
         return None
+    for trajectory in judged.trajectories:  # ART logs each verdict as "RULER explanation: ..."
+        trajectory.logs = [
+            f"RULER explanation: {line.removeprefix(EXPLANATION_LOG)}" if line.startswith(EXPLANATION_LOG) else line
+            for line in trajectory.logs
+        ]
     return judged
