@@ -239,6 +239,10 @@ class TrajectoryGroup(BaseModel):
 
     _pending: list[Awaitable[Trajectory | TrajectoryGroup]] = PrivateAttr(default_factory=list)
 
+    def log(self, message: str) -> None:
+        """Keep a free-text note with the group (a judge's verdict on it, say)."""
+        self.logs = [*self.logs, str(message)]
+
     def __init__(
         self,
         trajectories: Iterable[Trajectory | Awaitable[Trajectory | TrajectoryGroup] | BaseException] = (),

@@ -344,3 +344,12 @@ async def test_gather_records_arts_completion_tokens_metric():
     assert group.trajectories[0].metrics["completion_tokens"] == 2.0  # (3 + 1) / 2 choices, as ART averages
     (alone,) = await art.gather_trajectories([rollout()], pbar_desc=None)
     assert alone.metrics["completion_tokens"] == 2.0
+
+
+def test_a_groups_log_and_a_models_safe_dump_as_arts():
+    group = art.TrajectoryGroup([art.Trajectory(reward=1.0)])
+    group.log("judged by RULER")
+    assert group.logs == ["judged by RULER"]
+    model = art.TrainableModel(name="m", project="p", config={"not": object()})
+    dumped = model.safe_model_dump()
+    assert dumped["config"] is None and dumped["name"] == "m"

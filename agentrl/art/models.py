@@ -69,6 +69,12 @@ class _ArtMethods:
         """The `model=` to send; for a trainable model, its adapter at `step` (default: the current one)."""
         return self._served_name(step)
 
+    def safe_model_dump(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """`model_dump` with `config` set to None (ART's: your config object may not serialise)."""
+        data: dict[str, Any] = super().model_dump(*args, **kwargs)  # type: ignore[misc]
+        data["config"] = None
+        return data
+
     def __class_getitem__(cls, config_type: Any) -> Any:
         """`art.Model[MyConfig]`: the config type is for your type checker; the class is the same."""
         return cls

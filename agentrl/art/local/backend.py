@@ -44,6 +44,11 @@ class LocalBackend(agentrl.LocalBackend):
         """Where registered models keep their runs when given (it overrides their `base_path`, as in ART)."""
         self.gpu_cost_per_hour_usd = gpu_cost_per_hour_usd
 
+    @property
+    def _path(self) -> str:
+        """ART's name for where runs live (its scripts read `backend._path`): `path`, else ".art" as models default to."""
+        return self.art_path if self.art_path is not None else ".art"
+
     async def train(  # type: ignore[override]
         self,
         model: agentrl.TrainableModel,
