@@ -55,11 +55,12 @@ if out=$("$work/thin/bin/python" -c 'import agentrl; agentrl.LocalBackend' 2>&1)
 grep -q "pip install 'agentrl\[cpu\]'" <<<"$out"
 # the round trip: the full install serves a backend, the thin one samples and trains a step on it
 port=$("$work/user/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-AGENTRL_TOKEN=check-wheel "$work/user/bin/agentrl" backend serve --port "$port" --runs "$work/runs" >"$work/serve.log" 2>&1 &
+token=$("$work/user/bin/python" -c 'import secrets; print(secrets.token_urlsafe(32))')  # a token the service takes (128 bits and up)
+AGENTRL_TOKEN="$token" "$work/user/bin/agentrl" backend serve --port "$port" --runs "$work/runs" >"$work/serve.log" 2>&1 &
 serve=$!
 trap 'kill "$serve" 2>/dev/null; wait "$serve" 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 240); do grep -q "agentrl backend serving at" "$work/serve.log" && break; kill -0 "$serve" || break; sleep 0.5; done
 grep -q "agentrl backend serving at" "$work/serve.log" || { tail -40 "$work/serve.log"; exit 1; }
-AGENTRL_TOKEN=check-wheel "$work/thin/bin/python" "$repo/tests/remote_client.py" "http://127.0.0.1:$port" thin 1 | tee "$work/client.log"
+AGENTRL_TOKEN="$token" "$work/thin/bin/python" "$repo/tests/remote_client.py" "http://127.0.0.1:$port" thin 1 | tee "$work/client.log"
 grep -q "^STEP 1 " "$work/client.log"
 echo "[check_wheel] ok: agentrl $version as the thin client (no torch), one step trained through RemoteBackend"

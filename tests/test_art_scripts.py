@@ -182,7 +182,7 @@ async def test_arts_2048_loop_in_its_0_5_18_form(backend, base_model, tmp_path, 
     stored = tmp_path / "bucket" / "2048-multi-turn" / "models"
     shutil.copytree(stored / "agent-001", stored / "agent-002")
     again = art.TrainableModel(name="agent-002", project="2048-multi-turn", base_model=base_model)
-    again._internal_config = model._internal_config
+    again._internal_config = art.dev.InternalModelConfig(init_args=art.dev.InitArgs(max_seq_length=2048))
     await again.register(backend)
     assert await again.get_step() == 0
     await backend._experimental_pull_from_s3(again)
@@ -395,6 +395,24 @@ async def test_pipeline_trainer_trains_steps_evaluates_and_resumes(backend, base
     results = await lazy.train()
     assert len(results) == 1 and read <= 2 and await model.get_step() <= before + 1  # max_steps counts from the start
 
+    # dev/yes-no-maybe-fork-pipeline.py's second phase: fork into a fresh name, which starts where the base stopped
+    # and trains on under ART's keywords (W&B and its dedicated GPUs aside).
+    from agentrl.art.utils.output_dirs import get_model_dir, get_step_checkpoint_dir
+
+    final_step = await model.get_step()
+    assert os.path.isdir(get_step_checkpoint_dir(get_model_dir(model, backend._path), final_step))
+    forked = art.TrainableModel(name="pipeline-fork-0c1d", project="pipeline", base_model=base_model)
+    await backend._experimental_fork_checkpoint(forked, from_model=model.name, from_project=model.project, verbose=True)
+    await forked.register(backend)
+    assert await forked.get_step() == final_step
+    evaluated.clear()
+    trainer_b = PipelineTrainer(model=forked, backend=backend, rollout_fn=rollout_fn, scenarios=endless(), config=config,
+                                num_rollout_workers=3, min_batch_size=1, max_batch_size=1, max_steps=1,
+                                learning_rate=1e-4, loss_fn="cispo", eval_fn=eval_fn, eval_at_start=True,
+                                eval_every_n_steps=2, discard_queue_multiplier=1)  # fmt: skip
+    await trainer_b.train()
+    assert evaluated[0] == final_step and await forked.get_step() <= final_step + 1
+
 
 async def test_train_sft_in_arts_forms(backend, base_model, tmp_path):
     from agentrl.art.utils.sft import train_sft_from_file
@@ -439,80 +457,3 @@ async def test_a_langgraph_agent_through_art_langgraph(backend, base_model):
         assert [m["role"] if isinstance(m, dict) else "choice" for m in trajectory.messages_and_choices] == [
             "user", "choice"]  # fmt: skip
         assert trajectory.choices()[0].model_extra.get("token_ids") and trajectory.metadata["q"]
-
-
-async def test_the_fork_pipeline_dev_script_trains_forks_and_the_fork_starts_where_the_base_stopped(
-    backend, base_model
-):
-    """dev/yes-no-maybe-fork-pipeline.py's calls, W&B and the dedicated GPUs aside: a PipelineTrainer over an
-    endless scenario generator for `max_steps` steps (evaluated at its start and end with `get_inference_name(step=)`),
-    then `_experimental_fork_checkpoint(model_b, from_model=..., from_project=..., verbose=True)` into a fresh name,
-    which registers at the base model's step and trains on from there."""
-    from agentrl.art.pipeline_trainer import PipelineTrainer
-    from agentrl.art.utils.output_dirs import get_model_dir, get_step_checkpoint_dir
-
-    prompts = ["Say yes", "Say no", "Say maybe"]
-
-    def reward_for_answer(text: str) -> float:
-        content = text.lower()
-        return 1.0 if "maybe" in content else 0.75 if "no" in content else 0.5 if "yes" in content else 0.0
-
-    async def one(client, model_name: str, prompt: str) -> art.Trajectory:
-        messages: art.Messages = [{"role": "user", "content": prompt}]
-        completion = await client.chat.completions.create(messages=messages, model=model_name, max_tokens=10,
-                                                          timeout=60, temperature=1, logprobs=True, top_logprobs=0)  # fmt: skip
-        choice = completion.choices[0]
-        return art.Trajectory(
-            messages_and_choices=[*messages, choice], reward=reward_for_answer(choice.message.content or "")
-        )
-
-    def scenario_iter():
-        while True:
-            for prompt in prompts:
-                yield {"prompt": prompt}
-
-    async def rollout_fn(model: art.TrainableModel, scenario: dict, _config: None) -> art.TrajectoryGroup:
-        messages: art.Messages = [{"role": "user", "content": scenario["prompt"]}]
-        completion = await model.openai_client().chat.completions.create(
-            messages=messages, model=model.get_inference_name(), max_tokens=10, timeout=60, temperature=1, n=4,
-            logprobs=True, top_logprobs=0)  # fmt: skip
-        return art.TrajectoryGroup([art.Trajectory(messages_and_choices=[*messages, c],
-                                                   reward=reward_for_answer(c.message.content or "")) for c in completion.choices])  # fmt: skip
-
-    evaluated: list[int] = []
-
-    async def eval_fn(model: art.TrainableModel, step: int, _config: None) -> list[art.TrajectoryGroup]:
-        evaluated.append(step)
-        client, name = model.openai_client(), model.get_inference_name(step=step)
-        return await art.gather_trajectory_groups([art.TrajectoryGroup([one(client, name, p) for _ in range(2)])
-                                                   for p in prompts])  # fmt: skip
-
-    model_a = art.TrainableModel(
-        name="ynm-fork-pipeline-base", project="yes-no-maybe-fork-pipeline", base_model=base_model
-    )
-    await model_a.register(backend)
-    start_step = await model_a.get_step()
-    trainer_a = PipelineTrainer(model=model_a, backend=backend, rollout_fn=rollout_fn, scenarios=scenario_iter(),
-                                config=None, num_rollout_workers=3, min_batch_size=3, max_batch_size=3,
-                                max_steps=2 - start_step, learning_rate=1e-4, loss_fn="cispo", eval_fn=eval_fn,
-                                eval_at_start=True, eval_every_n_steps=2, discard_queue_multiplier=10000)  # fmt: skip
-    await trainer_a.train()
-    final_step_a = await model_a.get_step()
-    assert evaluated[0] == start_step and final_step_a >= 1  # at least one of the two steps had signal
-    assert os.path.isdir(get_step_checkpoint_dir(get_model_dir(model_a, backend._path), final_step_a))
-
-    model_b = art.TrainableModel(
-        name="ynm-fork-pipeline-0c1d", project="yes-no-maybe-fork-pipeline", base_model=base_model
-    )
-    await backend._experimental_fork_checkpoint(
-        model_b, from_model=model_a.name, from_project=model_a.project, verbose=True
-    )
-    await model_b.register(backend)
-    assert await model_b.get_step() == final_step_a  # the fork starts where the base stopped
-    evaluated.clear()
-    trainer_b = PipelineTrainer(model=model_b, backend=backend, rollout_fn=rollout_fn, scenarios=scenario_iter(),
-                                config=None, num_rollout_workers=3, min_batch_size=3, max_batch_size=3, max_steps=1,
-                                learning_rate=1e-4, loss_fn="cispo", eval_fn=eval_fn, eval_at_start=True,
-                                eval_every_n_steps=2, discard_queue_multiplier=1)  # fmt: skip
-    await trainer_b.train()
-    assert evaluated[0] == final_step_a and await model_b.get_step() <= final_step_a + 1

@@ -284,7 +284,8 @@ async def test_a_replica_on_another_host_gets_each_adapter_over_http_and_leaves_
     model = agentrl.TrainableModel(
         name="spread", project="replicas", base_path=str(tmp_path / "head"), server=agentrl.ServerConfig(kv_cache_gib=1)
     )
-    backend = agentrl.LocalBackend(join_token=secrets.token_urlsafe(32))
+    join_token = secrets.token_urlsafe(32)
+    backend = agentrl.LocalBackend(join_token=join_token)
     askers = None
 
     other_host = tmp_path / "other-host"
@@ -293,7 +294,7 @@ async def test_a_replica_on_another_host_gets_each_adapter_over_http_and_leaves_
     try:
         await model.register(backend)
         port = backend.gateway.port
-        agent = as_another_host(other_host, "join-secret", ["backend", "replica", "--join", f"127.0.0.1:{port}"])
+        agent = as_another_host(other_host, join_token, ["backend", "replica", "--join", f"127.0.0.1:{port}"])
         async with asyncio.timeout(400):  # its vLLM server starts while the head's runs: ~1-3 min on 2 cores
             while len(backend.gateway.upstream.replicas) < 2:
                 assert agent.poll() is None, "the replica agent exited before it joined"

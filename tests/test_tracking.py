@@ -139,7 +139,7 @@ def test_art_benchmarking_reads_every_copy_with_its_step(tmp_path):
     from agentrl.art.utils.benchmarking import load_trajectories as art_rows
 
     for _ in range(2):
-        record_step(tmp_path / "proj" / "m", 12, "val", sample_groups(), {"reward_mean": 0.5})
+        record_step(tmp_path / "proj" / "models" / "m", 12, "val", sample_groups(), {"reward_mean": 0.5})
     rows = art_rows("proj", art_path=str(tmp_path))
     assert {(r["split"], r["step"]) for r in rows} == {("val", 12)} and len(rows) == 2 * 2
 
