@@ -111,9 +111,10 @@ JudgeModel = str | Model
 """A judge: a litellm model id ("openai/o4-mini", "hosted_vllm/qwen", "ollama/qwen2.5") or an agentrl Model."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class TrainResult:
-    """The outcome of `model.train`: the step now served, and the step's metrics."""
+    """The outcome of `model.train`: the step now served, and the step's metrics (a plain record you may
+    annotate, as ART's is; changing it changes nothing that was trained or recorded)."""
 
     step: int
     metrics: dict[str, float] = field(default_factory=dict)

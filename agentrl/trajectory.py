@@ -156,12 +156,16 @@ class Trajectory(History):
         return steps[-1] if steps else None
 
     def for_logging(self) -> dict[str, Any]:
-        """A JSON-ready dict: messages as plain dicts (token data left out), reward, metrics, metadata, logs."""
+        """A JSON-ready dict: messages as plain dicts (token data left out), each flagged `trainable` when the model
+        sampled it (ART's shape), reward, metrics, metadata, logs."""
         return {
             "reward": self.reward,
             "metrics": dict(self.metrics),
             "metadata": dict(self.metadata),
-            "messages": self.messages(),
+            "messages": [
+                {**message, "trainable": isinstance(item, Choice)}
+                for item, message in zip(self.messages_and_choices, self.messages(), strict=True)
+            ],
             "tools": self.tools,
             "logs": list(self.logs),
             "additional_histories": [{"messages": h.messages(), "tools": h.tools} for h in self.additional_histories],

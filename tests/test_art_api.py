@@ -252,7 +252,9 @@ def test_trajectory_for_logging_policy_versions_and_strip_logprobs():
     assert (trajectory.initial_policy_version, trajectory.final_policy_version) == (2, 3)
     assert trajectory.start_time.tzinfo is not None
     logged = trajectory.for_logging()
-    assert json.loads(json.dumps(logged))["messages"][1] == {"role": "assistant", "content": "hi"}
+    messages = json.loads(json.dumps(logged))["messages"]
+    assert messages[1] == {"role": "assistant", "content": "hi", "trainable": True}  # ART's flags
+    assert messages[0] == {"role": "user", "content": "x", "trainable": False}
     stripped = strip_logprobs(art.TrajectoryGroup([trajectory]))
     assert all(c.logprobs is None for c in stripped.trajectories[0].choices())
     assert trajectory.choices()[0].logprobs is not None  # the original is untouched

@@ -353,3 +353,45 @@ def test_a_groups_log_and_a_models_safe_dump_as_arts():
     model = art.TrainableModel(name="m", project="p", config={"not": object()})
     dumped = model.safe_model_dump()
     assert dumped["config"] is None and dumped["name"] == "m"
+
+
+def test_a_train_result_is_a_plain_record_as_arts():
+    result = art.TrainResult(step=3, metrics={"loss": 0.1})
+    result.metrics["note"] = 1.0
+    result.step = 4  # ART's TrainResult is a mutable dataclass
+    assert (result.step, result.metrics) == (4, {"loss": 0.1, "note": 1.0})
+
+
+async def test_arts_deployment_module_imports_and_deploying_raises_naming_itself():
+    """tic-tac-toe.py imports `art.utils.deployment` at its top: the import works, deploying says what to do."""
+    from agentrl.art.utils.deployment import TogetherDeploymentConfig, deploy_model
+    from agentrl.art.utils.deployment.wandb import deploy_wandb
+
+    model = art.TrainableModel(name="llama-8b-007", project="tic-tac-toe")
+    config = TogetherDeploymentConfig(s3_bucket="b", wait_for_completion=True)
+    with pytest.raises(agentrl.ConfigurationError, match="deploy_model.*agentrl serve tic-tac-toe/llama-8b-007"):
+        await deploy_model(model=model, checkpoint_path="/c", step=50, provider="together", config=config)
+    with pytest.raises(agentrl.ConfigurationError, match="deploy_wandb"):
+        deploy_wandb(model, "/c", 50, verbose=True)
+
+
+async def test_arts_s3_utilities_move_runs_by_project_and_name(tmp_path, monkeypatch):
+    from agentrl.art.utils import s3
+    from agentrl.backend.checkpoints import CheckpointStore
+
+    monkeypatch.setenv("BACKUP_BUCKET", "runs")
+    assert (
+        s3.build_s3_path(model_name="m", project="p", step=3, prefix="exp")
+        == "s3://runs/exp/p/models/m/checkpoints/0003"
+    )
+    bucket = tmp_path / "bucket"
+    await s3.ensure_bucket_exists(str(bucket))
+    store = CheckpointStore(tmp_path / "here" / "p" / "models" / "m")
+    for step in (0, 1):
+        store.save(step, lambda folder, s=step: (folder / "adapter_model.safetensors").write_bytes(bytes([s])), {})
+    await s3.push_model_to_s3("m", "p", s3_bucket=str(bucket), art_path=str(tmp_path / "here"))
+    pulled = await s3.pull_model_from_s3("m", "p", step=1, s3_bucket=str(bucket), art_path=str(tmp_path / "there"))
+    assert pulled == str(tmp_path / "there" / "p" / "models" / "m")
+    assert sorted(p.name for p in (tmp_path / "there" / "p" / "models" / "m" / "checkpoints").iterdir()) == ["0001"]
+    with pytest.raises(agentrl.ConfigurationError, match="s3_sync"):
+        await s3.s3_sync()

@@ -457,3 +457,79 @@ async def test_a_langgraph_agent_through_art_langgraph(backend, base_model):
         assert [m["role"] if isinstance(m, dict) else "choice" for m in trajectory.messages_and_choices] == [
             "user", "choice"]  # fmt: skip
         assert trajectory.choices()[0].model_extra.get("token_ids") and trajectory.metadata["q"]
+
+
+# --- tic-tac-toe, ART 0.5.18's form: a game against a random opponent, the checkpoints pruned every step ---
+
+LINES = [[(r, c) for c in range(3)] for r in range(3)] + [[(r, c) for r in range(3)] for c in range(3)]
+LINES += [[(i, i) for i in range(3)], [(i, 2 - i) for i in range(3)]]
+
+
+def winner(board: list[list[str]]) -> str | None:
+    for line in LINES:
+        marks = {board[r][c] for r, c in line}
+        if len(marks) == 1 and "" not in marks:
+            return marks.pop()
+    return "draw" if all(cell for row in board for cell in row) else None
+
+
+async def test_arts_tic_tac_toe_loop_in_its_0_5_18_form(backend, base_model, tmp_path, monkeypatch):
+    """examples/tic_tac_toe's calls (its deployment import included; deploying and W&B aside): a retried rollout
+    whose invalid move ends the game, one group a step, `delete_checkpoints()` before each `backend.train`, the
+    step logged, and the run pushed to the bucket."""
+    import re
+
+    import openai
+
+    from agentrl.art.utils.deployment import TogetherDeploymentConfig, deploy_model  # noqa: F401 - tic-tac-toe.py's import
+
+    monkeypatch.setenv("BACKUP_BUCKET", str(tmp_path / "bucket"))
+
+    @art.retry(exceptions=(openai.LengthFinishReasonError,))
+    async def rollout(model: art.Model, step: int) -> art.Trajectory:
+        rng = random.Random(step * 1000 + id(object()) % 1000)
+        board = [["", "", ""] for _ in range(3)]
+        trajectory = art.Trajectory(messages_and_choices=[{"role": "system", "content":
+            "You play tic-tac-toe as x. Answer with your move as <move>B2</move>: a letter A-C, a number 1-3."}],
+            reward=0)  # fmt: skip
+        moves = 0
+        while winner(board) is None:
+            rendered = "\n".join(" ".join(cell or "." for cell in row) for row in board)
+            trajectory.messages_and_choices.append({"role": "user", "content": rendered})
+            completion = await model.openai_client().chat.completions.create(
+                model=model.get_inference_name(), messages=trajectory.messages(), max_completion_tokens=12
+            )
+            choice = completion.choices[0]
+            trajectory.messages_and_choices.append(choice)
+            found = re.search(r"<move>([A-Ca-c])([1-3])</move>", choice.message.content or "")
+            row, col = (ord(found.group(1).upper()) - 65, int(found.group(2)) - 1) if found else (-1, -1)
+            if not found or board[row][col]:
+                trajectory.reward = -1 + moves / 10  # an invalid move ends the game
+                break
+            board[row][col] = "x"
+            moves += 1
+            if winner(board) is None:
+                free = [(r, c) for r in range(3) for c in range(3) if not board[r][c]]
+                r, c = rng.choice(free)
+                board[r][c] = "o"
+        result = winner(board)
+        if result is not None:
+            trajectory.reward = {"x": 1.0, "o": 0.0, "draw": 0.5}[result]
+            trajectory.metrics["win"] = trajectory.reward
+        trajectory.metrics["num_moves"] = moves
+        return trajectory
+
+    model = art.TrainableModel(name="llama-8b-007", project="tic-tac-toe", base_model=base_model)
+    await backend._experimental_pull_from_s3(model)  # PULL_FROM_S3's branch, before register: nothing stored yet
+    await model.register(backend)
+    for i in range(await model.get_step(), 2):
+        train_groups = await art.gather_trajectory_groups(
+            (art.TrajectoryGroup(rollout(model, i) for _ in range(4)) for _ in range(1)), pbar_desc="gather"
+        )
+        await model.delete_checkpoints()
+        result = await backend.train(model, train_groups, learning_rate=5e-5)
+        await model.log(train_groups, metrics=result.metrics, step=result.step, split="train")
+        await backend._experimental_push_to_s3(model)
+    assert records(model, "train") and (tmp_path / "bucket" / "tic-tac-toe" / "models" / "llama-8b-007").is_dir()
+    steps = sorted(p.name for p in (model.run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert len(steps) <= 2  # pruned each step: the latest and the best held-out one at most

@@ -18,7 +18,7 @@ from ..storage import fork_checkpoint, pull_from_s3, push_to_s3
 from ..training import TRAIN_KEYS, agentrl_train_config, log_verbose
 
 
-@dataclass(frozen=True)
+@dataclass
 class LocalTrainResult(agentrl.TrainResult):
     """ART's result of `backend.train`: the new `step`, its `metrics` and where its `checkpoint_path` is."""
 
