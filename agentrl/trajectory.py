@@ -26,13 +26,17 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from openai.types.chat.chat_completion import Choice
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from agentrl.errors import RewardError
 from agentrl.messages import CheckedList, MessageOrChoice, choice_to_message
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Scalar = str | int | float | bool | None
+
+
+POLICY_VERSIONS = frozenset({"initial_policy_version", "final_policy_version"})
+"""ART's Trajectory fields that agentrl reads from the gateway's stamps unless a caller states them."""
 
 
 class History(BaseModel):
@@ -143,15 +147,30 @@ class Trajectory(History):
             if isinstance(step := (choice.model_extra or {}).get("policy_step"), int)
         ]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _stated_policy_versions(cls, data: Any) -> Any:
+        """ART's `Trajectory(initial_policy_version=..., final_policy_version=...)`: a version stated by the caller is
+        kept in `metadata` under its name, and wins over the one read from the stamped turns."""
+        if isinstance(data, dict) and POLICY_VERSIONS & data.keys():
+            data = dict(data)
+            stated = {k: data.pop(k) for k in POLICY_VERSIONS & data.keys() if data[k] is not None}
+            data["metadata"] = {**dict(data.get("metadata") or {}), **stated}
+        return data
+
     @property
     def initial_policy_version(self) -> int | None:
-        """The step of the adapter that sampled its first turn (None when no turn says)."""
+        """The step of the adapter that sampled its first turn (None when no turn says), unless one was stated."""
+        if isinstance(stated := self.metadata.get("initial_policy_version"), int):
+            return stated
         steps = self.policy_steps()
         return steps[0] if steps else None
 
     @property
     def final_policy_version(self) -> int | None:
-        """The step of the adapter that sampled its last turn (None when no turn says)."""
+        """The step of the adapter that sampled its last turn (None when no turn says), unless one was stated."""
+        if isinstance(stated := self.metadata.get("final_policy_version"), int):
+            return stated
         steps = self.policy_steps()
         return steps[-1] if steps else None
 

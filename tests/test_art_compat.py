@@ -395,3 +395,11 @@ async def test_arts_s3_utilities_move_runs_by_project_and_name(tmp_path, monkeyp
     assert sorted(p.name for p in (tmp_path / "there" / "p" / "models" / "m" / "checkpoints").iterdir()) == ["0001"]
     with pytest.raises(agentrl.ConfigurationError, match="s3_sync"):
         await s3.s3_sync()
+
+
+def test_a_trajectory_takes_stated_policy_versions_as_arts():
+    stated = art.Trajectory(initial_policy_version=3, final_policy_version=4, reward=1.0)
+    assert (stated.initial_policy_version, stated.final_policy_version) == (3, 4)
+    again = art.Trajectory.model_validate_json(stated.model_dump_json())  # kept through a save and a load
+    assert (again.initial_policy_version, again.final_policy_version) == (3, 4)
+    assert art.Trajectory(reward=0.0).initial_policy_version is None  # none stated, no stamped turn
