@@ -68,8 +68,17 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "kl_ref_adapter_path": (None, "agentrl's KL penalty is always to the base model"),
     "kl_penalty_step_lag": (None, "agentrl's KL penalty is always to the base model"),
     "advantage_balance": (0.0, "weigh rewards in your rollout instead"),
-    "scale_learning_rate_by_reward_std_dev": (False, "set learning_rate yourself"),
-    "num_trajectories_learning_rate_multiplier_power": (0.0, "set learning_rate yourself"),
+    "scale_learning_rate_by_reward_std_dev": (
+        False,
+        "ART 0.5.18's LocalBackend passes it on and applies it nowhere "
+        "(its Model.train did, and is gone); set learning_rate yourself",
+    ),
+    "num_trajectories_learning_rate_multiplier_power": (
+        0.0,
+        "ART scales each packed batch's optimizer step by its "
+        "trajectory count; agentrl takes one optimizer step per train "
+        "call: scale learning_rate yourself",
+    ),
     "megatron_topology": (None, "agentrl trains with torch.distributed ranks (LocalBackend(ranks=...))"),
     "grad_accumulation_sequences": (None, "agentrl accumulates by tokens (agentrl.TrainConfig.micro_batch_tokens)"),
 }
