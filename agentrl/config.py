@@ -110,6 +110,9 @@ class TrainConfig(BaseModel):
     # advantages
     scale_advantages_by_std: bool = True
     """Divide `r - mean(r)` by the group's std (GRPO); False keeps the raw difference (Dr. GRPO)."""
+    advantage_balance: float = Field(default=0.0, ge=-1, le=1)
+    """ART's `advantage_balance`: above 0, negative advantages are multiplied by (1 - balance); below 0, positive ones
+    by (1 + balance): how much a step pushes away from bad answers against towards good ones. 0 = off."""
 
     # loss
     loss: LossConfig = Field(default_factory=PPOLoss)
@@ -181,6 +184,11 @@ class TrainConfig(BaseModel):
                 raise ValueError(f"unknown loss {value!r}; choose one of {sorted(LOSS_CONFIGS)}")
             return LOSS_CONFIGS[value]()
         return value
+
+    @property
+    def advantage_settings(self) -> dict[str, Any]:
+        """`compute_group_advantages`'s keywords from this config."""
+        return {"scale_by_std": self.scale_advantages_by_std, "balance": self.advantage_balance}
 
     @property
     def needs_reference(self) -> bool:

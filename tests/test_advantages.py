@@ -26,3 +26,13 @@ def test_zero_variance_groups_are_dropped_and_counted():
 def test_advantages_sum_to_zero_within_a_group():
     result = compute_group_advantages([[0.1, 0.7, 0.3, 0.9]], scale_by_std=True)
     assert sum(result.advantages_P_G[0]) == pytest.approx(0, abs=1e-9)
+
+
+def test_arts_advantage_balance_by_hand():
+    from agentrl.rl.advantages import balanced
+
+    assert balanced([1.0, -1.0, 0.5, -0.5], 0.25) == [1.0, -0.75, 0.5, -0.375]  # negatives times 1 - 0.25
+    assert balanced([1.0, -1.0, 0.5, -0.5], -0.5) == [0.5, -1.0, 0.25, -0.5]  # positives times 1 - 0.5
+    assert balanced([1.0, -1.0], 0.0) == [1.0, -1.0]
+    result = compute_group_advantages([[1, 0, 0, 1]], scale_by_std=False, balance=0.5)
+    assert result.advantages_P_G == [[0.5, -0.25, -0.25, 0.5]]

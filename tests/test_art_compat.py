@@ -40,6 +40,7 @@ def test_art_trains_cispo_by_default_and_epsilons_clip_the_selected_loss():
                                    "packed_sequence_length": 4096, "allow_training_without_logprobs": True})  # fmt: skip
     assert (mapped.kl_advantage_coef, mapped.kl_coef) == (0.05, 0.0)  # ART's kl_penalty_coef shapes advantages
     assert (mapped.scale_advantages_by_std, mapped.truncated_importance_sampling) == (False, 2.0)
+    assert agentrl_train_config({"advantage_balance": 0.3}).advantage_settings == {"scale_by_std": True, "balance": 0.3}
     shaped = agentrl_train_config({"max_negative_advantage_importance_sampling_weight": 2.5, "mask_prob_ratio": True})
     assert (shaped.loss.ratio_cap, shaped.loss.mask_out_of_range) == (2.5, True)
     sampled = agentrl_train_config({"kl_penalty_coef": 0.1, "kl_penalty_source": "sample", "kimi_k2_tau": 0.2})
@@ -58,7 +59,6 @@ def test_art_trains_cispo_by_default_and_epsilons_clip_the_selected_loss():
 @pytest.mark.parametrize(
     ("keys", "named"),
     [
-        ({"advantage_balance": 0.5}, "advantage_balance"),
         ({"adam_params": {"beta1": 0.8}}, "adam_params"),
         ({"kl_ref_adapter_path": "/x"}, "kl_ref_adapter_path"),
         ({"save_checkpoint": False}, "save_checkpoint"),

@@ -49,6 +49,7 @@ MAPPED_DEFAULTS: dict[str, Any] = {
     "kl_penalty_source": "current_learner",
     "scale_rewards": True,
     "kimi_k2_tau": None,
+    "advantage_balance": 0.0,
     "max_negative_advantage_importance_sampling_weight": None,
     "mask_prob_ratio": False,
     "normalize_advantages": True,
@@ -67,7 +68,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "kl_penalty_reference_step": (None, "agentrl's KL penalty is always to the base model"),
     "kl_ref_adapter_path": (None, "agentrl's KL penalty is always to the base model"),
     "kl_penalty_step_lag": (None, "agentrl's KL penalty is always to the base model"),
-    "advantage_balance": (0.0, "weigh rewards in your rollout instead"),
     "scale_learning_rate_by_reward_std_dev": (
         False,
         "ART 0.5.18's LocalBackend passes it on and applies it nowhere "
@@ -136,6 +136,7 @@ def agentrl_train_config(keys: Mapping[str, Any]) -> agentrl.TrainConfig:
         kl_advantage_coef=keys.get("kl_penalty_coef") or 0.0,
         kl_advantage_source=keys.get("kl_penalty_source") or "current_learner",
         advantage_logprob_tau=keys.get("kimi_k2_tau") or 0.0,
+        advantage_balance=keys.get("advantage_balance") or 0.0,
         # ART's normalize_advantages=False centres rewards per group without dividing by their std, as scale_rewards=False.
         scale_advantages_by_std=bool(keys.get("scale_rewards", True)) and bool(keys.get("normalize_advantages", True)),
         allow_training_without_logprobs=bool(keys.get("allow_training_without_logprobs", False)),

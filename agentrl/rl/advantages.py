@@ -38,15 +38,26 @@ class GroupAdvantages:
     """Groups dropped because all their rewards were equal (or they had under two members)."""
 
 
+def balanced(advantages_G: list[float], balance: float) -> list[float]:
+    """ART's `advantage_balance`: negative advantages times (1 - balance) when it is above 0, positive ones times
+    (1 + balance) when below."""
+    if balance > 0:
+        return [a if a > 0 else a * (1 - balance) for a in advantages_G]
+    if balance < 0:
+        return [a if a < 0 else a * (1 + balance) for a in advantages_G]
+    return advantages_G
+
+
 def compute_group_advantages(
-    rewards_P_G: Sequence[Sequence[float]], *, scale_by_std: bool, atol: float = 1e-9
+    rewards_P_G: Sequence[Sequence[float]], *, scale_by_std: bool, balance: float = 0.0, atol: float = 1e-9
 ) -> GroupAdvantages:
-    """Advantages for each group; groups whose rewards are all equal carry no signal and are dropped."""
+    """Advantages for each group (`balance`: see `balanced`); groups whose rewards are all equal carry no signal
+    and are dropped."""
     advantages_P_G: list[list[float]] = []
     kept: list[int] = []
     for index, rewards_G in enumerate(rewards_P_G):
         if len(rewards_G) < 2 or max(rewards_G) - min(rewards_G) <= atol:
             continue
-        advantages_P_G.append(group_advantages(rewards_G, scale_by_std=scale_by_std))
+        advantages_P_G.append(balanced(group_advantages(rewards_G, scale_by_std=scale_by_std), balance))
         kept.append(index)
     return GroupAdvantages(advantages_P_G, kept, num_dropped_groups=len(rewards_P_G) - len(kept))

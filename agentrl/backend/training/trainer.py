@@ -174,7 +174,7 @@ class Trainer:
         adapter = self._activate(name)
         rewards = [r for g in groups for r in g.rewards]
         reward_mean, reward_std = reward_stats(rewards)
-        advantages = compute_group_advantages([g.rewards for g in groups], scale_by_std=config.scale_advantages_by_std)
+        advantages = compute_group_advantages([g.rewards for g in groups], **config.advantage_settings)
         metrics: dict[str, float] = {
             "reward_mean": reward_mean,
             "reward_std": reward_std,
