@@ -63,10 +63,25 @@ MAPPED_DEFAULTS: dict[str, Any] = {
 COMPUTE_ONLY = ("logprob_calculation_chunk_size", "precalculate_logprobs", "plot_tensors")
 # Keys agentrl has no counterpart for: only their ART default is accepted; what to do instead otherwise.
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "loss_fn_config": (None, "choose the loss with loss_fn and its clips with epsilon/epsilon_high"),
-    "adam_params": (None, "agentrl trains with AdamW at its defaults (agentrl.TrainConfig.weight_decay)"),
-    "kl_penalty_reference_step": (None, "agentrl's KL penalty is always to the base model"),
-    "kl_ref_adapter_path": (None, "agentrl's KL penalty is always to the base model"),
+    "loss_fn_config": (
+        None,
+        "ART's own LocalBackend refuses it too; choose the loss with loss_fn and its clips with epsilon/epsilon_high",
+    ),
+    "adam_params": (
+        None,
+        "ART's own LocalBackend refuses it too; agentrl trains with AdamW at its defaults "
+        "(agentrl.TrainConfig.weight_decay)",
+    ),
+    "kl_penalty_reference_step": (
+        None,
+        "agentrl's KL reference is the base model (the adapter off), ART's default "
+        "reference; a checkpoint as the reference is not supported",
+    ),
+    "kl_ref_adapter_path": (
+        None,
+        "agentrl's KL reference is the base model (the adapter off), ART's default "
+        "reference; an adapter as the reference is not supported",
+    ),
     "kl_penalty_step_lag": (None, "agentrl's KL penalty is always to the base model"),
     "scale_learning_rate_by_reward_std_dev": (
         False,
