@@ -61,7 +61,6 @@ def test_art_trains_cispo_by_default_and_epsilons_clip_the_selected_loss():
     [
         ({"adam_params": {"beta1": 0.8}}, "adam_params"),
         ({"kl_ref_adapter_path": "/x"}, "kl_ref_adapter_path"),
-        ({"save_checkpoint": False}, "save_checkpoint"),
         ({"loss_fn": "dapo"}, "loss_fn"),
         ({"megatron_topology": object()}, "megatron_topology"),
         ({"not_a_key": 1}, "not_a_key"),

@@ -533,3 +533,5 @@ async def test_arts_tic_tac_toe_loop_in_its_0_5_18_form(backend, base_model, tmp
     assert records(model, "train") and (tmp_path / "bucket" / "tic-tac-toe" / "models" / "llama-8b-007").is_dir()
     steps = sorted(p.name for p in (model.run_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert len(steps) <= 2  # pruned each step: the latest and the best held-out one at most
+    unnamed = await backend.train(model, train_groups, learning_rate=5e-5, save_checkpoint=False)
+    assert unnamed.checkpoint_path is None  # ART's answer: the result names no checkpoint

@@ -109,11 +109,6 @@ def _check_unsupported(keys: Mapping[str, Any]) -> None:
             raise ConfigurationError(
                 f"{key}={keys[key]!r} has no counterpart in agentrl (only ART's default {default!r} is accepted): {instead}"
             )
-    if keys.get("save_checkpoint", True) is not True:
-        raise ConfigurationError(
-            "save_checkpoint=False: agentrl serves every step from its checkpoint; keep disk use down with "
-            "`await model.delete_checkpoints()` instead"
-        )
 
 
 def _loss(keys: Mapping[str, Any]) -> CISPOLoss | PPOLoss:

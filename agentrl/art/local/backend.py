@@ -75,6 +75,10 @@ class LocalBackend(agentrl.LocalBackend):
         # Through the model, so that its served step moves on; it calls back into the branch above.
         trained = await agentrl.TrainableModel.train(model, groups, agentrl_train_config(keys))
         assert isinstance(trained, LocalTrainResult)
+        if keys.get("save_checkpoint", True) is False:
+            trained.checkpoint_path = (
+                None  # as ART's: the result names no checkpoint (the step is still served from one)
+            )
         log_verbose(bool(keys.get("verbose")), trained.step, trained.metrics)
         return trained
 
