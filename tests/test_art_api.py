@@ -510,3 +510,18 @@ async def test_capture_auto_trajectory_records_completions_from_any_endpoint(fak
     with agentrl.capture_trajectory() as native:
         await client.chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": "hi"}])
     assert native.messages_and_choices == []  # not agentrl's gateway: not a trainable turn, not recorded
+
+
+async def test_a_pull_with_delete_mirrors_the_stored_run_and_keeps_what_it_removes(tmp_path):
+    from agentrl.art.local import LocalBackend
+
+    backend = LocalBackend()
+    source = _fake_run(tmp_path, "agent", [0, 1])
+    bucket = str(tmp_path / "bucket")
+    await backend._experimental_push_to_s3(source, s3_bucket=bucket)
+    elsewhere = _fake_run(tmp_path / "other", "agent", [0, 1, 2])  # a local step 2 the stored run never had
+    (elsewhere.run_dir / "notes.txt").write_text("mine")
+    latest = await backend._experimental_pull_from_s3(elsewhere, s3_bucket=bucket, delete=True)
+    assert latest == 1 and not (elsewhere.run_dir / "checkpoints" / "0002").exists()  # as ART's sync --delete
+    (aside,) = elsewhere.run_dir.glob(".deleted-*")  # moved aside, never deleted
+    assert (aside / "notes.txt").read_text() == "mine" and (aside / "checkpoints" / "0002").is_dir()

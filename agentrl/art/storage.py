@@ -180,13 +180,41 @@ def pull_from_s3(
     verbose: bool = False,
     delete: bool = False,
 ) -> int | None:
-    """Download a run folder into the model's; returns the latest checkpoint step it now has (None: none)."""
-    if delete:
-        raise ConfigurationError("pull(delete=True) is not supported: agentrl never deletes local files")
+    """Download a run folder into the model's; returns the latest checkpoint step it now has (None: none).
+
+    With `delete` (ART's: the folder mirrors the stored run), the run folder's files the stored run does not hold
+    are moved aside into `{run}/.deleted-{id}/` rather than deleted, so nothing a user had is lost."""
     location = _Location(s3_bucket)
     run_prefix = _run_prefix(prefix, model.project, model.name)
-    return _copy_run(location, run_prefix, Path(model.run_dir), only_step="latest" if latest_only else only_step,
-                     exclude=list(exclude or []), verbose=verbose)  # fmt: skip
+    run_dir = Path(model.run_dir)
+    latest = _copy_run(location, run_prefix, run_dir, only_step="latest" if latest_only else only_step,
+                       exclude=list(exclude or []), verbose=verbose)  # fmt: skip
+    if delete:
+        by_step, others = _stored_run(location, run_prefix, run_dir, list(exclude or []))
+        stored = {*others, *(f for files in by_step.values() for f in files)}
+        _move_aside_unstored(run_dir, stored, list(exclude or []))
+        latest = CheckpointStore(run_dir).latest_step()
+    return latest
+
+
+def _move_aside_unstored(run_dir: Path, stored: set[str], exclude: list[str]) -> None:
+    """Move the run folder's files that are not in `stored` (nor excluded, nor agentrl's own) into `.deleted-{id}/`."""
+    if not run_dir.exists():
+        return
+    aside = run_dir / f".deleted-{uuid.uuid4().hex[:8]}"
+    for path in sorted(run_dir.rglob("*")):
+        relative = path.relative_to(run_dir).as_posix()
+        if not _plain_file(path) or relative in stored or _excluded(relative, exclude):
+            continue
+        if any(part.startswith((*_NEVER_COPIED, ".deleted-")) for part in relative.split("/")):
+            continue
+        target = aside / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(path, target)
+        logger.warning("pull(delete=True): %s is not in the stored run; moved aside to %s", relative, target)
+    for folder in sorted((p for p in run_dir.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(folder.iterdir()) and not folder.name.startswith(".deleted-"):
+            folder.rmdir()  # an emptied checkpoint folder is no checkpoint
 
 
 def _copy_run(

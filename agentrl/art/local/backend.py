@@ -130,6 +130,11 @@ class LocalBackend(agentrl.LocalBackend):
         """Copy a run folder back from object storage (`only_step`: one checkpoint, "latest" or a step;
         `exclude`: "checkpoints", "logs", "trajectories"); returns the latest step pulled. Before `register`, or
         after it (as ART's 2048 script does): a registered model then resumes from the newest checkpoint pulled."""
+        if kwargs.get("delete") and model.registered:
+            raise ConfigurationError(
+                "pull(delete=True) after `register`: it would move aside checkpoints the model is served from; pull "
+                "with delete=True before registering, or without it"
+            )
         self._place(model)
         only_step = step if only_step is None else only_step  # `step`: ART's older name
         latest = await asyncio.to_thread(
