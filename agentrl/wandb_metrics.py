@@ -90,5 +90,9 @@ class WandbMetrics:
         }
         self.run.log({"training_step": step, **values})
 
+    def update_config(self, config: dict[str, Any]) -> None:
+        """Merge `config` into the run's W&B config (`allow_val_change`: a later call may change a key)."""
+        self.run.config.update(config, allow_val_change=True)  # type: ignore[no-untyped-call]  # wandb ships no types for it
+
     def finish(self) -> None:
         self.run.finish()

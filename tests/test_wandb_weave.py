@@ -5,8 +5,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import agentrl
+from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.wandb_metrics import (
     RUN_ID_FILE,
     WANDB_SERVICE_ENV,
@@ -128,3 +130,26 @@ def test_traced_refuses_a_plain_function():
 
     with pytest.raises(TypeError, match="async rollout functions"):
         agentrl.traced(lambda x: x)
+
+
+def test_arts_update_wandb_config_before_and_after_the_run_opens(tmp_path, monkeypatch):
+    """ART's `model.update_wandb_config`: kept until the run opens (at register), merged into it once open."""
+    import agentrl.art as art
+    from agentrl.backend.run_lock import RunLock
+    from agentrl.backend.session import ModelSession, TrainerThread
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    model = art.TrainableModel(name="agent", project="tests", base_path=str(tmp_path))
+    model.update_wandb_config({"dataset": {"name": "tic-tac-toe", "size": 96}})  # before the run exists
+    metrics = WandbMetrics(model.run_dir, project="tests", name="agent", config={"base_model": "x"})
+    backend = agentrl.LocalBackend()
+    unused: Any = None  # the trainer and server play no part here
+    session = ModelSession(model, "default", CheckpointStore(model.run_dir), RunLock(model.run_dir), unused, unused,
+                           TrainerThread(), wandb=metrics)  # fmt: skip
+    backend.sessions[str(model.run_dir.resolve())] = session
+    model._backend = backend  # registered (as `register` leaves it)
+    model._sync_wandb_config()  # what register does once the run is open
+    model.update_wandb_config({"dataset": {"size": 128}})  # merged key by key into the open run
+    assert dict(metrics.run.config)["dataset"] == {"name": "tic-tac-toe", "size": 128}
+    assert dict(metrics.run.config)["base_model"] == "x"
+    metrics.finish()

@@ -215,6 +215,19 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         """ART's layout: {base_path}/{project}/models/{name}."""
         return RunFolder(self._art_dir)
 
+    def update_wandb_config(self, config: dict[str, Any]) -> None:
+        """Merge `config` into the model's W&B run config (ART's): now if the run is open, else when `register` opens
+        it. Without W&B (no `wandb=True`, no WANDB_API_KEY) it is kept and nothing is logged, as ART's."""
+        if not isinstance(config, dict):
+            raise ConfigurationError(f"update_wandb_config takes a dict, got {type(config).__name__}")
+        self._wandb_config = _deep_merged(self._wandb_config, config)
+        self._sync_wandb_config()
+
+    def _sync_wandb_config(self) -> None:
+        session = getattr(self._backend, "sessions", {}).get(str(self.run_dir.resolve())) if self.registered else None
+        if session is not None and session.wandb is not None and self._wandb_config:
+            session.wandb.update_config(self._wandb_config)
+
     @property
     def lora_config(self) -> dict[str, Any]:
         """The LoRA settings as ART's `LoRAConfig` dict (rank, alpha, dropout, target_modules)."""
@@ -225,6 +238,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
     run_id: str | None = None
     report_metrics: list[str] | None = None
     base_path: str = ".art"
+    _wandb_config: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -292,6 +306,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         if path is not None:
             self.base_path = str(path)
         await agentrl.TrainableModel.register(self, backend)
+        self._sync_wandb_config()  # what update_wandb_config was given before the run opened
 
     async def train(
         self,
