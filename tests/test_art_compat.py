@@ -402,3 +402,11 @@ def test_a_trajectory_takes_stated_policy_versions_as_arts():
     again = art.Trajectory.model_validate_json(stated.model_dump_json())  # kept through a save and a load
     assert (again.initial_policy_version, again.final_policy_version) == (3, 4)
     assert art.Trajectory(reward=0.0).initial_policy_version is None  # none stated, no stamped turn
+
+
+def test_arts_dev_types_and_metrics_builder_answer_by_name():
+    config = art.dev.BackendModelConfig(init_args={"max_seq_length": 2048}, lora_config={"rank": 8})
+    native = art.dev.TinkerNativeArgs(renderer_name="llama3")
+    assert config["lora_config"] == {"rank": 8} and native["renderer_name"] == "llama3"  # plain dicts, as ART's
+    with pytest.raises(agentrl.ConfigurationError, match="metrics_builder"):
+        art.TrainableModel(name="m", project="p").metrics_builder()

@@ -134,6 +134,13 @@ class TinkerTrainingClientArgs(TypedDict, total=False):
     rank: int
 
 
+class TinkerNativeArgs(TypedDict, total=False):
+    """ART's native-Tinker settings: a plain dict here too; agentrl has no Tinker backend."""
+
+    renderer_name: str
+    training_client_args: TinkerTrainingClientArgs
+
+
 class InternalModelConfig(TypedDict, total=False):
     init_args: InitArgs
     engine_args: EngineArgs
@@ -142,6 +149,13 @@ class InternalModelConfig(TypedDict, total=False):
     tinker_args: TinkerArgs
     tinker_training_client_args: TinkerTrainingClientArgs
     dedicated: bool
+
+
+class BackendModelConfig(InternalModelConfig, total=False):
+    """ART's per-model backend settings (`InternalModelConfig` plus `lora_config`), a plain dict. Given as a model's
+    `_internal_config`, its `lora_config` key is refused by name: give `TrainableModel(lora_config=...)`."""
+
+    lora_config: LoRAConfig
 
 
 _SERVER_KEYS = {"max_seq_length": "max_model_len", "max_model_len": "max_model_len",
@@ -215,6 +229,7 @@ def validate_dedicated_config(config: Mapping[str, Any]) -> None:
 
 
 __all__ = [
+    "BackendModelConfig",
     "EngineArgs",
     "InitArgs",
     "InternalModelConfig",
@@ -223,6 +238,7 @@ __all__ = [
     "PeftArgs",
     "ServerArgs",
     "TinkerArgs",
+    "TinkerNativeArgs",
     "TinkerTrainingClientArgs",
     "TrainConfig",
     "TrainSFTConfig",

@@ -7,16 +7,14 @@ ART's keywords (`inference_base_url`, `inference_api_key`, `entity`, `id`, `run_
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic import PrivateAttr, ValidationError, model_validator
 
 import agentrl
 from agentrl.errors import ConfigurationError
-from agentrl.files import check_safe_name, write_json_atomic
+from agentrl.files import check_safe_name
 from agentrl.litellm_loader import load_litellm
 from agentrl.model import Backend, served_name
 from agentrl.run_folder import RunFolder
@@ -25,6 +23,7 @@ from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 from .dev import internal_config_settings
 from .lora import lora_as_art, lora_from_art
+from .state import RunState, deep_merged
 from .training import TrainConfig, agentrl_train_config, log_verbose, merged_keys
 
 # ART's constructor keywords that only label a run (W&B entity, ids, metric reporters): kept, unused.
@@ -48,8 +47,8 @@ def _has_provider(name: str) -> bool:
     return bool(slash) and prefix in {str(p.value) if hasattr(p, "value") else str(p) for p in litellm.provider_list}
 
 
-class _ArtMethods:
-    """What ART's two model classes share: naming, litellm parameters, state, metric logging."""
+class _ArtMethods(RunState):
+    """What ART's two model classes share: naming, litellm parameters, state (`RunState`), metric logging."""
 
     name: str
     project: str
@@ -80,42 +79,6 @@ class _ArtMethods:
         """`art.Model[MyConfig]`: the config type is for your type checker; the class is the same."""
         return cls
 
-    @property
-    def _art_dir(self) -> Path:
-        """ART's run folder: {base_path}/{project}/models/{name} (`art.utils.output_dirs.get_model_dir`)."""
-        return art_model_dir(self.base_path, self.project, self.name)
-
-    @property
-    def _state_path(self) -> Path:
-        return self._art_dir / "state.json"
-
-    def read_state(self) -> dict[str, Any] | None:
-        """The run's saved state (your own JSON), or None before any was written."""
-        return json.loads(self._state_path.read_text()) if self._state_path.exists() else None
-
-    def overwrite_state(self, state: Mapping[str, Any]) -> None:
-        """Replace the run's saved state (written atomically)."""
-        write_json_atomic(self._state_path, dict(state))
-
-    def write_state(self, state: Mapping[str, Any]) -> None:
-        """ART's name for `overwrite_state`."""
-        self.overwrite_state(state)
-
-    def merge_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        """Merge these keys into the run's saved state, nested dicts key by key (ART's deep merge); returns it."""
-        merged = _deep_merged(self.read_state() or {}, state)
-        self.overwrite_state(merged)
-        return merged
-
-
-def _deep_merged(into: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """`into` updated by `update`, where both hold a dict under one key those dicts merged the same way."""
-    merged = dict(into)
-    for key, value in update.items():
-        both = isinstance(value, Mapping) and isinstance(merged.get(key), Mapping)
-        merged[key] = _deep_merged(merged[key], value) if both else value
-    return merged
-
 
 def configuration_error(error: ValidationError, what: str) -> ConfigurationError:
     """A ValidationError as agentrl's error: the ConfigurationError a validator raised, else pydantic's findings."""
@@ -124,11 +87,6 @@ def configuration_error(error: ValidationError, what: str) -> ConfigurationError
             return raised
     findings = "; ".join(f"{'.'.join(map(str, d['loc'])) or what}: {d['msg']}" for d in error.errors())
     return ConfigurationError(f"{what}: {findings}")
-
-
-def art_model_dir(base_path: str | Path, project: str, name: str) -> Path:
-    """Where ART keeps a model's run: {base_path}/{project}/models/{name}."""
-    return Path(base_path) / project / "models" / name
 
 
 class Model(_ArtMethods, agentrl.Model):
@@ -215,12 +173,19 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         """ART's layout: {base_path}/{project}/models/{name}."""
         return RunFolder(self._art_dir)
 
+    def metrics_builder(self, cost_context: str | None = None) -> Any:
+        """ART's cost-metrics builder; agentrl records judge costs in the step's metrics (`judge_cost_usd`)."""
+        raise ConfigurationError(
+            "model.metrics_builder (ART's cost accounting) has no counterpart: judge costs are in each step's metrics "
+            "(judge_cost_usd); record your own in trajectory.metrics or model.log(..., metrics=...)"
+        )
+
     def update_wandb_config(self, config: dict[str, Any]) -> None:
         """Merge `config` into the model's W&B run config (ART's): now if the run is open, else when `register` opens
         it. Without W&B (no `wandb=True`, no WANDB_API_KEY) it is kept and nothing is logged, as ART's."""
         if not isinstance(config, dict):
             raise ConfigurationError(f"update_wandb_config takes a dict, got {type(config).__name__}")
-        self._wandb_config = _deep_merged(self._wandb_config, config)
+        self._wandb_config = deep_merged(self._wandb_config, config)
         self._sync_wandb_config()
 
     def _sync_wandb_config(self) -> None:

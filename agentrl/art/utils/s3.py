@@ -16,7 +16,7 @@ from typing import Any
 
 from agentrl.errors import ConfigurationError
 
-from ..models import art_model_dir
+from ..state import art_model_dir
 from ..storage import pull_from_s3, push_to_s3
 
 __all__ = [
