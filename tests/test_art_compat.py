@@ -410,3 +410,13 @@ def test_arts_dev_types_and_metrics_builder_answer_by_name():
     assert config["lora_config"] == {"rank": 8} and native["renderer_name"] == "llama3"  # plain dicts, as ART's
     with pytest.raises(agentrl.ConfigurationError, match="metrics_builder"):
         art.TrainableModel(name="m", project="p").metrics_builder()
+
+
+def test_a_key_art_applies_nowhere_is_accepted_with_a_warning(caplog):
+    import logging
+
+    from agentrl.art.training import agentrl_train_config
+
+    with caplog.at_level(logging.WARNING):
+        config = agentrl_train_config({"scale_learning_rate_by_reward_std_dev": True, "learning_rate": 1e-5})
+    assert config.learning_rate == 1e-5 and "changes nothing" in caplog.text  # ART 0.5.18 applies it nowhere either

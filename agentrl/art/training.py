@@ -61,6 +61,9 @@ MAPPED_DEFAULTS: dict[str, Any] = {
 }
 # Keys that only change how ART computes (memory, speed), not what it learns: accepted, nothing to do.
 COMPUTE_ONLY = ("logprob_calculation_chunk_size", "precalculate_logprobs", "plot_tensors")
+# Keys ART 0.5.18's LocalBackend takes and applies nowhere (its Model.train did, and is gone): accepted as ART accepts
+# them, with a warning that says so.
+INERT = {"scale_learning_rate_by_reward_std_dev": False}
 # Keys agentrl has no counterpart for: only their ART default is accepted; what to do instead otherwise.
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "loss_fn_config": (
@@ -83,11 +86,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
         "reference; an adapter as the reference is not supported",
     ),
     "kl_penalty_step_lag": (None, "agentrl's KL penalty is always to the base model"),
-    "scale_learning_rate_by_reward_std_dev": (
-        False,
-        "ART 0.5.18's LocalBackend passes it on and applies it nowhere "
-        "(its Model.train did, and is gone); set learning_rate yourself",
-    ),
     "num_trajectories_learning_rate_multiplier_power": (
         0.0,
         "ART scales each packed batch's optimizer step by its "
@@ -97,7 +95,7 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "megatron_topology": (None, "agentrl trains with torch.distributed ranks (LocalBackend(ranks=...))"),
     "grad_accumulation_sequences": (None, "agentrl accumulates by tokens (agentrl.TrainConfig.micro_batch_tokens)"),
 }
-TRAIN_KEYS = (*MAPPED_DEFAULTS, *COMPUTE_ONLY, *UNSUPPORTED)
+TRAIN_KEYS = (*MAPPED_DEFAULTS, *COMPUTE_ONLY, *INERT, *UNSUPPORTED)
 
 
 def _check_unsupported(keys: Mapping[str, Any]) -> None:
@@ -138,6 +136,10 @@ def agentrl_train_config(keys: Mapping[str, Any]) -> agentrl.TrainConfig:
     """The `agentrl.TrainConfig` that trains as ART does with these training keys (ART's defaults for
     the rest); raises `ConfigurationError` naming any key agentrl cannot honour."""
     _check_unsupported(keys)
+    for key, default in INERT.items():
+        if keys.get(key, default) != default:
+            logger.warning("%s=%r changes nothing, in agentrl as in ART 0.5.18's LocalBackend (which applies it "
+                           "nowhere): set learning_rate yourself", key, keys[key])  # fmt: skip
     packed = keys.get("packed_sequence_length")
     return agentrl.TrainConfig(
         learning_rate=keys.get("learning_rate", 5e-6),
