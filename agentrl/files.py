@@ -84,15 +84,34 @@ def write_text_new(paths: Iterator[Path], text: str) -> Path:
         os.fsync(f.fileno())
     try:
         for path in itertools.chain([first], paths):
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                continue
-            fsync_path(path.parent)
-            return path
+            if _claim(tmp, path):
+                fsync_path(path.parent)
+                return path
         raise FileExistsError(f"every name for {first} is taken")
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _claim(tmp: Path, path: Path) -> bool:
+    """Give `tmp`'s text the name `path` if that name is free (False if taken): a hard link, or where the file system
+    has none (some network and FUSE mounts), an exclusive create and a copy. Neither ever replaces a file."""
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as out:
+        out.write(tmp.read_bytes())
+        out.flush()
+        os.fsync(out.fileno())
+    return True
 
 
 def fsync_tree(folder: Path) -> None:

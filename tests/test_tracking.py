@@ -151,3 +151,19 @@ def test_a_run_whose_steps_were_all_skipped_still_plots_their_rewards(tmp_path):
         record_step(skipped_run, 0, "train", sample_groups(), {"reward_mean": 0.25 * step, "skipped": True})
     plotted = plot_rewards(skipped_run).read_bytes()
     assert plotted[:8] == b"\x89PNG\r\n\x1a\n" and plotted != plot_rewards(fresh_run).read_bytes()
+
+
+def test_records_are_never_replaced_on_a_file_system_without_hard_links(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from agentrl.files import write_text_new
+
+    def no_links(*args, **kwargs):
+        raise OSError(errno.EPERM, "hard links are not supported here")
+
+    monkeypatch.setattr(os, "link", no_links)
+    names = lambda: (tmp_path / f"r{copy}.txt" for copy in range(1, 10))  # noqa: E731
+    assert write_text_new(names(), "first") == tmp_path / "r1.txt"
+    assert write_text_new(names(), "second") == tmp_path / "r2.txt"
+    assert (tmp_path / "r1.txt").read_text() == "first" and not list(tmp_path.glob(".*.tmp"))
