@@ -26,7 +26,8 @@ took (`trial`), whatever the machine."""
 @pytest.mark.parametrize("mode", ["synchronous", "pipelined", "at-commit"])
 def test_a_run_killed_at_a_random_moment_trains_each_scenario_exactly_once(mode):
     seed = random.SystemRandom().randrange(2**32)
-    result = trial(mode, SCENARIOS, random.Random(seed), KILL_WINDOW_S)
+    # at-commit kills itself at its first trained step: two steps (one left to resume) show what it must.
+    result = trial(mode, 6 if mode == "at-commit" else SCENARIOS, random.Random(seed), KILL_WINDOW_S)
     first, *later = result["attempts"]
     print(f"\n{mode}, seed {seed}: killed {first['killed_after_s']} s after it started, {len(later)} restarts")
     for miss in result["missed"]:
