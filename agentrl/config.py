@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 # Every number must be finite: an `inf` learning rate or KL weight turns the adapter into NaN in one step.
@@ -106,6 +106,13 @@ class TrainConfig(BaseModel):
     """AdamW weight decay."""
     max_grad_norm: float = Field(default=1.0, ge=0)
     """Clip the global gradient norm to this (0 = no clipping)."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's (beta1, beta2): the decay of its running mean of gradients and of their squares."""
+    adam_eps: float = Field(default=1e-8, gt=0)
+    """AdamW's epsilon, added to the root of the squared-gradient average before dividing by it."""
+    learning_rate_sequence_power: float = 0.0
+    """ART's `num_trajectories_learning_rate_multiplier_power`: the step's learning rate is multiplied by
+    (sequences it trains) ** power, so a step over more trajectories moves further (0 = off)."""
 
     # advantages
     scale_advantages_by_std: bool = True
@@ -113,6 +120,9 @@ class TrainConfig(BaseModel):
     advantage_balance: float = Field(default=0.0, ge=-1, le=1)
     """ART's `advantage_balance`: above 0, negative advantages are multiplied by (1 - balance); below 0, positive ones
     by (1 + balance): how much a step pushes away from bad answers against towards good ones. 0 = off."""
+    scale_advantages_by_mean_abs: bool = False
+    """Divide the step's advantages by their mean absolute value over its loss tokens, as ART's packing always does
+    (`agentrl.art` turns it on): each step moves the adapter about as far, whatever the spread of its rewards."""
 
     # loss
     loss: LossConfig = Field(default_factory=PPOLoss)
@@ -124,17 +134,23 @@ class TrainConfig(BaseModel):
     normalization_constant: int = Field(default=1024, gt=0)
     """Tokens per sequence assumed by "constant" normalisation (e.g. the generation budget)."""
     kl_coef: float = Field(default=0.0, ge=0)
-    """Weight of the KL penalty to the base model (LoRA disabled); 0 = off (no reference pass). In bf16
-    (GPUs, CPUs with native bf16) the policy and reference passes round differently: while the adapter
-    is still near its base, the penalty's gradient is mostly that rounding noise (measured: README "Scaling")."""
+    """Weight of the KL penalty to the reference (`kl_reference`: the base model, LoRA disabled, unless set);
+    0 = off (no reference pass). In bf16 (GPUs, CPUs with native bf16) the policy and reference passes round
+    differently: while the adapter is still near its base, the penalty's gradient is mostly that rounding
+    noise (measured: README "Scaling")."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Estimator of KL(policy || base) per token (Schulman's k1/k2/k3)."""
+    """Estimator of KL(policy || reference) per token (Schulman's k1/k2/k3)."""
     kl_advantage_coef: float = Field(default=0.0, ge=0)
-    """ART's `kl_penalty_coef`: the KL to the base model shapes the advantages instead of adding a loss term. Per
-    loss token, kl = (source - base logprob), detached; each token's advantage gains coef * (mean kl - kl), the
-    mean over the micro-batch's loss tokens, so tokens that drifted further than average are pushed back. 0 = off."""
+    """ART's `kl_penalty_coef`: the KL to the reference (`kl_reference`) shapes the advantages instead of adding
+    a loss term. Per loss token, kl = (source - reference logprob), detached; each token's advantage gains
+    coef * (mean kl - kl), the mean over the micro-batch's loss tokens, so tokens that drifted further than
+    average are pushed back. 0 = off."""
     kl_advantage_source: Literal["current_learner", "sample"] = "current_learner"
-    """Whose logprobs `kl_advantage_coef` compares with the base model's: the trainer's (detached) or the sampler's."""
+    """Whose logprobs `kl_advantage_coef` compares with the reference's: the trainer's (detached) or the sampler's."""
+    kl_reference: int | str | None = None
+    """What the KL terms (`kl_coef`, `kl_advantage_coef`) measure against. None: the base model (the adapter off).
+    A step: that checkpoint of the model being trained (negative: that many steps before the step being
+    trained, never before 0). A folder: a peft adapter of the same base (ART's `kl_ref_adapter_path`)."""
     advantage_logprob_tau: float = Field(default=0.0, ge=0)
     """ART's `kimi_k2_tau`: each token's advantage less tau * (trainer - old logprob), detached; 0 = off."""
     truncated_importance_sampling: float = Field(default=0.0, ge=0)
@@ -176,6 +192,22 @@ class TrainConfig(BaseModel):
             )
         return value
 
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas_below_one(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= beta < 1 for beta in value):
+            raise ValueError(f"adam_betas {value} must each lie in [0, 1), e.g. (0.9, 0.999)")
+        return value
+
+    @model_validator(mode="after")
+    def _reference_with_a_kl_term(self) -> TrainConfig:
+        if self.kl_reference is not None and not self.needs_reference:
+            raise ValueError(
+                f"kl_reference={self.kl_reference!r} changes nothing while kl_coef and kl_advantage_coef are 0: "
+                "set one of them, or leave kl_reference None"
+            )
+        return self
+
     @field_validator("loss", mode="before")
     @classmethod
     def _loss_from_name(cls, value: Any) -> Any:
@@ -192,7 +224,7 @@ class TrainConfig(BaseModel):
 
     @property
     def needs_reference(self) -> bool:
-        """Whether a step needs the base model's logprobs (a pass with the adapter off)."""
+        """Whether a step needs the KL reference's logprobs (a pass with the adapter off, or the reference's on)."""
         return self.kl_coef > 0 or self.kl_advantage_coef > 0
 
 

@@ -36,3 +36,20 @@ def test_arts_advantage_balance_by_hand():
     assert balanced([1.0, -1.0], 0.0) == [1.0, -1.0]
     result = compute_group_advantages([[1, 0, 0, 1]], scale_by_std=False, balance=0.5)
     assert result.advantages_P_G == [[0.5, -0.25, -0.25, 0.5]]
+
+
+def test_arts_mean_abs_scaling_by_hand():
+    """ART's packing divides the step's token advantages by their mean |advantage| over the loss tokens."""
+    from agentrl.rl.advantages import scaled_by_mean_abs
+    from agentrl.rl.tokenize import TokenizedSequence
+
+    def sequence(loss_tokens: int, advantage: float) -> TokenizedSequence:
+        mask = [False, *([True] * loss_tokens)]  # the first position never carries a loss
+        return TokenizedSequence(list(range(len(mask))), mask, [0.0] * len(mask), advantage, 0)
+
+    sequences = [sequence(3, 1.0), sequence(1, -2.0)]  # mean |A| over 4 tokens: (3 * 1 + 1 * 2) / 4 = 1.25
+    scaled = scaled_by_mean_abs(sequences, enabled=True)
+    assert [s.advantage for s in scaled] == pytest.approx([1 / 1.25, -2 / 1.25])
+    assert scaled_by_mean_abs(sequences, enabled=False) is sequences
+    zero = [sequence(2, 0.0)]
+    assert scaled_by_mean_abs(zero, enabled=True) == zero

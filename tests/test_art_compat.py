@@ -59,18 +59,56 @@ def test_art_trains_cispo_by_default_and_epsilons_clip_the_selected_loss():
 @pytest.mark.parametrize(
     ("keys", "named"),
     [
-        ({"adam_params": {"beta1": 0.8}}, "adam_params"),
-        ({"kl_ref_adapter_path": "/x"}, "kl_ref_adapter_path"),
+        ({"adam_params": {"beta_1": 0.8}}, "beta_1"),
+        ({"loss_fn_config": {"clip": 1}}, "loss_fn_config"),
+        ({"grad_accumulation_sequences": 4}, "grad_accumulation_sequences"),
         ({"loss_fn": "dapo"}, "loss_fn"),
         ({"megatron_topology": object()}, "megatron_topology"),
         ({"not_a_key": 1}, "not_a_key"),
     ],
 )
 def test_each_training_key_agentrl_cannot_honour_raises_naming_itself(keys, named):
+    """`loss_fn_config` (ART's LocalBackend refuses it too), ART's Megatron and sequence-count accumulation."""
     from agentrl.art.training import agentrl_train_config
 
     with pytest.raises(agentrl.ConfigurationError, match=named):
         agentrl_train_config(keys)
+
+
+def test_arts_optimizer_learning_rate_and_kl_reference_keys_are_honoured():
+    """`adam_params` (Tinker's AdamParams or a dict of its fields), the learning rate scaled by the trajectory count,
+    the KL reference as a checkpoint step, an adapter folder or (PipelineTrainer) a lag; ART's mean-|A| scaling."""
+    from agentrl.art.training import agentrl_train_config
+
+    class AdamParams:  # Tinker's fields, as an object
+        learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm = 2e-5, 0.9, 0.95, 1e-12, 0.0, 0.0
+
+    tinker = agentrl_train_config({"learning_rate": 1e-6, "adam_params": AdamParams()})
+    assert (tinker.learning_rate, tinker.adam_betas, tinker.adam_eps) == (2e-5, (0.9, 0.95), 1e-12)
+    assert (tinker.weight_decay, tinker.max_grad_norm) == (0.0, 0.0)  # Tinker's grad_clip_norm 0: no clipping
+    partial = agentrl_train_config({"adam_params": {"beta1": 0.8, "weight_decay": 0.1}})
+    assert (partial.learning_rate, partial.adam_betas, partial.weight_decay) == (5e-6, (0.8, 0.999), 0.1)
+    assert partial.max_grad_norm == agentrl.TrainConfig().max_grad_norm
+    power = agentrl_train_config({"num_trajectories_learning_rate_multiplier_power": 0.5})
+    assert power.learning_rate_sequence_power == 0.5 and power.scale_advantages_by_mean_abs
+    kl = {"kl_penalty_coef": 0.1}
+    assert agentrl_train_config({**kl, "kl_penalty_reference_step": 3}).kl_reference == 3
+    assert (
+        agentrl_train_config({**kl, "kl_ref_adapter_path": "/ref", "kl_penalty_reference_step": 3}).kl_reference
+        == "/ref"
+    )
+    assert agentrl_train_config({**kl, "kl_penalty_step_lag": 2}).kl_reference == -3  # ART: step trained from - 2
+    assert agentrl_train_config({**kl}).kl_reference is None  # the base model: ART's untrained step 0
+    assert agentrl_train_config({"kl_penalty_reference_step": 3}).kl_reference is None  # no penalty: ART uses none
+    with pytest.raises(ValueError, match="changes nothing"):
+        agentrl.TrainConfig(kl_reference=3)
+    from agentrl.art.pipeline_trainer import PipelineTrainer
+
+    model = art.TrainableModel(name="m", project="p", base_model="base")
+    pipeline = PipelineTrainer(model, None, None, [], None, kl_penalty_coef=0.1, kl_penalty_step_lag=2,
+                               adam_params={"beta1": 0.8})  # fmt: skip
+    config = pipeline.train_config  # ART's PipelineTrainer measures its KL from the sampler's logprobs
+    assert (config.kl_advantage_source, config.kl_reference, config.adam_betas) == ("sample", -3, (0.8, 0.999))
 
 
 def test_the_older_train_config_and_dev_config_merge():

@@ -31,6 +31,7 @@ from agentrl.art.local import LocalBackend  # was: from art.local import LocalBa
 from agentrl.art.rewards import ruler_score_group  # was: from art.rewards import ruler_score_group
 from agentrl.art.utils import iterate_dataset  # was: from art.utils import iterate_dataset
 from agentrl.art.utils.litellm import convert_litellm_choice_to_openai  # was: from art.utils.litellm import ...
+from agentrl.errors import ConfigurationError  # the test's own check, not a script's
 
 pytestmark = pytest.mark.slow
 
@@ -533,5 +534,13 @@ async def test_arts_tic_tac_toe_loop_in_its_0_5_18_form(backend, base_model, tmp
     assert records(model, "train") and (tmp_path / "bucket" / "tic-tac-toe" / "models" / "llama-8b-007").is_dir()
     steps = sorted(p.name for p in (model.run_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert len(steps) <= 2  # pruned each step: the latest and the best held-out one at most
-    unnamed = await backend.train(model, train_groups, learning_rate=5e-5, save_checkpoint=False)
+    for reward, trajectory in enumerate(train_groups[0].trajectories):  # a signal, so the step below trains
+        trajectory.reward = float(reward)
+    with pytest.raises(ConfigurationError, match="checkpoint 99"):  # ART's KL reference: a step kept
+        await backend.train(model, train_groups, kl_penalty_coef=0.1, kl_penalty_reference_step=99)
+    unnamed = await backend.train(
+        model, train_groups, learning_rate=5e-5, save_checkpoint=False, kl_penalty_coef=0.1,
+        kl_penalty_reference_step=result.step,
+    )  # fmt: skip
     assert unnamed.checkpoint_path is None  # ART's answer: the result names no checkpoint
+    assert unnamed.metrics["kl_policy_ref"] == pytest.approx(0.0, abs=1e-6)  # the reference is the adapter trained

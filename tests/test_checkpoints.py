@@ -163,3 +163,24 @@ def test_a_steps_result_carries_every_metric_its_metrics_line_records(tmp_path):
         0.25,
         0.5,
     )
+
+
+def test_a_step_as_the_kl_reference_resolves_to_its_checkpoint_folder(tmp_path):
+    """`TrainConfig.kl_reference` as a step (ART's `kl_penalty_reference_step`, and its PipelineTrainer lag as a
+    negative step) names that checkpoint's folder; a step the run does not keep raises, naming the kept ones."""
+    from agentrl.backend.run_lock import RunLock
+    from agentrl.backend.session import ModelSession, TrainerThread
+
+    model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
+    store = CheckpointStore(model.run_dir)
+    for step in (0, 1, 2, 3):
+        store.save(step, writer(str(step)), {"metrics": {}})
+    unused: Any = None  # resolving reads the checkpoint folders only
+    session = ModelSession(model, "default", store, RunLock(model.run_dir), unused, unused, TrainerThread(), step=3)
+    config = agentrl.TrainConfig(kl_advantage_coef=0.1)
+    for reference, step in ((2, 2), (-1, 3), (-3, 1), (-9, 0)):  # -1: the checkpoint this step trains from
+        resolved = session.with_kl_reference(config.model_copy(update={"kl_reference": reference}))
+        assert resolved.kl_reference == str(store.path(step))
+    assert session.with_kl_reference(config) is config  # the base model: nothing to resolve
+    with pytest.raises(agentrl.ConfigurationError, match=r"checkpoint 7.*\[0, 1, 2, 3\]"):
+        session.with_kl_reference(config.model_copy(update={"kl_reference": 7}))

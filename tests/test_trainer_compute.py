@@ -308,3 +308,56 @@ def test_arts_kl_penalty_reads_the_base_models_logprobs_and_reports_the_mean_kl(
     assert abs(second["kl_policy_ref"]) > 1e-5 and second["kl_penalty"] == 0.0
     plain = trainer.train_step("default", groups, agentrl.TrainConfig(learning_rate=5e-3, loss="cispo")).metrics
     assert plain["kl_policy_ref"] == 0.0  # no reference pass asked for
+
+
+def test_a_checkpoint_as_the_kl_reference_is_measured_against_and_leaves_the_trained_adapter_training(
+    tiny_model_path, tokenizer, tmp_path
+):
+    """ART's `kl_penalty_reference_step` / `kl_ref_adapter_path` (agentrl's `kl_reference`): the reference pass
+    runs the given adapter. Measured against a copy of the adapter being trained, the KL is zero; against the base
+    it is not; either way the trained adapter still gets its gradients and only it is saved."""
+    from agentrl.backend.training.kl_reference import REFERENCE_ADAPTER
+    from agentrl.backend.training.trainer import Trainer
+    from tests.helpers import synthetic_groups
+
+    trainer = Trainer(tiny_model_path, seed=0)
+    trainer.add_adapter("default", agentrl.LoRAConfig())
+    groups = synthetic_groups(tokenizer, seed=5, size=4, max_words=8)
+    trainer.train_step("default", groups, agentrl.TrainConfig(learning_rate=5e-3, loss="cispo"))  # moves the adapter
+    (tmp_path / "step1").mkdir()
+    trainer.save("default", tmp_path / "step1")
+    to_itself = agentrl.TrainConfig(
+        learning_rate=5e-3, loss="cispo", kl_coef=0.1, kl_advantage_coef=0.5, kl_reference=str(tmp_path / "step1")
+    )
+    same = trainer.train_step("default", groups, to_itself).metrics
+    assert same["kl_policy_ref"] == pytest.approx(0.0, abs=1e-6) and same["kl_penalty"] == pytest.approx(0.0, abs=1e-6)
+    assert same["grad_norm"] > 0
+    to_base = trainer.train_step("default", groups, to_itself.model_copy(update={"kl_reference": None})).metrics
+    assert abs(to_base["kl_policy_ref"]) > 1e-5
+    again = trainer.train_step("default", groups, to_itself).metrics  # the adapter moved on from the step-1 copy
+    assert abs(again["kl_policy_ref"]) > 1e-6
+    assert trainer.model.active_adapter == "default"
+    assert all(p.requires_grad for p in trainer.adapters["default"].parameters)
+    (tmp_path / "after").mkdir()
+    trainer.save("default", tmp_path / "after")
+    assert REFERENCE_ADAPTER not in (tmp_path / "after" / "adapter_config.json").read_text()
+    with pytest.raises(agentrl.ConfigurationError, match="holds no peft adapter"):
+        trainer.train_step("default", groups, to_itself.model_copy(update={"kl_reference": str(tmp_path / "none")}))
+
+
+def test_a_step_sets_adams_settings_and_scales_its_learning_rate_by_its_sequence_count(tiny_model_path, tokenizer):
+    """ART's `adam_params` and `num_trajectories_learning_rate_multiplier_power` reach the optimizer of the step."""
+    from agentrl.backend.training.trainer import Trainer
+    from tests.helpers import synthetic_groups
+
+    trainer = Trainer(tiny_model_path, seed=0)
+    trainer.add_adapter("default", agentrl.LoRAConfig())
+    groups = synthetic_groups(tokenizer, seed=5, size=4, max_words=8)
+    config = agentrl.TrainConfig(
+        learning_rate=1e-3, learning_rate_sequence_power=0.5, adam_betas=(0.8, 0.95), adam_eps=1e-6, weight_decay=0.01
+    )
+    metrics = trainer.train_step("default", groups, config).metrics
+    assert metrics["learning_rate"] == pytest.approx(1e-3 * metrics["num_sequences"] ** 0.5)
+    (settings,) = trainer.adapters["default"].optimizer.param_groups
+    assert settings["lr"] == metrics["learning_rate"] and settings["betas"] == (0.8, 0.95)
+    assert (settings["eps"], settings["weight_decay"]) == (1e-6, 0.01)

@@ -59,7 +59,7 @@ class PipelineTrainer:
         loss_fn: str = "cispo",
         loss_fn_config: dict[str, Any] | None = None,
         normalize_advantages: bool = True,
-        adam_params: dict[str, Any] | None = None,
+        adam_params: Any = None,
         packed_sequence_length: int | None = None,
         kl_penalty_coef: float = 0.0,
         kl_penalty_step_lag: int | None = None,
@@ -91,6 +91,8 @@ class PipelineTrainer:
             "packed_sequence_length": packed_sequence_length, "kl_penalty_coef": kl_penalty_coef,
             "kl_penalty_step_lag": kl_penalty_step_lag, "megatron_topology": megatron_topology,
             "save_checkpoint": save_checkpoint,
+            # ART's PipelineTrainer measures its KL penalty from the sampler's logprobs (the rollouts are off-policy)
+            "kl_penalty_source": "sample" if kl_penalty_coef > 0 else "current_learner",
         })  # fmt: skip
         self.model, self.backend, self.rollout_fn, self.scenarios = model, backend, rollout_fn, scenarios
         self.config, self.eval_fn = config, eval_fn

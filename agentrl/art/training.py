@@ -56,6 +56,11 @@ MAPPED_DEFAULTS: dict[str, Any] = {
     "allow_training_without_logprobs": False,
     "truncated_importance_sampling": None,
     "packed_sequence_length": None,
+    "adam_params": None,
+    "kl_penalty_reference_step": None,
+    "kl_ref_adapter_path": None,
+    "kl_penalty_step_lag": None,
+    "num_trajectories_learning_rate_multiplier_power": 0.0,
     "save_checkpoint": True,
     "verbose": False,
 }
@@ -69,28 +74,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "loss_fn_config": (
         None,
         "ART's own LocalBackend refuses it too; choose the loss with loss_fn and its clips with epsilon/epsilon_high",
-    ),
-    "adam_params": (
-        None,
-        "ART's own LocalBackend refuses it too; agentrl trains with AdamW at its defaults "
-        "(agentrl.TrainConfig.weight_decay)",
-    ),
-    "kl_penalty_reference_step": (
-        None,
-        "agentrl's KL reference is the base model (the adapter off), ART's default "
-        "reference; a checkpoint as the reference is not supported",
-    ),
-    "kl_ref_adapter_path": (
-        None,
-        "agentrl's KL reference is the base model (the adapter off), ART's default "
-        "reference; an adapter as the reference is not supported",
-    ),
-    "kl_penalty_step_lag": (None, "agentrl's KL penalty is always to the base model"),
-    "num_trajectories_learning_rate_multiplier_power": (
-        0.0,
-        "ART scales each packed batch's optimizer step by its "
-        "trajectory count; agentrl takes one optimizer step per train "
-        "call: scale learning_rate yourself",
     ),
     "megatron_topology": (None, "agentrl trains with torch.distributed ranks (LocalBackend(ranks=...))"),
     "grad_accumulation_sequences": (None, "agentrl accumulates by tokens (agentrl.TrainConfig.micro_batch_tokens)"),
@@ -107,6 +90,53 @@ def _check_unsupported(keys: Mapping[str, Any]) -> None:
             raise ConfigurationError(
                 f"{key}={keys[key]!r} has no counterpart in agentrl (only ART's default {default!r} is accepted): {instead}"
             )
+
+
+ADAM_PARAMS = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+"""The fields of ART's `adam_params` (Tinker's `AdamParams`)."""
+
+
+def _adam(adam_params: Any) -> dict[str, Any]:
+    """`agentrl.TrainConfig` settings from ART's `adam_params`: a Tinker `AdamParams` or a dict of its fields.
+    Its learning rate wins over `learning_rate` and its `grad_clip_norm` (0: none) sets the clipping, as Tinker
+    applies them; a field it leaves out keeps agentrl's value."""
+    if adam_params is None:
+        return {}
+    if isinstance(adam_params, Mapping):
+        given = dict(adam_params)
+        if unknown := sorted(set(given) - set(ADAM_PARAMS)):
+            raise ConfigurationError(f"adam_params keys {unknown} are not Adam's; the keys are {list(ADAM_PARAMS)}")
+    else:
+        given = {
+            name: getattr(adam_params, name) for name in ADAM_PARAMS if getattr(adam_params, name, None) is not None
+        }
+    settings: dict[str, Any] = {}
+    if "learning_rate" in given:
+        settings["learning_rate"] = given["learning_rate"]
+    if "beta1" in given or "beta2" in given:
+        settings["adam_betas"] = (given.get("beta1", 0.9), given.get("beta2", 0.999))
+    if "eps" in given:
+        settings["adam_eps"] = given["eps"]
+    if "weight_decay" in given:
+        settings["weight_decay"] = given["weight_decay"]
+    if "grad_clip_norm" in given:
+        settings["max_grad_norm"] = given["grad_clip_norm"]
+    return settings
+
+
+def _kl_reference(keys: Mapping[str, Any]) -> int | str | None:
+    """ART's KL reference: an adapter folder, a checkpoint step, or (PipelineTrainer) a lag behind the step being
+    trained; the base model (agentrl's None, the same as ART's untrained step 0) otherwise. Only with a KL penalty on,
+    as ART resolves it only then."""
+    if not (keys.get("kl_penalty_coef") or keys.get("beta")):
+        return None
+    if keys.get("kl_ref_adapter_path") is not None:
+        return str(keys["kl_ref_adapter_path"])
+    if keys.get("kl_penalty_reference_step") is not None:
+        return int(keys["kl_penalty_reference_step"])
+    if keys.get("kl_penalty_step_lag") is not None:  # ART: max(0, step trained from - lag)
+        return -(int(keys["kl_penalty_step_lag"]) + 1)
+    return None
 
 
 def _loss(keys: Mapping[str, Any]) -> CISPOLoss | PPOLoss:
@@ -141,14 +171,21 @@ def agentrl_train_config(keys: Mapping[str, Any]) -> agentrl.TrainConfig:
             logger.warning("%s=%r changes nothing, in agentrl as in ART 0.5.18's LocalBackend (which applies it "
                            "nowhere): set learning_rate yourself", key, keys[key])  # fmt: skip
     packed = keys.get("packed_sequence_length")
+    settings = {
+        "learning_rate": keys.get("learning_rate", 5e-6),
+        "learning_rate_sequence_power": keys.get("num_trajectories_learning_rate_multiplier_power") or 0.0,
+        **_adam(keys.get("adam_params")),
+    }
     return agentrl.TrainConfig(
-        learning_rate=keys.get("learning_rate", 5e-6),
+        **settings,
         loss=_loss(keys),
         kl_coef=keys.get("beta") or 0.0,
         kl_advantage_coef=keys.get("kl_penalty_coef") or 0.0,
         kl_advantage_source=keys.get("kl_penalty_source") or "current_learner",
+        kl_reference=_kl_reference(keys),
         advantage_logprob_tau=keys.get("kimi_k2_tau") or 0.0,
         advantage_balance=keys.get("advantage_balance") or 0.0,
+        scale_advantages_by_mean_abs=True,  # ART's packing always divides by the mean |advantage|
         # ART's normalize_advantages=False centres rewards per group without dividing by their std, as scale_rewards=False.
         scale_advantages_by_std=bool(keys.get("scale_rewards", True)) and bool(keys.get("normalize_advantages", True)),
         allow_training_without_logprobs=bool(keys.get("allow_training_without_logprobs", False)),

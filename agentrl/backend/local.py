@@ -242,7 +242,7 @@ class LocalBackend:
     async def _train(
         self, session: ModelSession, groups: list[TrajectoryGroup], config: TrainConfig, step_metrics: dict[str, float]
     ) -> TrainResult:
-        trainer = self.trainer
+        config = session.with_kl_reference(config)  # a step as the KL reference: its checkpoint folder
         groups = fill_sampled_tokens(groups, self.gateway.store)  # Choices that kept only their completion id
         check_token_ids(labelled_histories(groups), self.engine.vocab_size)  # before any of it reaches the trainer
         screened = screen_groups(groups)  # raises RewardError for a missing or non-finite reward
@@ -254,7 +254,7 @@ class LocalBackend:
         if screened.trainable:
             async with self._updating(session):
                 outcome = await self._trainer_thread.run(
-                    trainer.train_step, session.adapter, screened.trainable, config
+                    self.trainer.train_step, session.adapter, screened.trainable, config
                 )
         else:
             outcome = StepOutcome(updated=False)

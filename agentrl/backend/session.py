@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from agentrl.backend.training.step_input import StepInput, write_step_input
-from agentrl.errors import BackendBrokenError, CheckpointError, ServerError
+from agentrl.errors import BackendBrokenError, CheckpointError, ConfigurationError, ServerError
 from agentrl.model import TrainResult, served_name
 from agentrl.step_record import backfill_records, write_step_record
 from agentrl.timeline import append_timeline, recorder, span
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from agentrl.backend.checkpoints import CheckpointStore
     from agentrl.backend.run_lock import RunLock
     from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome
+    from agentrl.config import TrainConfig
     from agentrl.model import TrainableModel
     from agentrl.trajectory import TrajectoryGroup
     from agentrl.wandb_metrics import WandbMetrics
@@ -142,6 +143,21 @@ class ModelSession:
             logger.warning("no valid checkpoint left in %s: starting again from an untrained adapter", store.root)
         store.save(0, functools.partial(trainer.save, self.adapter), {"metrics": {}})
         return 0
+
+    def with_kl_reference(self, config: TrainConfig) -> TrainConfig:
+        """`config` with a `kl_reference` step resolved to that checkpoint's folder (a negative step counts back
+        from the step about to be trained, never before 0); a missing checkpoint raises, naming the steps kept."""
+        step = config.kl_reference
+        if not isinstance(step, int):
+            return config
+        if step < 0:
+            step = max(0, self.step + 1 + step)
+        if step not in self.store.steps():
+            raise ConfigurationError(
+                f"kl_reference={config.kl_reference} asks for checkpoint {step}, which {self.model.name!r} does not "
+                f"have (it keeps {self.store.steps()}): give a kept step, or None for the base model"
+            )
+        return config.model_copy(update={"kl_reference": str(self.store.path(step))})
 
     async def serve_current(self) -> None:
         """Load the current step's checkpoint into the server (at register)."""

@@ -5,9 +5,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentrl.rl.tokenize import TokenizedSequence
 
 
 def group_advantages(rewards_G: Sequence[float], *, scale_by_std: bool, eps: float = 1e-6) -> list[float]:
@@ -61,3 +66,17 @@ def compute_group_advantages(
         advantages_P_G.append(balanced(group_advantages(rewards_G, scale_by_std=scale_by_std), balance))
         kept.append(index)
     return GroupAdvantages(advantages_P_G, kept, num_dropped_groups=len(rewards_P_G) - len(kept))
+
+
+def scaled_by_mean_abs(sequences: list[TokenizedSequence], *, enabled: bool) -> list[TokenizedSequence]:
+    """ART's packing, where `enabled` (`TrainConfig.scale_advantages_by_mean_abs`): every sequence's advantage
+    divided by the mean |advantage| over the step's loss tokens, so a step moves the adapter as far whatever the
+    spread of its rewards."""
+    if not enabled:
+        return sequences
+    tokens_S = [sum(s.loss_mask_T[1:]) for s in sequences]
+    weighted = sum(abs(s.advantage) * n for s, n in zip(sequences, tokens_S, strict=True))
+    if weighted == 0:
+        return sequences
+    mean_abs = weighted / sum(tokens_S)
+    return [dataclasses.replace(s, advantage=s.advantage / mean_abs) for s in sequences]

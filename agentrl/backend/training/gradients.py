@@ -8,12 +8,16 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from agentrl.backend.training.sharding import clip_sharded_gradients, is_sharded
 from agentrl.errors import TrainingError
+
+if TYPE_CHECKING:
+    from agentrl.config import TrainConfig
 
 
 @dataclass
@@ -104,3 +108,12 @@ def apply_gradients(adapter: Adapter, max_norm: float, *, loss: float, sharded: 
     finally:
         adapter.optimizer.zero_grad(set_to_none=True)
         release_freed_memory()
+
+
+def set_optimizer(adapter: Adapter, config: TrainConfig, *, num_sequences: int) -> float:
+    """Give AdamW this step's settings from `config`, the learning rate scaled by the step's sequences
+    (`learning_rate_sequence_power`); returns that learning rate."""
+    learning_rate = float(config.learning_rate * num_sequences**config.learning_rate_sequence_power)
+    for group in adapter.optimizer.param_groups:
+        group.update(lr=learning_rate, weight_decay=config.weight_decay, betas=config.adam_betas, eps=config.adam_eps)
+    return learning_rate

@@ -28,8 +28,9 @@ from agentrl.backend.training import sharding
 from agentrl.backend.training.adapter_state import load_adapter, parameters_by_key, save_adapter, whole_weights
 from agentrl.backend.training.adapter_trainer import StepOutcome
 from agentrl.backend.training.attention import use_cpu_attention
-from agentrl.backend.training.gradients import Adapter, apply_gradients, read_sums, sum_across_ranks
+from agentrl.backend.training.gradients import Adapter, apply_gradients, read_sums, set_optimizer, sum_across_ranks
 from agentrl.backend.training.grpo_loss import MAX_NAMES, GRPOLoss, loss_metrics
+from agentrl.backend.training.kl_reference import KLReference
 from agentrl.backend.training.logprobs import takes_tree_mask, token_logprobs
 from agentrl.backend.training.lora_forward import fuse_lora_layers
 from agentrl.backend.training.memory import within_memory
@@ -43,7 +44,7 @@ from agentrl.backend.training.micro_batches import (
 from agentrl.backend.training.step_input import training_conditions
 from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import ConfigurationError
-from agentrl.rl.advantages import compute_group_advantages
+from agentrl.rl.advantages import compute_group_advantages, scaled_by_mean_abs
 from agentrl.rl.ledger import group_tokens
 from agentrl.rl.losses import loss_denominator
 from agentrl.rl.tokenize import TokenBatch, TokenizedSequence, collate, tokenize_groups, tokenize_history
@@ -89,6 +90,7 @@ class Trainer:
         self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
         self.micro_batch_tokens = default_micro_batch_tokens(self.device)
         """Tokens per micro-batch unless the config sets them: halved for good at each GPU out-of-memory."""
+        self.kl_reference = KLReference(sharded=sharded)
 
     def add_adapter(self, name: str, lora: LoRAConfig) -> None:
         """A fresh adapter (the same for the same seed) with its own optimizer; `name` must suit a
@@ -190,7 +192,7 @@ class Trainer:
             self.tokenizer,
             allow_missing_logprobs=config.allow_training_without_logprobs,
         )
-        sequences = tokenized.sequences
+        sequences = scaled_by_mean_abs(tokenized.sequences, enabled=config.scale_advantages_by_mean_abs)
         metrics["num_skipped_trajectories"] = float(tokenized.num_skipped_trajectories)
         metrics["tokens_discarded_no_token_data"] = float(tokenized.num_skipped_tokens)
         metrics["tokenize_s"] = time.perf_counter() - started
@@ -205,10 +207,7 @@ class Trainer:
             constant=config.normalization_constant,
             num_zero_variance_tokens=int(metrics["tokens_discarded_zero_variance"]),
         )
-        for group in adapter.optimizer.param_groups:
-            group["lr"] = config.learning_rate
-            group["weight_decay"] = config.weight_decay
-
+        metrics["learning_rate"] = set_optimizer(adapter, config, num_sequences=len(sequences))
         train_started = time.perf_counter()
         sums_on_device, plan = self._within_memory(
             adapter,
@@ -286,12 +285,13 @@ class Trainer:
         micro_batch_loss: Callable[[TokenBatch, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
         *,
         shared_prefix: bool | None,
-        with_reference: bool,
+        reference: tuple[str, int | str | None] | None,
         desc: str,
     ) -> tuple[torch.Tensor, MicroBatches]:
         """Forward and backward over this rank's micro-batches of at most `max_tokens` tokens, each one's
-        loss from `micro_batch_loss(batch, logprobs_BT, entropy_N, ref_logprobs_BT)` (the base model's
-        logprobs where `with_reference`, else None). Returns the summed loss (on the device) and the plan."""
+        loss from `micro_batch_loss(batch, logprobs_BT, entropy_N, ref_logprobs_BT)`: the KL reference's
+        logprobs where `reference` = (trained adapter, reference folder or None for the base) is given, else
+        None. Returns the summed loss (on the device) and the plan."""
         self.model.train()
         loss_sum = torch.zeros((), device=self.device)
         plan = self._micro_batches(sequences, max_tokens, shared_prefix=shared_prefix)
@@ -299,15 +299,15 @@ class Trainer:
         bar = tqdm(total=len(plan.batches), desc=desc, unit="micro-batch", leave=False, disable=self.rank != 0)
         for rows in plan.batches:
             if rows is None:
-                self._idle_pass(with_reference=with_reference)
+                self._idle_pass(with_reference=reference is not None)
                 bar.update(1)
                 continue
             batch, packed = collate_rows(sequences, rows, plan.packed, self.pad_token_id, self.device)
             ref_logprobs_BT = None
             with span(f"{desc}: micro-batch", "trainer", tokens=batch.input_ids_BT.numel()):
                 with self._autocast():
-                    if with_reference:
-                        with torch.no_grad(), self.model.disable_adapter():
+                    if reference is not None:
+                        with self.kl_reference.active(self.model, *reference):
                             ref_logprobs_BT, _ = token_logprobs(self.model, batch, packed)
                     logprobs_BT, entropy_N = token_logprobs(self.model, batch, packed)
                 loss = micro_batch_loss(batch, logprobs_BT, entropy_N, ref_logprobs_BT)
@@ -330,7 +330,7 @@ class Trainer:
             max_tokens,
             loss,
             shared_prefix=config.shared_prefix,
-            with_reference=config.needs_reference,
+            reference=(self.model.active_adapter, config.kl_reference) if config.needs_reference else None,
             desc="train step",
         )
         return loss.sums, plan
@@ -363,7 +363,7 @@ class Trainer:
 
         def passes(max_tokens: int) -> tuple[torch.Tensor, MicroBatches]:
             return self._passes(
-                sequences, max_tokens, nll, shared_prefix=shared_prefix, with_reference=False, desc="sft step"
+                sequences, max_tokens, nll, shared_prefix=shared_prefix, reference=None, desc="sft step"
             )
 
         nll_sum, plan = self._within_memory(adapter, micro_batch_tokens, passes)
