@@ -137,7 +137,7 @@ class TrainConfig(BaseModel):
     """Weight of the KL penalty to the reference (`kl_reference`: the base model, LoRA disabled, unless set);
     0 = off (no reference pass). In bf16 (GPUs, CPUs with native bf16) the policy and reference passes round
     differently: while the adapter is still near its base, the penalty's gradient is mostly that rounding
-    noise (measured: README "Scaling")."""
+    noise (measured: docs/scaling.md)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """Estimator of KL(policy || reference) per token (Schulman's k1/k2/k3)."""
     kl_advantage_coef: float = Field(default=0.0, ge=0)

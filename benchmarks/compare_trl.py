@@ -22,7 +22,7 @@ TRL's settings for a CPU: weights in that format (with peft's fp32 adapters as T
 accumulation), no gradient checkpointing, the same 2 threads, SDPA attention (transformers'
 default). Its vLLM modes need a GPU, so `generate` is what a TRL user gets on a CPU. Not tried:
 other attention kernels or `torch.compile` for TRL. Writes benchmarks/results/compare_trl.json (one
-result per number format) and the README tables.
+result per number format) and the tables in the docs.
 """
 
 from __future__ import annotations

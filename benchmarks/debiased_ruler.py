@@ -13,7 +13,7 @@ order the attempts are shown:
 
 Reported per method: the rank flip rate between its two scorings (how much the reward depends on the
 order of presentation), pairwise accuracy against the labels (over both scorings), and judge tokens
-per group. Writes benchmarks/results/debiased_ruler.json and the README table.
+per group. Writes benchmarks/results/debiased_ruler.json and its table in the docs.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ vLLM and through the gateway, alternating, at concurrency 1 and 64. Added latenc
 of the per-request difference at concurrency 1 (same prompt, greedy, so both sides do the same
 work), for each API the gateway speaks: Chat Completions, Responses and Anthropic Messages (the
 same conversation, translated to the same chat completion); throughput = sampled tokens/s at
-concurrency 64. Writes benchmarks/results/gateway.json and the README table.
+concurrency 64. Writes benchmarks/results/gateway.json and its table in the docs.
 """
 
 from __future__ import annotations

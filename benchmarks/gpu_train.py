@@ -6,14 +6,14 @@ Needs no hub: each model is built from its architecture with random weights (the
 weights cost to compute) and saved with the packaged model's tokenizer, whose ids lie below every
 vocabulary here. The step: 8 groups x 8 rollouts, each a 768-token prompt (a system prompt with tool
 schemas, a question) shared by its group and a 256-token answer: 65,536 tokens, the step that
-README's "Scaling" section modelled. Each model trains that step unshared and with the shared prefix
+docs/scaling.md modelled. Each model trains that step unshared and with the shared prefix
 (`TrainConfig.shared_prefix`), alternating, after one warm-up step each way (where the default
 micro-batch does not fit, the trainer halves it then); then the loss and gradients both ways from the
-same weights are compared, with `kl_coef=0.1` (README "Scaling" says what that shows in bf16). Model FLOP utilisation counts 4 x the decoder's
+same weights are compared, with `kl_coef=0.1` (docs/scaling.md says what that shows in bf16). Model FLOP utilisation counts 4 x the decoder's
 linear weights per computed token plus 4 x the head per loss token (LoRA: no base weight gradients)
 against this GPU's bf16 matmul rate at the model's MLP shape, measured in the same run.
 
-Writes benchmarks/results/gpu_train.json (`--out` elsewhere) and the README table
+Writes benchmarks/results/gpu_train.json (`--out` elsewhere) and its table in the docs
 (`--table-only` rewrites the table from the file).
 """
 

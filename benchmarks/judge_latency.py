@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.judge_latency
 
 Groups of 4 and 8 real completions (the larger-number task), each judged `--repeats` times, one
-call at a time. Writes benchmarks/results/judge_latency.json and the README table.
+call at a time. Writes benchmarks/results/judge_latency.json and its table in the docs.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The judge (a LoRA adapter on the packaged model, alone on a LocalBackend) is che
 examples with `check_judge` (greedy, one shuffle per group), then taught with SFT rounds
 (`train_judge`, each example in 2 orders) and then GRPO steps rewarded by agreement with the labels
 (`train_judge_rl`), checked again after each round and every `--check-every` RL steps. Results merge
-into benchmarks/results/judge_training.json (one entry per data source and recipe) and the README table.
+into benchmarks/results/judge_training.json (one entry per data source and recipe) and its table in the docs.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument(
         "--keep", default=None, help="a base path to keep the trained judge's run in (judges/DATA-judge)"
     )
-    parser.add_argument("--table-only", action="store_true", help="rewrite the README table from the saved results")
+    parser.add_argument("--table-only", action="store_true", help="rewrite the docs table from the saved results")
     args = parser.parse_args()
     results: dict[str, Any] = json.loads(JUDGE_RESULTS.read_text()) if JUDGE_RESULTS.exists() else {}
     if not args.table_only:

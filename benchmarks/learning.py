@@ -11,7 +11,7 @@ differences, which leaves out how hard each item is), unpaired otherwise (sqrt(s
 RULER is scored on the verifiable answer check, the same number as email trained on it. The rubric
 task is scored twice: by the judge with reworded rubrics, and by code checks the judge never sees.
 Results merge into benchmarks/results/learning.json (one entry per run, so runs can be redone one
-at a time) and the README table; the run folders stay under the cache (learning-runs/), for
+at a time) and its table in the docs; the run folders stay under the cache (learning-runs/), for
 `agentrl show` and `agentrl judge check`.
 """
 
@@ -229,7 +229,7 @@ def table(results: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", choices=sorted(RUNS), help="runs to (re)do; default: all")
-    parser.add_argument("--table-only", action="store_true", help="rewrite the README table from the saved results")
+    parser.add_argument("--table-only", action="store_true", help="rewrite the docs table from the saved results")
     parser.add_argument(
         "--trained-judge", default=None, help="a judge run folder (agentrl judge train) for the *-trained-judge runs"
     )

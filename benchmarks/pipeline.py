@@ -10,7 +10,7 @@ each mode: the synchronous loop, then `train_pipelined` with `max_steps_off_poli
 each run on its saved checkpoints (every `--eval-every` steps), so evaluation never pauses a run.
 A timeline model then predicts the pipelined gain when sampling and training have their own
 devices, from the synchronous run's measured per-phase times. Writes
-benchmarks/results/pipeline.json and the README table.
+benchmarks/results/pipeline.json and its table in the docs.
 
 `--spread` asks whether pipelining costs reward: one more run of each loop with and without
 truncated importance sampling, held-out reward at the start and the end only (its step times are

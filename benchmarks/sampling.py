@@ -14,7 +14,7 @@ zero at step 0, but vLLM runs the LoRA kernels all the same). Measured through t
 `--vllm-arg` passes a flag to the server (ServerConfig.extra_args), to compare scheduler settings;
 `AGENTRL_VLLM_GROUPED_LORA=0` in the environment measures vLLM's own CPU LoRA ops instead of
 agentrl_vllm's grouped ones.
-Each run adds a row under its `--label` to benchmarks/results/sampling.json and rewrites the README table.
+Each run adds a row under its `--label` to benchmarks/results/sampling.json and rewrites its table in the docs.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def fresh_burst(row: dict[str, Any]) -> str:
 
 
 def readme_table(results: dict[str, dict[str, Any]]) -> str:
-    """The README section (markers included) that `results`, sampling.json's rows, make."""
+    """The docs section (markers included) that `results`, sampling.json's rows, make."""
     lines = [
         START,
         f"Sampling through the gateway, packaged model, {REQUESTS} chats of {TOKENS} tokens per figure; "

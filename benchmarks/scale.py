@@ -12,7 +12,7 @@ Trainer ranks, without a server: the same GRPO steps (8 groups x 8 answers of 4-
 token ids, default TrainConfig) on one trainer (both cores), on two data-parallel ranks (a core
 each) and on two sharded ranks (FSDP2); the median of `--steps` steps after a warm-up step, the
 time the ranks spent summing gradients, and the weights each rank holds. Writes
-benchmarks/results/scale.json and the README table.
+benchmarks/results/scale.json and its table in the docs.
 
     .venv/bin/python -m benchmarks.scale --hosts [--steps 3]
 
@@ -22,7 +22,7 @@ what crossing hosts costs, in rendezvous (start), summing gradients, and pushing
 ranks (a remote rank gets the files over its connection). Then two inference replicas on this host
 against one here and one joined with `agentrl backend replica --join` (its adapters pushed over HTTP):
 sampling, the swap, the bytes pushed a step, and how long the other host took to join. Writes
-benchmarks/results/scale_hosts.json and its README tables.
+benchmarks/results/scale_hosts.json and its tables in the docs.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def _replica_row(run: dict[str, Any]) -> str:
 
 def compare_hosts(steps: int, requests: int) -> None:
     """Two ranks, and two inference replicas, on one host against two "hosts" on loopback: scale_hosts.json and
-    its README tables."""
+    its tables in the docs."""
     runs = [measure_ranks(setup, steps) for setup in HOST_SETUPS]
     replica_runs = [asyncio.run(measure(2, requests, other_host=other)) for other in (False, True)]
     machine = machine_label()

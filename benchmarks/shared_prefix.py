@@ -11,7 +11,7 @@ Two step shapes, packaged model, one trainer (no server):
 For each, the same sequences' gradients from the same weights both ways (the loss's relative
 difference and the gradients' relative gap), then timed GRPO steps each way, alternating (`--steps`
 for the main job's shape after one warm-up step each; `--email-steps` for the email shape, whose
-unshared step is long). Writes benchmarks/results/shared_prefix.json and the README table.
+unshared step is long). Writes benchmarks/results/shared_prefix.json and its table in the docs.
 """
 
 from __future__ import annotations

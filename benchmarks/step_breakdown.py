@@ -6,7 +6,7 @@ Runs the main job's task (larger_number, 8 groups x 8 rollouts a step) and measu
 rollouts (wall), tokenize, train, save and adapter-swap seconds; sampled tokens per second
 (completion tokens / rollout wall time); trained tokens per second (all tokens through forward and
 backward / train time); peak RSS of the trainer process and of the vLLM server processes.
-Writes benchmarks/results/step_breakdown.json and the table between the markers in README.md.
+Writes benchmarks/results/step_breakdown.json and the table between its markers in the docs.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(RESULTS, results)
     replace_section(START, END, readme_table(results))
-    print(f"wrote {RESULTS} and the README table")
+    print(f"wrote {RESULTS} and its table in the docs")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ the activations; LoRA's weight gradients are negligible) plus 4 x head weights p
 the peak is this machine's bf16 matmul rate at the decoder's shapes, measured in the same run.
 
 Each run adds a row under its `--label` to benchmarks/results/train_throughput.json and rewrites the
-README table. `--tree` measures another checkout's trainer (the "before" row):
+docs table. `--tree` measures another checkout's trainer (the "before" row):
 `git worktree add /tmp/before bfad497 && .venv/bin/python -m benchmarks.train_throughput --tree /tmp/before --label before`.
 """
 

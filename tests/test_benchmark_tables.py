@@ -1,5 +1,5 @@
-"""README's benchmark tables: every figure names its machine's kind (bf16 or float32, which sets its speed), and
-the tables re-rendered from their committed results files are the ones README holds."""
+"""The benchmark tables of README and the docs pages: every figure names its machine's kind (bf16 or float32, which
+sets its speed), and the tables re-rendered from their committed results files are the ones the pages hold."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import debiased_ruler, judge_training, sampling, shared_prefix
+from benchmarks import debiased_ruler, judge_training, main_job, sampling, shared_prefix
+from benchmarks.readme import PAGES
 from benchmarks.step_breakdown import AVX2_ONLY_ENV, machine_label, precision_label
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+ALL_PAGES = "\n".join(page.read_text() for page in PAGES)
 RESULTS = ROOT / "benchmarks" / "results"
 SECTION = re.compile(r"<!-- (benchmark:[a-z_-]+|judge-check):start -->(.*?)<!-- \1:end -->", re.S)
 
@@ -34,7 +36,7 @@ def kind_named(line: str, cpu: re.Match[str]) -> bool:
 
 
 def test_every_cpu_a_results_table_names_comes_with_its_kind():
-    sections = SECTION.findall(README)
+    sections = SECTION.findall(ALL_PAGES)
     assert len(sections) >= 15
     unnamed = [
         f"{name}: {line}"
@@ -55,8 +57,19 @@ def test_every_cpu_a_results_table_names_comes_with_its_kind():
         ("shared_prefix.json", shared_prefix.table),
     ],
 )
-def test_a_table_rendered_from_its_results_file_is_the_one_in_the_readme(results_file, render):
-    assert render(json.loads((RESULTS / results_file).read_text())) in README
+def test_a_table_rendered_from_its_results_file_is_the_one_the_pages_hold(results_file, render):
+    assert render(json.loads((RESULTS / results_file).read_text())) in ALL_PAGES
+
+
+def test_the_readmes_headline_and_the_main_job_history_are_rendered_from_its_results():
+    runs = json.loads((RESULTS / "main_job.json").read_text())["runs"]
+    assert main_job.headline(runs) in README  # the newest fresh-clone run of each machine kind
+    assert {r["kind"] for r in main_job.latest_per_kind(runs)} == {"bf16", "float32"}
+    assert main_job.history(runs) in (ROOT / "docs" / "benchmarks.md").read_text()
+    assert main_job.held_out("held-out at step 0: reward_mean 0.250, x 1\nheld-out at step 20: reward_mean 0.980") == (
+        0.25,
+        0.98,
+    )
 
 
 def test_the_machine_label_names_the_kind_and_a_run_under_avx2_caps(monkeypatch):

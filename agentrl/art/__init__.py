@@ -6,8 +6,8 @@ code written for ART runs after changing only its imports.
     from agentrl.art.rewards import ruler_score_group  # was: from art.rewards import ruler_score_group
     from agentrl.art.utils import iterate_dataset      # was: from art.utils import iterate_dataset
 
-Every name maps onto agentrl's own API with ART's parameters, defaults and return shapes (README,
-"Coming from ART"). Training trains as ART does (CISPO by default); a setting agentrl cannot honour
+Every name maps onto agentrl's own API with ART's parameters, defaults and return shapes (docs/coming-from-art.md).
+Training trains as ART does (CISPO by default); a setting agentrl cannot honour
 raises a `ConfigurationError` naming it and what to do instead, and the backends agentrl does not
 run (Serverless, Megatron, Tinker, Unsloth) import but raise when used. Written from ART's public
 interface, not from its code.

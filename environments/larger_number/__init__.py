@@ -1,1 +1,1 @@
-"""Which of two numbers is larger? The small verifiable task of README's main job."""
+"""Which of two numbers is larger? The small verifiable task of the main job (README)."""

@@ -67,7 +67,7 @@ class RemoteReplica:
         self.notice: str | None = None
         self.last_answer = time.monotonic()
         self.pushed_bytes = 0
-        """Bytes of the last adapter pushed (measured for the README's scaling table)."""
+        """Bytes of the last adapter pushed (measured for the scaling table, docs/scaling.md)."""
         self.push_s = 0.0
         self._agent = {"Authorization": f"Bearer {offer.agent_key}"}
         self._stopping = threading.Event()

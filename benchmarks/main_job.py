@@ -1,0 +1,172 @@
+"""The README's main job, timed: `agentrl train larger-number` from a fresh run folder, its held-out reward before and
+after, and this machine's kind. Each run adds an entry to benchmarks/results/main_job.json; the README's headline
+(the latest run per machine kind), the history table on the benchmarks page and the plot are rendered from it.
+
+    .venv/bin/python -m benchmarks.main_job [--setup-s SECONDS] [--note TEXT]   # run the job, record it, render
+    .venv/bin/python -m benchmarks.main_job --log JOB.LOG --job-s S [--setup-s S]  # record a job run elsewhere
+    .venv/bin/python -m benchmarks.main_job --render                            # render from the file only
+
+Run from a fresh clone to measure what a newcomer meets: `--setup-s` is then the time `scripts/setup.sh` took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.files import write_json_atomic
+from benchmarks.readme import ROOT, replace_section
+from benchmarks.step_breakdown import cpu_name, precision_label
+
+RESULTS = ROOT / "benchmarks" / "results" / "main_job.json"
+PLOT = ROOT / "benchmarks" / "results" / "main_job.png"
+HEADLINE = ("<!-- benchmark:main_job:start -->", "<!-- benchmark:main_job:end -->")
+HISTORY = ("<!-- benchmark:main_job_history:start -->", "<!-- benchmark:main_job_history:end -->")
+HELD_OUT = re.compile(r"^held-out at step (\d+): reward_mean ([0-9.]+)", re.MULTILINE)
+
+
+def held_out(log: str) -> tuple[float, float]:
+    """The held-out reward before and after training, as the job printed them last."""
+    found = HELD_OUT.findall(log)
+    if len(found) < 2:
+        raise SystemExit("the job's output has no 'held-out at step N: reward_mean X' lines before and after training")
+    return float(found[-2][1]), float(found[-1][1])
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
+    return out.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
+def run_job() -> tuple[str, float]:
+    """The job in a fresh temporary run folder; its output and wall time."""
+    with tempfile.TemporaryDirectory(prefix="agentrl-main-job-") as runs:
+        started = time.perf_counter()
+        done = subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "agentrl"), "train", "larger-number", "--base-path", runs],
+            capture_output=True,
+            text=True,
+        )
+        elapsed = time.perf_counter() - started
+    sys.stdout.write(done.stdout[-2000:])
+    if done.returncode != 0:
+        raise SystemExit(f"the main job failed ({done.returncode}): {done.stderr[-2000:]}")
+    return done.stdout, elapsed
+
+
+def minutes(seconds: float | None) -> str:
+    return "" if seconds is None else f"{int(seconds) // 60} min {int(seconds) % 60} s"
+
+
+def latest_per_kind(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest fresh-clone run of each machine kind (bf16 first)."""
+    latest: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        if run.get("fresh_clone", True):
+            latest[run["kind"]] = run
+    return [latest[kind] for kind in sorted(latest)]
+
+
+def headline(runs: list[dict[str, Any]]) -> str:
+    rows = [
+        "| machine | commit (date) | set-up | main job | held-out reward |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            f"| {r['kind']} {r['cpu']} | {r.get('commit') or 'n/a'} ({r['date']}) | {minutes(r.get('setup_s'))} | "
+            f"{minutes(r['job_s'])} | {r['heldout_before']:.3f} -> {r['heldout_after']:.3f} |"
+            for r in latest_per_kind(runs)
+        ),
+    ]
+    return "\n".join([HEADLINE[0], *rows, HEADLINE[1]])
+
+
+def history(runs: list[dict[str, Any]]) -> str:
+    rows = [
+        "| machine | commit (date) | fresh clone | set-up | main job | held-out reward | note |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        *(
+            f"| {r['kind']} {r['cpu']} | {r.get('commit') or 'n/a'} ({r['date']}) | "
+            f"{'yes' if r.get('fresh_clone', True) else 'no'} | {minutes(r.get('setup_s'))} | {minutes(r['job_s'])} | "
+            f"{r['heldout_before']:.3f} -> {r['heldout_after']:.3f} | {r.get('note', '')} |"
+            for r in runs
+        ),
+    ]
+    return "\n".join([HISTORY[0], *rows, HISTORY[1]])
+
+
+def plot(runs: list[dict[str, Any]]) -> None:
+    """Main-job time and held-out reward after training, run by run, one line per machine kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (time_axis, reward_axis) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
+    for kind in sorted({r["kind"] for r in runs}):
+        indexed = [(i, r) for i, r in enumerate(runs) if r["kind"] == kind]
+        xs = [i for i, _ in indexed]
+        time_axis.plot(xs, [r["job_s"] / 60 for _, r in indexed], "o-", label=kind)
+        reward_axis.plot(xs, [r["heldout_after"] for _, r in indexed], "o-", label=kind)
+    time_axis.set_ylabel("main job (min)")
+    reward_axis.set_ylabel("held-out reward after")
+    reward_axis.set_xlabel("run, oldest first (benchmarks/results/main_job.json)")
+    reward_axis.axhline(0.9, color="grey", linewidth=0.8, linestyle="--")
+    time_axis.legend()
+    figure.tight_layout()
+    figure.savefig(PLOT, dpi=100)
+    plt.close(figure)
+
+
+def render(runs: list[dict[str, Any]]) -> None:
+    replace_section(*HEADLINE, headline(runs))
+    replace_section(*HISTORY, history(runs))
+    plot(runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--render", action="store_true", help="only render the tables and plot from the results")
+    parser.add_argument("--log", type=Path, help="record a job run elsewhere from its output (with --job-s)")
+    parser.add_argument("--job-s", type=float, help="the job's wall time, with --log")
+    parser.add_argument("--setup-s", type=float, help="how long scripts/setup.sh took, where measured")
+    parser.add_argument("--note", default="", help="what sets this run apart")
+    parser.add_argument("--working-copy", action="store_true", help="measured in a working copy, not a fresh clone")
+    args = parser.parse_args()
+    results = json.loads(RESULTS.read_text())
+    if not args.render:
+        if args.log is not None:
+            if args.job_s is None:
+                parser.error("--log needs --job-s")
+            log, job_s = args.log.read_text(), args.job_s
+        else:
+            log, job_s = run_job()
+        before, after = held_out(log)
+        run = {
+            "kind": precision_label(),
+            "cpu": cpu_name(),
+            "commit": commit(),
+            "date": datetime.date.today().isoformat(),
+            "setup_s": None if args.setup_s is None else round(args.setup_s),
+            "job_s": round(job_s),
+            "heldout_before": before,
+            "heldout_after": after,
+            "fresh_clone": not args.working_copy,
+        }
+        if args.note:
+            run["note"] = args.note
+        results["runs"].append(run)
+        write_json_atomic(RESULTS, results)
+    render(results["runs"])
+
+
+if __name__ == "__main__":
+    main()
