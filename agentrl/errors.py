@@ -6,31 +6,52 @@ class AgentRLError(Exception):
 
 
 class RolloutError(AgentRLError):
-    """Rollouts raised more exceptions than the gather's exception budget allows."""
+    """Rollouts raised more exceptions than the gather's exception budget allows.
+
+    Fix: read the rollouts' own exceptions (the message and the chained cause show them) and fix the rollout, or
+    let a share of rollouts fail with `gather_trajectory_groups(..., max_exception_rate=0.1)`."""
 
 
 class TokenizationError(AgentRLError):
-    """A trajectory cannot be turned into training tokens (e.g. an assistant turn without sampled token ids)."""
+    """A trajectory cannot be turned into training tokens (e.g. an assistant turn without sampled token ids).
+
+    Fix: sample with `model.openai_client()` (it asks the server for token ids and logprobs) and append the
+    `Choice` it returns; or skip such turns with `TrainConfig(allow_training_without_logprobs=True)`."""
 
 
 class ModelNotFoundError(AgentRLError):
-    """A base model name is neither a packaged model, a local folder, nor a Hugging Face id."""
+    """A base model name is neither a packaged model, a local folder, nor a Hugging Face id.
+
+    Fix: leave `base_model` at its default (the packaged model), give a folder holding a model, or a Hugging Face
+    id on a machine that can reach the hub; the message lists the packaged names."""
 
 
 class ServerError(AgentRLError):
-    """The inference server failed to start, died, or refused a request."""
+    """The inference server failed to start, died, or refused a request.
+
+    Fix: the message gives the server log's path and its last lines; a dead server is restarted by registering
+    the model again (it resumes from the checkpoints on disk)."""
 
 
 class CheckpointError(AgentRLError):
-    """A checkpoint folder is missing, incomplete, or inconsistent with the run."""
+    """A checkpoint folder is missing, incomplete, or inconsistent with the run.
+
+    Fix: nothing is lost by it. At `register` a bad checkpoint is moved aside (`checkpoints/.corrupt-*`) and the
+    newest valid one resumes; a LoRA that does not fit means the run was made with other LoRA settings."""
 
 
 class JudgeError(AgentRLError):
-    """An LLM judge failed to return a valid judgement after its retries."""
+    """An LLM judge failed to return a valid judgement after its retries.
+
+    Fix: the message names the judge and its last answer or error. Check the judge's credentials and model id;
+    `swallow_exceptions=True` drops the group instead, and `TrainConfig.max_judge_failure_rate` bounds how many
+    a step may drop."""
 
 
 class SessionOverflowError(AgentRLError):
-    """A rollout session was dropped (too many open) or logged past its bound, so its log is not whole."""
+    """A rollout session was dropped (too many open) or logged past its bound, so its log is not whole.
+
+    Fix: close sessions when their rollout ends (`async with`), and keep one session per rollout."""
 
 
 class ConfigurationError(AgentRLError, ValueError):
@@ -38,15 +59,23 @@ class ConfigurationError(AgentRLError, ValueError):
 
 
 class RewardError(AgentRLError, ValueError):
-    """A trajectory's reward is missing or not a finite number, so it cannot be compared within its group."""
+    """A trajectory's reward is missing or not a finite number, so it cannot be compared within its group.
+
+    Fix: set `trajectory.reward` to a finite float in every rollout; the message names the group and trajectory."""
 
 
 class TrainingError(AgentRLError):
-    """A training step was aborted (e.g. a non-finite loss or gradient); weights and optimizer are unchanged."""
+    """A training step was aborted (e.g. a non-finite loss or gradient); weights and optimizer are unchanged.
+
+    Fix: call `train` again with the next batch; if it recurs, lower the learning rate or check the rewards'
+    scale. Nothing of the aborted step was applied or saved."""
 
 
 class RunLockedError(AgentRLError):
-    """Another process holds the run folder: two writers would corrupt its checkpoints."""
+    """Another process holds the run folder: two writers would corrupt its checkpoints.
+
+    Fix: stop the process the message names (its PID), or give this run another `name`. The lock dies with its
+    process, so there is never a stale lock to delete."""
 
 
 class NotAllowedError(ConfigurationError):
@@ -65,4 +94,6 @@ class BackendBrokenError(AgentRLError):
 
 
 class ToolServerError(AgentRLError):
-    """An MCP tool server could not be reached, did not start, or died; the message names the server."""
+    """An MCP tool server could not be reached, did not start, or died; the message names the server.
+
+    Fix: run the server's command by hand to see why it fails, or check its URL; `tool_timeout_s` bounds a call."""
