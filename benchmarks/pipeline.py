@@ -39,6 +39,7 @@ import agentrl  # noqa: E402 - after the spin bound
 from agentrl.files import write_json_atomic  # noqa: E402
 from agentrl_environments.larger_number.task import evaluate, rollout, scenarios  # noqa: E402
 from agentrl_environments.larger_number.train import GROUP_SIZE, GROUPS_PER_STEP, LEARNING_RATE  # noqa: E402
+from benchmarks.pipeline_spread import SPREAD_END, SPREAD_START, spread_table  # noqa: E402
 from benchmarks.readme import replace_section  # noqa: E402
 from benchmarks.step_breakdown import RESULTS, machine_label  # noqa: E402
 
@@ -165,7 +166,9 @@ def main() -> None:
         spread = [asyncio.run(run_mode(off, args.steps, args.steps, tis)) for off, tis in SPREAD_VARIANTS]
         keep = ("mode", "max_steps_off_policy", "steps", "held_out_reward", "staleness_mean")
         runs = [{key: run[key] for key in keep} for run in spread]
-        write_json_atomic(SPREAD_RESULTS, {"machine": machine_label(), "runs": runs})
+        spread_results = {"machine": machine_label(), "date": datetime.date.today().isoformat(), "runs": runs}
+        write_json_atomic(SPREAD_RESULTS, spread_results)
+        replace_section(SPREAD_START, SPREAD_END, spread_table(spread_results))
         for run in runs:
             print(run)
         return

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import debiased_ruler, judge_training, main_job, sampling, shared_prefix
+from benchmarks import debiased_ruler, judge_training, main_job, pipeline_spread, sampling, shared_prefix
 from benchmarks.readme import PAGES
 from benchmarks.step_breakdown import AVX2_ONLY_ENV, machine_label, precision_label
 
@@ -55,6 +55,7 @@ def test_every_cpu_a_results_table_names_comes_with_its_kind():
         ("debiased_ruler.json", debiased_ruler.table),
         ("judge_training.json", judge_training.table),
         ("shared_prefix.json", shared_prefix.table),
+        ("pipeline_spread.json", pipeline_spread.spread_table),
     ],
 )
 def test_a_table_rendered_from_its_results_file_is_the_one_the_pages_hold(results_file, render):
@@ -78,3 +79,15 @@ def test_the_machine_label_names_the_kind_and_a_run_under_avx2_caps(monkeypatch)
     assert plain.startswith(f"{precision_label()}: ") and "avx2_only" not in plain
     monkeypatch.setenv(AVX2_ONLY_ENV, "1")  # as scripts/avx2_only.sh sets it
     assert "under scripts/avx2_only.sh (AVX2 caps)" in machine_label()
+
+
+def test_the_history_plots_read_every_recorded_run():
+    from benchmarks import history
+
+    adapter = history.adapter_ratios()
+    rows = json.loads((RESULTS / "sampling.json").read_text()).values()
+    assert len(adapter) == sum("adapter_vs_base_c32" in row for row in rows)
+    latest = json.loads((RESULTS / "compare_trl.json").read_text())
+    trl = history.trl_ratios()
+    assert {(e["date"], e["speedup_median"]) for e in latest.values()} <= {(d, r) for d, _, r in trl}
+    assert {kind for _, kind, _ in [*adapter, *trl]} <= {"bf16", "float32", "kind not recorded"}
