@@ -17,7 +17,7 @@ if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     tree="$work/source" && mkdir "$tree"
     git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' file; do
         if [ -e "$file" ]; then printf '%s\0' "$file"; fi  # not the tracked files deleted here
-    done | xargs -0 cp --parents -t "$tree"
+    done | xargs -0 cp --parents --no-dereference -t "$tree"  # a symbolic link (docs/notebooks) stays a link
 fi
 "$work/build/bin/python" -m build -q --wheel --outdir "$work/dist" "$tree" >/dev/null
 wheel=$(ls "$work"/dist/agentrl-*.whl)
