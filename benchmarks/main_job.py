@@ -76,31 +76,35 @@ def latest_per_kind(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [latest[kind] for kind in sorted(latest)]
 
 
-def headline(runs: list[dict[str, Any]]) -> str:
-    rows = [
-        "| machine | commit (date) | set-up | main job | held-out reward |",
-        "| --- | --- | --- | --- | --- |",
-        *(
-            f"| {r['kind']} {r['cpu']} | {r.get('commit') or 'n/a'} ({r['date']}) | {minutes(r.get('setup_s'))} | "
-            f"{minutes(r['job_s'])} | {r['heldout_before']:.3f} -> {r['heldout_after']:.3f} |"
-            for r in latest_per_kind(runs)
-        ),
+COLUMNS = ("machine", "commit (date)", "set-up", "main job", "held-out reward")
+
+
+def _cells(run: dict[str, Any]) -> list[str]:
+    """A run's cells under `COLUMNS`."""
+    return [
+        f"{run['kind']} {run['cpu']}",
+        f"{run.get('commit') or 'n/a'} ({run['date']})",
+        minutes(run.get("setup_s")),
+        minutes(run["job_s"]),
+        f"{run['heldout_before']:.3f} -> {run['heldout_after']:.3f}",
     ]
-    return "\n".join([HEADLINE[0], *rows, HEADLINE[1]])
+
+
+def _table(markers: tuple[str, str], columns: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join([markers[0], *lines, markers[1]])
+
+
+def headline(runs: list[dict[str, Any]]) -> str:
+    """README's table: the newest fresh-clone run of each machine kind."""
+    return _table(HEADLINE, list(COLUMNS), [_cells(r) for r in latest_per_kind(runs)])
 
 
 def history(runs: list[dict[str, Any]]) -> str:
-    rows = [
-        "| machine | commit (date) | fresh clone | set-up | main job | held-out reward | note |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-        *(
-            f"| {r['kind']} {r['cpu']} | {r.get('commit') or 'n/a'} ({r['date']}) | "
-            f"{'yes' if r.get('fresh_clone', True) else 'no'} | {minutes(r.get('setup_s'))} | {minutes(r['job_s'])} | "
-            f"{r['heldout_before']:.3f} -> {r['heldout_after']:.3f} | {r.get('note', '')} |"
-            for r in runs
-        ),
-    ]
-    return "\n".join([HISTORY[0], *rows, HISTORY[1]])
+    """The benchmarks page's table: every run, oldest first, whether from a fresh clone, and its note."""
+    rows = [[*_cells(r), "yes" if r.get("fresh_clone", True) else "no", r.get("note", "")] for r in runs]
+    return _table(HISTORY, [*COLUMNS, "fresh clone", "note"], rows)
 
 
 def plot(runs: list[dict[str, Any]]) -> None:
