@@ -114,7 +114,8 @@ def _adam(adam_params: Any) -> dict[str, Any]:
     if "learning_rate" in given:
         settings["learning_rate"] = given["learning_rate"]
     if "beta1" in given or "beta2" in given:
-        settings["adam_betas"] = (given.get("beta1", 0.9), given.get("beta2", 0.999))
+        beta1, beta2 = agentrl.TrainConfig.model_fields["adam_betas"].default  # a beta left out keeps agentrl's
+        settings["adam_betas"] = (given.get("beta1", beta1), given.get("beta2", beta2))
     if "eps" in given:
         settings["adam_eps"] = given["eps"]
     if "weight_decay" in given:

@@ -152,10 +152,11 @@ class ModelSession:
             return config
         if step < 0:
             step = max(0, self.step + 1 + step)
-        if step not in self.store.steps():
+        kept = self.store.steps()
+        if step not in kept:
             raise ConfigurationError(
                 f"kl_reference={config.kl_reference} asks for checkpoint {step}, which {self.model.name!r} does not "
-                f"have (it keeps {self.store.steps()}): give a kept step, or None for the base model"
+                f"have (it keeps {kept}): give a kept step, or None for the base model"
             )
         return config.model_copy(update={"kl_reference": str(self.store.path(step))})
 
