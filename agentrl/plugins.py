@@ -26,7 +26,7 @@ class EnvironmentCommands:
     """How the `agentrl` command trains and evaluates one environment."""
 
     run: Callable[..., Coroutine[Any, Any, Any]]
-    """`run(preset, steps, base_model, name=..., base_path=..., [reward=..., judge=...])`: train, evaluating before and after."""
+    """`run(preset, steps, base_model, name=..., base_path=..., [reward=..., judge=..., judge_readout=...])`: train, evaluating before and after."""
     evaluate_run: Callable[..., Coroutine[Any, Any, Any]]
     """`evaluate_run(preset, name=..., base_path=...)`: held-out metrics of the base model and of a run's checkpoint."""
     default_name: str
@@ -34,7 +34,7 @@ class EnvironmentCommands:
     rewards: tuple[str, ...] = ()
     """Training rewards to choose from (`run(..., reward=, judge=)`), the default first; () = the environment's own only."""
     judged_rewards: tuple[str, ...] = ()
-    """The rewards among `rewards` that an LLM judge gives (where `--judge` applies)."""
+    """The rewards among `rewards` that an LLM judge gives (where `--judge` and `--judge-readout` apply)."""
     takes_tasks: bool = False
     """Whether `run(..., tasks=FILE)` trains on a user's task file (`agentrl train ENV --tasks FILE`)."""
 

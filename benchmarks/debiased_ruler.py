@@ -30,7 +30,7 @@ import agentrl
 from agentrl.files import write_json_atomic
 from agentrl.judges.agreement import pair_counts, pairwise_accuracy, rank_flip_rate
 from agentrl.judges.audit import JudgeAudit
-from agentrl.judges.training import load_examples
+from agentrl.judges.examples import load_examples
 from agentrl_environments.rubric.tasks import DATA as RUBRIC_DATA
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, machine_label

@@ -28,55 +28,38 @@ from typing import Any
 
 import agentrl
 from agentrl.files import write_json_atomic
-from agentrl.judges.training import JudgeExample, examples_from_groups, load_examples, train_judge, train_judge_rl
-from agentrl_environments.larger_number.task import scenarios
+from agentrl.judges.examples import JudgeExample, load_examples
+from agentrl.judges.readout import READOUTS, Readout
+from agentrl.judges.training import train_judge, train_judge_rl
+from agentrl_environments.email_agent.judge_data import DATA as EMAIL_DATA
+from agentrl_environments.larger_number.judge_data import judge_examples
 from agentrl_environments.rubric.tasks import DATA as RUBRIC_DATA
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, machine_label
 
 JUDGE_RESULTS = RESULTS.with_name("judge_training.json")
 START, END = "<!-- benchmark:judge_training:start -->", "<!-- benchmark:judge_training:end -->"
-RUBRIC = "- Score 1 for the larger of the two numbers, 0 for anything else."
 MAX_TOKENS = 512
 """The judge's answer: room for four explanations (each bounded to 300 characters) and their scores."""
 
 
-def labelled_groups(split: str, count: int, seed: int) -> list[agentrl.TrajectoryGroup]:
-    """Each question answered right (label 1) and with the smaller number (label 0), order alternating."""
-    groups = []
-    for i, s in enumerate(scenarios(split, count, seed=seed)):
-        answers = [(str(s.answer), 1.0), (str(min(s.a, s.b)), 0.0)][:: 1 if i % 2 else -1]
-        groups.append(
-            agentrl.TrajectoryGroup(
-                agentrl.Trajectory(
-                    reward=label,
-                    messages_and_choices=[
-                        {"role": "user", "content": s.prompt},
-                        {"role": "assistant", "content": answer},
-                    ],
-                )
-                for answer, label in answers
-            )
-        )
-    return groups
-
-
 def data(name: str, train_count: int, held_out_count: int) -> tuple[list[JudgeExample], list[JudgeExample]]:
-    """Train and held-out examples of one label source."""
+    """Train and held-out examples of one label source, held out by task."""
     if name == "larger-number":
-        train = examples_from_groups(labelled_groups("train", train_count, seed=1), rubric=RUBRIC)
-        return train, examples_from_groups(labelled_groups("test", held_out_count, seed=2), rubric=RUBRIC)
-    train, held_out = load_examples(RUBRIC_DATA / "judge_train.jsonl"), load_examples(RUBRIC_DATA / "judge_test.jsonl")
+        return judge_examples("train", train_count, seed=1), judge_examples("test", held_out_count, seed=2)
+    folder = RUBRIC_DATA if name == "rubric" else EMAIL_DATA
+    train, held_out = load_examples(folder / "judge_train.jsonl"), load_examples(folder / "judge_test.jsonl")
     return train[:train_count], held_out[:held_out_count]
 
 
 async def measure(
     name: str,
-    sft_epochs: int,
+    sft: dict[str, Any],
     rl: dict[str, Any],
     check_every: int,
     counts: tuple[int, int],
     keep: str | None,
+    readout: Readout,
 ) -> dict[str, Any]:
     train, held_out = data(name, *counts)
     params = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
@@ -91,7 +74,12 @@ async def measure(
 
         async def check(stage: str, seconds: float, extra: dict[str, Any]) -> None:
             report = await agentrl.check_judge(
-                [e.group() for e in held_out], judge, permutations=1, repeats=0, extra_litellm_params=params
+                [e.group() for e in held_out],
+                judge,
+                permutations=1,
+                repeats=0,
+                extra_litellm_params=params,
+                readout=readout,
             )
             rows.append(
                 {
@@ -104,6 +92,9 @@ async def measure(
                     "position_mean_score": report.position_mean_score,
                     "failed_calls": report.failed_calls,
                     "calls": report.calls,
+                    "readout": report.readout,
+                    "latency_s_mean": report.latency_s_mean,
+                    "tokens_per_group": report.prompt_tokens_per_group + report.completion_tokens_per_group,
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
@@ -111,12 +102,14 @@ async def measure(
         try:
             await judge.register(backend)
             await check("untrained", 0.0, {})
-            if sft_epochs:
+            if sft["epochs"]:
                 started = time.perf_counter()
-                config = agentrl.SFTConfig(epochs=sft_epochs, batch_size=8, learning_rate=2e-3)
-                sft = await train_judge(judge, train, config, orders=2)
+                config = agentrl.SFTConfig(epochs=sft["epochs"], batch_size=8, learning_rate=sft["learning_rate"])
+                trained = await train_judge(judge, train, config, orders=2, readout=readout)
                 await check(
-                    f"SFT, {sft_epochs} epochs", time.perf_counter() - started, {"sft_loss": sft.metrics["sft_loss"]}
+                    f"SFT, {sft['epochs']} epochs",
+                    time.perf_counter() - started,
+                    {"sft_loss": trained.metrics["sft_loss"]},
                 )
             done = 0
             while done < rl["steps"]:
@@ -130,6 +123,7 @@ async def measure(
                     examples_per_step=8,
                     samples_per_example=rl["samples"],
                     max_tokens=MAX_TOKENS,
+                    readout=readout,
                 )
                 done += steps
                 agreement = [r.metrics["reward_mean"] for r in results]
@@ -147,7 +141,9 @@ async def measure(
         "date": datetime.date.today().isoformat(),
         "train_examples": len(train),
         "held_out_examples": len(held_out),
+        "sft": sft,
         "rl": rl,
+        "readout": readout,
         "rows": rows,
         **({"judge_run": str(judge.run_dir.resolve())} if keep else {}),
     }
@@ -173,8 +169,10 @@ def table(results: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", choices=("larger-number", "rubric"), default="rubric")
+    parser.add_argument("--data", choices=("larger-number", "rubric", "email"), default="rubric")
+    parser.add_argument("--readout", choices=READOUTS, default="probabilities", help="how the judge's decision is read")
     parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--sft-learning-rate", type=float, default=2e-3)
     parser.add_argument("--rl-steps", type=int, default=8)
     parser.add_argument("--rl-learning-rate", type=float, default=1e-4)
     parser.add_argument("--samples", type=int, default=4, help="judge answers per example in an RL step")
@@ -191,15 +189,17 @@ def main() -> None:
         key = (
             f"{args.data}: {args.train_examples} examples, SFT {args.sft_epochs} epochs, RL {args.rl_steps} steps "
             f"(lr {args.rl_learning_rate:g}, {args.samples} answers each)"
+            + (", read from probabilities" if args.readout == "probabilities" else "")
         )
         results[key] = asyncio.run(
             measure(
                 args.data,
-                args.sft_epochs,
+                {"epochs": args.sft_epochs, "learning_rate": args.sft_learning_rate},
                 {"steps": args.rl_steps, "learning_rate": args.rl_learning_rate, "samples": args.samples},
                 args.check_every,
                 (args.train_examples, args.held_out),
                 args.keep,
+                args.readout,
             )
         )
         write_json_atomic(JUDGE_RESULTS, results)

@@ -65,6 +65,13 @@ class LearningRun:
 
 RUNS = {
     "larger-number": LearningRun("larger-number", "verifiable", {"reward": reward}),
+    "larger-number-ruler-trained-judge": LearningRun(
+        "larger-number",
+        "RULER (trained judge, read from probabilities; check hidden)",
+        {"reward": reward},
+        {"reward": "ruler"},
+        trained_judge=True,
+    ),
     "2048": LearningRun("2048", "game score", {"reward": reward}, {"test_games": 100}),
     "email-match": LearningRun("email", "match (verifiable)", {"correct": metric("correct")}, {"reward": "match"}),
     "email-ruler": LearningRun(

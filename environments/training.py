@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import agentrl
 from agentrl import AfterEach, JudgeModel
 from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.judges.readout import Readout
 from agentrl.judges.training import RUN_PREFIX, trained_judge
 from agentrl.run_folder import RunFolder
 from agentrl.scenario_record import SCENARIO, group_scenarios
@@ -26,6 +27,9 @@ from agentrl.tracking import read_metrics, summarize
 
 OFF_POLICY_TIS = 2.0
 """Truncated importance sampling for pipelined runs: an off-policy turn's weight is capped at 2x."""
+DEFAULT_READOUT: Readout = "probabilities"
+"""How the environments' RULER rewards read their judge (`agentrl train --judge-readout`): from next-token
+probabilities, where the judge returns logprobs (a local server always does), else from JSON."""
 MakeGroup = Callable[[agentrl.TrainableModel, Any], agentrl.TrajectoryGroup]
 """One scenario's group, its rollouts unstarted: `make_group(model, scenario)`."""
 Evaluate = Callable[[agentrl.Model], Awaitable[list[agentrl.Trajectory]]]
@@ -61,10 +65,13 @@ def scheduled_batches(
     return list(itertools.islice(batches, steps))
 
 
-def judge_option(judge: str | None, *, base_path: str, base_model: str, ruler: bool) -> JudgeModel | None:
+def judge_option(
+    judge: str | None, *, base_path: str, base_model: str, ruler: bool, readout: Readout = DEFAULT_READOUT
+) -> JudgeModel | None:
     """The command line's --judge: a litellm model id as given, `run:NAME` a judge trained with
     `agentrl judge train` (a `TrainableModel` that `train_and_evaluate` registers beside the policy),
-    None the base model. A trained judge learned RULER's task, so it judges RULER rewards only (`ruler`)."""
+    None the base model. A trained judge learned RULER's task, so it judges RULER rewards only (`ruler`),
+    read the way it was trained to answer (`readout`, else a ConfigurationError naming the fix)."""
     if judge is None or not judge.startswith(RUN_PREFIX):
         return judge
     if not ruler:
@@ -72,7 +79,7 @@ def judge_option(judge: str | None, *, base_path: str, base_model: str, ruler: b
             f"--judge {judge}: a judge trained with `agentrl judge train` learned RULER's task (ranking a group); "
             "use it with a RULER reward (--reward ruler)"
         )
-    return trained_judge(judge, base_path=base_path, base_model=base_model)
+    return trained_judge(judge, base_path=base_path, base_model=base_model, readout=readout)
 
 
 def judge_for(model: agentrl.TrainableModel, judge: JudgeModel | None) -> JudgeModel:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import re
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -56,6 +58,9 @@ class FakeOpenAI:
         self.reverse_rate = 0.0  # flaky mode: how often a judgement is reversed
         self._times_seen: dict[str, int] = {}  # random mode: draws keyed by prompt and repeat, not arrival order
         self.verdict: str | None = None  # "Yes"/"No" for every rubric; None: Yes for rubrics 1 and 3
+        # A request asking for logprobs gets these first-token probabilities (token -> probability), from the
+        # request; None answers without logprobs, as a hosted judge that ignores the parameter does.
+        self.first_token_probabilities: Callable[[dict[str, Any]], dict[str, float]] | None = None
         self.delay_s = delay_s
         self.in_flight = 0
         self.max_in_flight = 0
@@ -141,6 +146,12 @@ class FakeOpenAI:
                         self._send(500, {"error": {"message": "injected failure", "type": "server_error"}})
                         return
                     content = fake._answer(request, behaviour)
+                    logprobs = None
+                    if request.get("logprobs") and fake.first_token_probabilities is not None:
+                        probabilities = fake.first_token_probabilities(request)
+                        content = max(probabilities, key=probabilities.__getitem__)
+                        top = [{"token": t, "logprob": math.log(p), "bytes": None} for t, p in probabilities.items()]
+                        logprobs = {"content": [{**top[list(probabilities).index(content)], "top_logprobs": top}]}
                     self._send(
                         200,
                         {
@@ -153,6 +164,7 @@ class FakeOpenAI:
                                     "index": 0,
                                     "finish_reason": "stop",
                                     "message": {"role": "assistant", "content": content},
+                                    "logprobs": logprobs,
                                 }
                             ],
                             "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},

@@ -56,6 +56,10 @@ def test_clear_errors_for_unknown_env_missing_run_and_bad_step(tmp_path):
     assert bad_reward.exit_code != 0 and "choose one of: match, judge, ruler" in flat(bad_reward.output)
     judge_alone = runner.invoke(app, ["train", "email", "--judge", "openai/o4-mini"])
     assert judge_alone.exit_code != 0 and "--judge needs --reward judge or --reward ruler" in flat(judge_alone.output)
+    unjudged = runner.invoke(app, ["train", "2048", "--judge-readout", "json"])
+    assert unjudged.exit_code != 0 and "has no judged reward" in flat(unjudged.output)
+    bad_readout = runner.invoke(app, ["train", "rubric", "--judge-readout", "logits"])
+    assert bad_readout.exit_code != 0 and "must be one of: json, probabilities" in flat(bad_readout.output)
 
 
 def test_a_pipelined_backend_service_refuses_a_spin_it_cannot_bound(tmp_path, monkeypatch):

@@ -9,22 +9,12 @@ import pytest
 import agentrl
 from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.cli import app
+from agentrl.judges.examples import JudgeExample, examples_from_groups, load_examples, write_examples
 from agentrl.judges.ruler import scores_schema
-from agentrl.judges.training import (
-    JudgeExample,
-    agreement_reward,
-    examples_from_groups,
-    judge_histories,
-    load_examples,
-    train_judge,
-    train_judge_rl,
-    trained_judge,
-    write_examples,
-)
-from agentrl.tracking import read_metrics
+from agentrl.judges.training import agreement_reward, judge_histories, train_judge, train_judge_rl, trained_judge
+from agentrl_environments.larger_number.judge_data import RUBRIC, judge_examples
 from agentrl_environments.larger_number.task import rollout, scenarios
 from agentrl_environments.training import judge_option
-from benchmarks.judge_training import RUBRIC, labelled_groups
 from tests.helpers import flat, make_run, runner
 
 
@@ -144,6 +134,11 @@ def test_a_trained_judge_is_named_by_its_run_and_refused_where_it_cannot_judge(t
     assert (judge.project, judge.name, judge.lora.rank, judge.lora.alpha) == ("judges", "fair", 4, 8)
     assert judge.run_dir.resolve() == store.root.parent.resolve()
     assert trained_judge("run:judges/fair", base_path=tmp_path, base_model="smollm2-135m-instruct").name == "fair"
+    # A judge is read the way it was trained to answer (recorded in its run; "json" before agentrl recorded it).
+    assert trained_judge("run:fair", base_path=tmp_path, base_model="smollm2-135m-instruct", readout="json")
+    (tmp_path / "judges" / "fair" / "judge.json").write_text('{"readout": "probabilities"}')
+    with pytest.raises(agentrl.ConfigurationError, match="readout 'probabilities'.*--judge-readout probabilities"):
+        trained_judge("run:fair", base_path=tmp_path, base_model="smollm2-135m-instruct", readout="json")
     with pytest.raises(agentrl.ConfigurationError, match="trained on base model 'smollm2-135m-instruct'.*Qwen"):
         trained_judge("run:fair", base_path=tmp_path, base_model="Qwen/Qwen2.5-3B-Instruct")
     assert judge_option("openai/o4-mini", base_path=str(tmp_path), base_model="m", ruler=False) == "openai/o4-mini"
@@ -174,40 +169,46 @@ def test_judge_examples_and_judge_train_commands_take_a_run_and_refuse_bad_files
 
 
 @pytest.mark.slow
-async def test_a_judge_trained_beside_the_policy_changes_its_held_out_agreement_and_judges_a_step(served_model):
+async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_and_judges_a_step(served_model):
     judge = agentrl.TrainableModel(name="judge", project="tests", base_path=str(served_model.base_path))
     await judge.register(served_model.backend)
-    # A short rubric keeps each demonstration short (SFT time); the judge is asked with the same one.
-    judging = {"rubric": RUBRIC, "extra_litellm_params": {"max_tokens": 200, "temperature": 0.0}}
-    settings = {"permutations": 1, "repeats": 0, **judging}
-    held_out = labelled_groups("test", 6, seed=2)
-    before = await agentrl.check_judge(held_out, judge, **settings)
-    examples = examples_from_groups(labelled_groups("train", 16, seed=1), rubric=RUBRIC)
-    result = await train_judge(judge, examples, agentrl.SFTConfig(epochs=1, batch_size=8, learning_rate=2e-3))
-    assert result.step == 1 and await judge.get_step() == 1
-    # Then RL on agreement: the judge's own sampled answers, rewarded by how they order the labels.
-    (rl,) = await train_judge_rl(judge, examples, steps=1, examples_per_step=4, samples_per_example=4, max_tokens=200)
-    assert rl.metrics["num_trajectories"] == 16 and 0.0 <= rl.metrics["reward_mean"] <= 1.0
-    recorded = [m for m in read_metrics(judge.run_dir) if m.get("split") == "train"][-1]
-    assert recorded["judge_answer_parsed"] > 0.5, "the judge answers in RULER's schema after its SFT"
-    after = await agentrl.check_judge(held_out, judge, **settings)
-    print(
-        f"\ntrained judge, held-out pairwise accuracy {before.pairwise_accuracy.value:.2f} -> "
-        f"{after.pairwise_accuracy.value:.2f}, mean score by position {before.position_mean_score} -> "
-        f"{after.position_mean_score}, failed calls {before.failed_calls} -> {after.failed_calls} of {after.calls}, "
-        f"RL agreement {rl.metrics['reward_mean']:.2f}{' (skipped: no variance)' if rl.skipped else ''}, "
-        f"RL answers parsed {recorded['judge_answer_parsed']:.2f}"
-    )
-    # Greedy judging is deterministic, so whatever moved, the adapter moved it (the untrained judge
-    # ties or fails; benchmarks/judge_training.py follows accuracy further).
-    judged_before = (before.pairwise_accuracy.value, before.position_mean_score, before.failed_calls)
-    assert (after.pairwise_accuracy.value, after.position_mean_score, after.failed_calls) != judged_before
-    assert after.failed_calls == 0, "the trained judge answers in RULER's format"
+    held_out = [e.group() for e in judge_examples("test", 8, seed=2)]  # questions the judge never trains on
 
-    # `--judge run:tests/judge` names this judge: the same run, served at its trained step.
-    named = judge_option(
-        "run:tests/judge", base_path=str(served_model.base_path), base_model=served_model.base_model, ruler=True
+    async def right_answers_score() -> float:
+        """The mean score the judge gives the right answer of a held-out question (its pair's other half: 1 - it)."""
+        judged = [await agentrl.ruler_score_group(g, judge, readout="probabilities", audit=None) for g in held_out]
+        right = [t.reward for g in judged for t in g.trajectories if t.metrics["independent_reward"] == 1.0]
+        assert all(t.metrics["judge_read_from_probabilities"] == 1.0 for g in judged for t in g.trajectories)
+        return sum(right) / len(right)
+
+    before = await right_answers_score()
+    examples = judge_examples("train", 48, seed=1)
+    config = agentrl.SFTConfig(epochs=1, batch_size=8, learning_rate=2e-3)
+    result = await train_judge(judge, examples, config, readout="probabilities")
+    assert result.step == 1
+    assert result.metrics["trained_tokens"] == result.metrics["num_sequences"] == 8, "one loss token each: the decision"
+    # Then RL on agreement: the judge samples its one-token decision on a pair and is rewarded by the labels.
+    (rl,) = await train_judge_rl(
+        judge, examples, steps=1, examples_per_step=4, samples_per_example=4, readout="probabilities"
     )
+    assert rl.metrics["num_trajectories"] == 16 and 0.0 <= rl.metrics["reward_mean"] <= 1.0
+    after = await right_answers_score()
+    report = await agentrl.check_judge(held_out, judge, permutations=1, repeats=0, readout="probabilities")
+    print(
+        f"\ndecision-trained judge: held-out right answer's score {before:.3f} -> {after:.3f}, pairwise accuracy "
+        f"{report.pairwise_accuracy.value:.2f}, rank flips {report.order_rank_flip_rate:.2f}, "
+        f"RL agreement {rl.metrics['reward_mean']:.2f}"
+    )
+    assert report.readout == "probabilities" and report.failed_calls == 0
+    # Each held-out question's two answers are scored p and 1 - p; the decision training moves p toward the
+    # right one (greedy readout is deterministic: whatever moved, the adapter moved).
+    assert after > before + 0.02
+
+    # `--judge run:tests/judge` names this judge, read the way it was trained; asked for JSON, it is refused.
+    spec = {"base_path": str(served_model.base_path), "base_model": served_model.base_model, "ruler": True}
+    with pytest.raises(agentrl.ConfigurationError, match="trained to answer with readout 'probabilities'"):
+        judge_option("run:tests/judge", readout="json", **spec)
+    named = judge_option("run:tests/judge", readout="probabilities", **spec)
     assert isinstance(named, agentrl.TrainableModel) and named.run_dir.resolve() == judge.run_dir.resolve()
     await named.register(served_model.backend)  # already served here: registering returns its step
     trained_step = await judge.get_step()
@@ -217,9 +218,12 @@ async def test_a_judge_trained_beside_the_policy_changes_its_held_out_agreement_
     await policy.register(served_model.backend)  # a fresh policy: its attempts still disagree
     groups = await agentrl.gather_trajectory_groups(
         [agentrl.TrajectoryGroup(rollout(policy, s) for _ in range(4)) for s in scenarios("train", 4, seed=31)],
-        after_each=lambda g: agentrl.ruler_score_group(g, named, audit=None, swallow_exceptions=True, **judging),
+        after_each=lambda g: agentrl.ruler_score_group(
+            g, named, readout="probabilities", rubric=RUBRIC, swallow_exceptions=True
+        ),
         show_progress=False,
     )
     assert await judge.get_step() == trained_step, "the judge's adapter stays where it was trained while it judges"
+    assert all(t.metrics["judge_read_from_probabilities"] == 1.0 for g in groups for t in g.trajectories)
     step = await policy.train(groups, agentrl.TrainConfig(learning_rate=1e-5))
     assert not step.skipped and step.step == 1

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 judge_app = typer.Typer(no_args_is_help=True, help="Check an LLM judge before its scores become rewards; train one.")
 app.add_typer(judge_app, name="judge")
 BASE_JUDGE = "base"
+READOUT_OPTION = typer.Option(
+    "probabilities",
+    help="how the judge's decisions are read: probabilities (one token per pair of attempts, both orders, where "
+    "the judge returns logprobs; else JSON) or json (RULER's sampled scores and explanations)",
+)
 JUDGES_OPTION = typer.Option(  # a list option: one shared default object, not a call per signature
     None,
     help="litellm model id (openai/o4-mini, ...), 'base' (the run's base model, served locally, the default) or "
@@ -41,6 +46,7 @@ def judge_check(
     permutations: int = typer.Option(2, min=1, help="shuffled orders per group (order sensitivity, position bias)"),
     repeats: int = typer.Option(1, min=0, help="identical calls per group (repeatability)"),
     max_tokens: int = typer.Option(1024, help="the judge's max_tokens per call"),
+    readout: str = READOUT_OPTION,
     base_path: str = typer.Option(DEFAULT_BASE_PATH, help="root folder of runs"),
 ) -> None:
     """Judge a run's recorded groups with RULER as recorded, shuffled and repeated: agreement with the
@@ -54,13 +60,16 @@ def judge_check(
         groups, per_step = recorded_groups(info.path, split=split, max_groups=max_groups)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
-    from agentrl.judges.training import RUN_PREFIX, trained_judge_run
+    from agentrl.judges.readout import READOUTS
+    from agentrl.judges.training import RUN_PREFIX, check_same_readout, trained_judge_run
 
+    if readout not in READOUTS:
+        raise typer.BadParameter(f"--readout must be one of: {', '.join(READOUTS)}")
     if any(j == BASE_JUDGE or j.startswith(RUN_PREFIX) for j in judge) and not info.steps:
         raise typer.BadParameter(f"run {info.label} has no checkpoint to read its base model from; pass --judge MODEL")
     for spec in [j for j in judge if j.startswith(RUN_PREFIX)]:
-        try:
-            trained_judge_run(spec, base_path)  # before any server starts: a judge that is not there is named now
+        try:  # before any server starts: a judge that is not there, or answers another way, is named now
+            check_same_readout(trained_judge_run(spec, base_path)[0], readout)
         except ConfigurationError as error:
             raise typer.BadParameter(str(error)) from error
     typer.echo(f"judging {len(groups)} group(s) of {info.label} ({split}) with {', '.join(judge)} ...")
@@ -74,6 +83,7 @@ def judge_check(
             permutations=permutations,
             repeats=repeats,
             max_tokens=max_tokens,
+            readout=readout,
         )
     )
     typer.echo(table(reports))
@@ -82,7 +92,7 @@ def judge_check(
 
 
 async def _check_judges(
-    info: RunInfo, groups: list[TrajectoryGroup], judges: list[str], per_step: int, base_path: str, **settings: int
+    info: RunInfo, groups: list[TrajectoryGroup], judges: list[str], per_step: int, base_path: str, **settings: Any
 ) -> list[JudgeCheckReport]:
     """One report per judge; 'base' starts the run's base model on a local vLLM server for the check,
     and `run:NAME` loads a trained judge's adapter on it."""
@@ -119,6 +129,7 @@ async def _check_judges(
                     repeats=settings["repeats"],
                     groups_per_step=per_step,
                     extra_litellm_params={"max_tokens": settings["max_tokens"]},
+                    readout=settings["readout"],
                 )
             )
         return reports
@@ -138,8 +149,8 @@ def judge_examples(
     """Write labelled judge examples from a run's recorded groups: each group whose attempts scored
     differently on the verifiable reward (`independent_reward` where a judge replaced it), for `judge train`."""
     from agentrl.judges.check_report import recorded_groups
+    from agentrl.judges.examples import examples_from_groups, write_examples
     from agentrl.judges.ruler import DEFAULT_RUBRIC
-    from agentrl.judges.training import examples_from_groups, write_examples
 
     info = resolve_run_option(run, base_path)
     try:
@@ -159,7 +170,7 @@ def judge_examples(
 @judge_app.command("train")
 def judge_train(
     name: str = typer.Argument(..., help="the judge's run name (under PROJECT, 'judges'); an existing run trains on"),
-    examples: str = typer.Option(..., help="JSONL of labelled judge examples (agentrl.judges.training.JudgeExample)"),
+    examples: str = typer.Option(..., help="JSONL of labelled judge examples (agentrl.judges.examples.JudgeExample)"),
     held_out: str | None = typer.Option(None, help="JSONL of held-out examples: the judge is checked before and after"),
     project: str = typer.Option("judges", help="the judge run's project"),
     base_model: str = typer.Option(
@@ -171,12 +182,16 @@ def judge_train(
     rl_steps: int = typer.Option(0, min=0, help="then GRPO steps rewarded by agreement with the labels"),
     rl_learning_rate: float = typer.Option(1e-4, help="learning rate of the RL steps"),
     max_tokens: int = typer.Option(256, help="the judge's max_tokens per answer (RL and the check)"),
+    readout: str = READOUT_OPTION,
     base_path: str = typer.Option(DEFAULT_BASE_PATH, help="root folder of runs"),
 ) -> None:
     """Train a RULER judge on labelled examples (SFT, then optionally RL on agreement), on a local backend,
     checking it on held-out examples before and after; judge with it by `--judge run:NAME`."""
-    from agentrl.judges.training import load_examples
+    from agentrl.judges.examples import load_examples
+    from agentrl.judges.readout import READOUTS
 
+    if readout not in READOUTS:
+        raise typer.BadParameter(f"--readout must be one of: {', '.join(READOUTS)}")
     for path in [examples, held_out]:
         if path is not None and not Path(path).is_file():
             raise typer.BadParameter(f"no examples file at {path} (JSONL, one judge example a line)")
@@ -205,6 +220,7 @@ def judge_train(
                 rl_steps=rl_steps,
                 rl_learning_rate=rl_learning_rate,
                 max_tokens=max_tokens,
+                readout=readout,
             )
         )
     except ConfigurationError as error:
@@ -230,6 +246,7 @@ async def _train_judge(
         "permutations": 1,
         "repeats": 0,
         "extra_litellm_params": {"max_tokens": settings["max_tokens"], "temperature": 0.0},
+        "readout": settings["readout"],
     }
 
     async def held_out(when: str) -> None:
@@ -247,7 +264,9 @@ async def _train_judge(
         await held_out("before")
         if settings["epochs"]:
             config = agentrl.SFTConfig(epochs=settings["epochs"], learning_rate=settings["learning_rate"])
-            result = await train_judge(judge, train_examples, config, orders=settings["orders"])
+            result = await train_judge(
+                judge, train_examples, config, orders=settings["orders"], readout=settings["readout"]
+            )
             typer.echo(f"SFT -> step {result.step}, loss {result.metrics.get('sft_loss', float('nan')):.4f}")
         if settings["rl_steps"]:
             results = await train_judge_rl(
@@ -256,6 +275,7 @@ async def _train_judge(
                 agentrl.TrainConfig(learning_rate=settings["rl_learning_rate"]),
                 steps=settings["rl_steps"],
                 max_tokens=settings["max_tokens"],
+                readout=settings["readout"],
             )
             for r in results:
                 typer.echo(
@@ -267,4 +287,5 @@ async def _train_judge(
     spec = name if project == JUDGE_PROJECT else f"{project}/{name}"
     typer.echo(
         f"judge run: {judge.run_dir.resolve()}\njudge with it: agentrl train ... --reward ruler --judge {RUN_PREFIX}{spec}"
+        + (f" --judge-readout {settings['readout']}" if settings["readout"] != "probabilities" else "")
     )

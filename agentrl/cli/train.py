@@ -42,6 +42,11 @@ def train(
         help="litellm model id for a judged reward, or run:NAME for a judge trained with `agentrl judge train` "
         "(default: the base model, served locally)",
     ),
+    judge_readout: str | None = typer.Option(
+        None,
+        help="how RULER rewards read the judge: probabilities (the default: one token per pair of attempts, both "
+        "orders, where the judge returns logprobs, else JSON) or json (sampled scores and explanations)",
+    ),
     tasks: str | None = typer.Option(None, help="your task file, where the environment takes one (rubric: JSONL)"),
     weave: str | None = typer.Option(None, help="trace every rollout into this Weave project (entity/project)"),
     max_steps_off_policy: int | None = typer.Option(
@@ -52,6 +57,27 @@ def train(
 
     Metrics also go to W&B when WANDB_API_KEY is set (WANDB_MODE=offline works without a network)."""
     entry = _entry(env)
+    choice = _judging(env, entry, reward, judge, judge_readout)
+    if tasks is not None:
+        if not entry.takes_tasks:
+            taking = ", ".join(e for e in environment_names() if load_environment(e).takes_tasks)
+            raise typer.BadParameter(f"environment {env!r} has its own tasks; --tasks applies to: {taking}")
+        if not Path(tasks).is_file():
+            raise typer.BadParameter(f"no task file at {tasks}")
+        choice["tasks"] = tasks
+    if weave is not None:
+        from agentrl.weave_tracing import enable_weave
+
+        enable_weave(weave)
+    choice.update(_pipelining(max_steps_off_policy))
+    asyncio.run(entry.run(preset, steps, model, name=name or entry.default_name, base_path=base_path, **choice))
+
+
+def _judging(
+    env: str, entry: EnvironmentCommands, reward: str | None, judge: str | None, judge_readout: str | None
+) -> dict[str, Any]:
+    """The run's reward, judge and judge readout as `run(...)` takes them; BadParameter where the environment
+    does not offer what was asked."""
     choice: dict[str, Any] = {}
     if reward is not None or judge is not None:
         offering = ", ".join(e for e in environment_names() if load_environment(e).rewards)
@@ -66,19 +92,16 @@ def train(
         if judge is not None and (reward or entry.rewards[0]) not in entry.judged_rewards:
             raise typer.BadParameter(f"--judge needs {' or '.join(f'--reward {r}' for r in entry.judged_rewards)}")
         choice = {"reward": reward, "judge": judge}
-    if tasks is not None:
-        if not entry.takes_tasks:
-            taking = ", ".join(e for e in environment_names() if load_environment(e).takes_tasks)
-            raise typer.BadParameter(f"environment {env!r} has its own tasks; --tasks applies to: {taking}")
-        if not Path(tasks).is_file():
-            raise typer.BadParameter(f"no task file at {tasks}")
-        choice["tasks"] = tasks
-    if weave is not None:
-        from agentrl.weave_tracing import enable_weave
+    if judge_readout is not None:
+        from agentrl.judges.readout import READOUTS
 
-        enable_weave(weave)
-    choice.update(_pipelining(max_steps_off_policy))
-    asyncio.run(entry.run(preset, steps, model, name=name or entry.default_name, base_path=base_path, **choice))
+        if judge_readout not in READOUTS:
+            raise typer.BadParameter(f"--judge-readout must be one of: {', '.join(READOUTS)}")
+        if not entry.judged_rewards:
+            judged = ", ".join(e for e in environment_names() if load_environment(e).judged_rewards)
+            raise typer.BadParameter(f"environment {env!r} has no judged reward; --judge-readout applies to: {judged}")
+        choice["judge_readout"] = judge_readout
+    return choice
 
 
 def _pipelining(max_steps_off_policy: int | None) -> dict[str, Any]:

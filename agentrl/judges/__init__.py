@@ -4,9 +4,10 @@ checking a judge, auditing it while it trains, and training one."""
 from agentrl.judges.audit import JudgeAudit
 from agentrl.judges.call import JudgeLimiter
 from agentrl.judges.check import JudgeCheckReport, check_judge
+from agentrl.judges.examples import JudgeExample
 from agentrl.judges.rubric import RubricJudgement, RubricTask, judge_rubrics, load_rubric_tasks, rubric_rollout
 from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler, ruler_score_group
-from agentrl.judges.training import JudgeExample, train_judge, train_judge_rl
+from agentrl.judges.training import train_judge, train_judge_rl
 
 __all__ = [
     "DEFAULT_RUBRIC",

@@ -109,6 +109,17 @@ def audit_judgements(
     )
 
 
+def pair_audit_metrics(
+    order_metrics: dict[str, float], scores_G: Sequence[float], independent_G: Sequence[float]
+) -> dict[str, float]:
+    """The audit of a group judged pair by pair in both orders (`agentrl.judges.pairwise`): its pairs' flip and
+    first-position rates (chance 0.5), and Kendall's tau with the independent reward where that varies."""
+    metrics = {"judge_audited": 1.0, **order_metrics, "judge_first_position_chance": 0.5}
+    if len(set(independent_G)) > 1:
+        metrics["judge_independent_tau"] = kendall_tau_b(list(independent_G), list(scores_G))
+    return metrics
+
+
 def debiased_scores(judgements: Sequence[tuple[Sequence[int], Sequence[float]]], size: int) -> list[float]:
     """The mean score of each trajectory over judgements in several orders ((order, scores as shown)),
     so no position's bias falls on one trajectory."""

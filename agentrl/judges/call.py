@@ -205,7 +205,7 @@ async def structured_judge_call(
     """Ask, parse into `schema_model`, `validate` (which may repair or raise InvalidJudgeAnswer); retry.
     `max_items` bounds every list in a local judge's answer to 1..max_items items (see `LOCAL_ROUTES`)."""
     route = litellm_params(judge_model)
-    local = route["model"].startswith(LOCAL_ROUTES)  # unpriced: asking litellm's price map only prints its errors
+    local = route["model"].startswith(LOCAL_ROUTES)
     params = {
         **route,
         "messages": messages,
@@ -215,6 +215,29 @@ async def structured_judge_call(
         "max_retries": 0,  # retries are ours alone: bounded, and counted in the limiter
         **checked_extra_params(route["model"], extra_litellm_params or {}),
     }
+
+    def read(response: Any) -> Any:
+        try:
+            return validate(schema_model.model_validate(parse_json_object(_content_of(response))))
+        except ValidationError as error:
+            raise InvalidJudgeAnswer(f"the judge's answer does not match the schema: {error}") from error
+
+    return await retried_judge_call(params, read, limiter=limiter, max_attempts=max_attempts)
+
+
+async def retried_judge_call(
+    params: dict[str, Any],
+    read: Callable[[Any], Any],
+    *,
+    limiter: JudgeLimiter | None = None,
+    max_attempts: int = 3,
+    give_up_on: tuple[type[Exception], ...] = (),
+) -> JudgeCall:
+    """`litellm.acompletion(**params)`, its response turned into an answer by `read` (which raises
+    InvalidJudgeAnswer for an unusable one), retried a bounded number of times under `limiter`; a greedy
+    judge's retry after an unusable answer samples. `give_up_on`: exceptions of `read` passed to the
+    caller as they are, at once (not a judge failure). Anything else left after the retries: JudgeError."""
+    local = params["model"].startswith(LOCAL_ROUTES)  # unpriced: asking litellm's price map only prints its errors
     limiter = limiter or DEFAULT_LIMITER
     limiter.calls += 1
     started = time.perf_counter()
@@ -252,14 +275,12 @@ async def structured_judge_call(
                     if not local and (price := _price(response)) is not None:
                         cost_usd = (cost_usd or 0.0) + price
                     try:
-                        parsed = schema_model.model_validate(parse_json_object(_content_of(response)))
-                        answer = validate(parsed)
-                    except ValidationError as error:
-                        last_invalid = True
-                        raise InvalidJudgeAnswer(f"the judge's answer does not match the schema: {error}") from error
+                        answer = read(response)
                     except InvalidJudgeAnswer:
                         last_invalid = True
                         raise
+    except give_up_on:
+        raise
     except Exception as error:
         limiter.failures += 1
         raise JudgeError(

@@ -35,6 +35,7 @@ from agentrl.judges.agreement import (
     rank_flip_rate,
 )
 from agentrl.judges.call import JudgeLimiter, litellm_params
+from agentrl.judges.readout import Readout, check_readout
 from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler
 from agentrl.model import JudgeModel
 from agentrl.trajectory import Trajectory, TrajectoryGroup
@@ -95,6 +96,9 @@ class JudgeCheckReport(BaseModel):
     """From litellm's price map; None where the judge has no price (a local server)."""
     groups_per_step: int
     usd_per_step: float | None
+    readout: str = "json"
+    """How the decisions were read: "json", "probabilities" (pair by pair from next-token probabilities, where
+    the position flips and bias are those of the pairs' two orders too), or "mixed" (some calls fell back)."""
 
 
 def reference_reward(trajectory: Trajectory) -> float:
@@ -188,8 +192,10 @@ async def check_judge(
     limiter: JudgeLimiter | None = None,
     max_attempts: int = 3,
     extra_litellm_params: dict[str, Any] | None = None,
+    readout: Readout = "json",
 ) -> JudgeCheckReport:
     """Judge `groups` with RULER as recorded, shuffled and repeated, and report agreement, bias and cost.
+    `readout="probabilities"` checks the judge as `ruler(..., readout="probabilities")` uses it.
 
     A group whose `metadata["rubric"]` is set (held-out judge examples) is judged with that rubric.
 
@@ -205,6 +211,7 @@ async def check_judge(
         "limiter": limiter,
         "max_attempts": max_attempts,
         "extra_litellm_params": extra_litellm_params,
+        "readout": check_readout(readout),
     }
     rng = random.Random(seed)
     calls_G = await asyncio.gather(
@@ -253,4 +260,11 @@ async def check_judge(
         usd_per_group=usd_per_group,
         groups_per_step=step_groups,
         usd_per_step=usd_per_group * step_groups if usd_per_group is not None else None,
+        readout=_readout_used([r.read_from_probabilities for r in results]),
     )
+
+
+def _readout_used(read_from_probabilities: list[bool]) -> str:
+    if read_from_probabilities and all(read_from_probabilities):
+        return "probabilities"
+    return "mixed" if any(read_from_probabilities) else "json"

@@ -11,6 +11,7 @@ Data: JSONL, one task a line, `{"task_id": ..., "prompt": ..., "rubrics": [...]}
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from agentrl.errors import JudgeError
 from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit
 from agentrl.judges.call import JudgeLimiter, structured_judge_call
+from agentrl.judges.readout import Readout, check_readout, decision_call, from_probabilities
 from agentrl.model import JudgeModel
 from agentrl.trajectory import Trajectory
 
@@ -30,6 +32,10 @@ RUBRIC_INSTRUCTIONS = """\
 You are a strict grader. Read the task and the response, then decide for each rubric whether the
 response satisfies it: "Yes" or "No", with a one-sentence rationale. Judge each rubric on its own.
 Answer with JSON only, one entry per rubric id."""
+VERDICT_INSTRUCTIONS = """\
+You are a strict grader. Read the task, the response and one rubric, then answer with one word:
+Yes if the response satisfies the rubric, No if it does not."""
+VERDICTS = ("Yes", "No")
 
 
 class RubricTask(BaseModel):
@@ -48,6 +54,8 @@ class RubricVerdict(BaseModel):
     rubric: str
     passed: bool
     rationale: str
+    probability: float | None = None
+    """Read from probabilities: the judge's P(Yes) among Yes and No (`passed` is P(Yes) >= 0.5)."""
 
 
 class RubricJudgement(BaseModel):
@@ -57,6 +65,9 @@ class RubricJudgement(BaseModel):
 
     @property
     def pass_rate(self) -> float:
+        """The share of rubrics passed; read from probabilities, the expected share (the mean P(Yes))."""
+        if all(v.probability is not None for v in self.verdicts):
+            return sum(v.probability or 0.0 for v in self.verdicts) / len(self.verdicts)
         return sum(v.passed for v in self.verdicts) / len(self.verdicts)
 
 
@@ -100,6 +111,50 @@ def rubric_prompt(prompt: str, response: str, rubrics: list[str]) -> list[dict[s
     return [{"role": "system", "content": RUBRIC_INSTRUCTIONS}, {"role": "user", "content": user}]
 
 
+def verdict_prompt(prompt: str, response: str, rubric: str) -> list[dict[str, str]]:
+    """One rubric asked on its own, answered Yes or No in one token (`readout="probabilities"`)."""
+    user = (
+        f"<task>\n{prompt}\n</task>\n<response>\n{response}\n</response>\n<rubric>\n{rubric}\n</rubric>\n"
+        "Does the response satisfy the rubric? Answer Yes or No."
+    )
+    return [{"role": "system", "content": VERDICT_INSTRUCTIONS}, {"role": "user", "content": user}]
+
+
+async def _verdicts_from_probabilities(
+    prompt: str,
+    response: str,
+    rubrics: list[str],
+    judge_model: JudgeModel,
+    limiter: JudgeLimiter | None,
+    max_attempts: int,
+    extra_litellm_params: dict[str, Any] | None,
+) -> RubricJudgement:
+    calls = await asyncio.gather(
+        *(
+            decision_call(
+                judge_model,
+                verdict_prompt(prompt, response, rubric),
+                VERDICTS,
+                limiter=limiter,
+                max_attempts=max_attempts,
+                extra_litellm_params=extra_litellm_params,
+            )
+            for rubric in rubrics
+        )
+    )
+    return RubricJudgement(
+        verdicts=[
+            RubricVerdict(
+                rubric=rubric,
+                passed=call.probabilities["Yes"] >= 0.5,
+                rationale=f"P(Yes) = {call.probabilities['Yes']:.3f} (read from probabilities)",
+                probability=call.probabilities["Yes"],
+            )
+            for rubric, call in zip(rubrics, calls)
+        ]
+    )
+
+
 async def judge_rubrics(
     prompt: str,
     response: str,
@@ -109,10 +164,24 @@ async def judge_rubrics(
     limiter: JudgeLimiter | None = None,
     max_attempts: int = 3,
     extra_litellm_params: dict[str, Any] | None = None,
+    readout: Readout = "json",
 ) -> RubricJudgement:
-    """Check every rubric about `response` in one judge call. Raises `JudgeError` when it cannot."""
+    """Check every rubric about `response` in one judge call. Raises `JudgeError` when it cannot.
+
+    `readout="probabilities"` asks each rubric on its own and reads P(Yes) from the judge's next-token
+    probabilities (no rationale sampled; the pass rate is then the mean P(Yes)) where the judge returns
+    logprobs, and reads JSON where it does not (logged once per judge)."""
     if not rubrics:
         raise ValueError("judge_rubrics needs at least one rubric")
+    if check_readout(readout) == "probabilities":
+        read = await from_probabilities(
+            judge_model,
+            lambda: _verdicts_from_probabilities(
+                prompt, response, rubrics, judge_model, limiter, max_attempts, extra_litellm_params
+            ),
+        )
+        if read is not None:
+            return read
     fields: dict[str, Any] = {f"rubric_{i}": (_RubricAnswer, ...) for i in range(1, len(rubrics) + 1)}
     schema = create_model("RubricAnswers", __config__=ConfigDict(extra="forbid"), **fields)
 
@@ -176,13 +245,15 @@ async def rubric_rollout(
     temperature: float = 1.0,
     limiter: JudgeLimiter | None = None,
     audit: JudgeAudit | None = DEFAULT_AUDIT,
+    readout: Readout = "json",
 ) -> Trajectory:
     """A ready rollout for rubric tasks: answer the prompt, judge it, reward = pass rate.
 
     Use with `gather_trajectory_groups(..., max_exception_rate=...)`: a failed judgement raises and
     the rollout is skipped and counted. `audit` (a quarter of responses by default; None for none)
     judges a sampled response's rubrics again in another order (`audit_rubrics`); the reward never
-    depends on it.
+    depends on it. With `readout="probabilities"` (`judge_rubrics`) each rubric is asked on its own, so
+    their order cannot matter and nothing is audited.
     """
     trajectory = Trajectory(
         messages_and_choices=[{"role": "user", "content": task.prompt}], metadata={"task_id": task.task_id}
@@ -196,10 +267,10 @@ async def rubric_rollout(
     choice = completion.choices[0]
     trajectory.messages_and_choices.append(choice)
     judgement = await judge_rubrics(
-        task.prompt, choice.message.content or "", task.rubrics, judge_model, limiter=limiter
+        task.prompt, choice.message.content or "", task.rubrics, judge_model, limiter=limiter, readout=readout
     )
     trajectory.reward = judgement.pass_rate
-    if audit is not None:
+    if audit is not None and judgement.verdicts[0].probability is None:
         content = choice.message.content or ""
         trajectory.metrics.update(
             await audit_rubrics(task.prompt, content, judgement, judge_model, audit, limiter=limiter)

@@ -17,14 +17,17 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from agentrl.errors import JudgeError
-from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit, audit_judgements, debiased_scores
+from agentrl.errors import ConfigurationError, JudgeError
+from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit, audit_judgements, debiased_scores, pair_audit_metrics
 from agentrl.judges.call import InvalidJudgeAnswer, JudgeLimiter, structured_judge_call
+from agentrl.judges.pairwise import judge_pairs
+from agentrl.judges.readout import Readout, check_readout, from_probabilities
 from agentrl.model import JudgeModel
 from agentrl.rl.ledger import group_tokens
 from agentrl.trajectory import RolloutException, TrajectoryGroup
@@ -69,6 +72,10 @@ class RulerResult:
     completion_tokens: int = 0
     cost_usd: float | None = None
     """From litellm's price map; None where the judge has no price (a local server)."""
+    read_from_probabilities: bool = False
+    """Scored pair by pair from next-token probabilities (`agentrl.judges.pairwise`), not from sampled JSON."""
+    order_metrics: dict[str, float] = field(default_factory=dict)
+    """Read from probabilities: the pairs' `judge_flip_rate` and `judge_first_position_rate`, measured for free."""
 
 
 def common_prefix_length(message_lists: list[list[dict[str, Any]]]) -> int:
@@ -130,10 +137,16 @@ async def ruler(
     max_attempts: int = 3,
     extra_litellm_params: dict[str, Any] | None = None,
     debug: bool = False,
+    readout: Readout = "json",
 ) -> RulerResult:
-    """Score message lists relative to each other in one judge call. Raises `JudgeError` when it cannot."""
+    """Score message lists relative to each other in one judge call. Raises `JudgeError` when it cannot.
+
+    `readout="probabilities"` scores them pair by pair from the judge's next-token probabilities
+    (`agentrl.judges.pairwise`, no explanations sampled) where the judge returns logprobs, and from JSON
+    where it does not (logged once per judge; `RulerResult.read_from_probabilities` says which)."""
     if not message_lists:
         raise ValueError("ruler needs at least one message list")
+    check_readout(readout)
     if all(m == message_lists[0] for m in message_lists[1:]) and len(message_lists) > 1:
         # Identical attempts deserve identical scores: judge one, copy it.
         single = await ruler(
@@ -145,9 +158,19 @@ async def ruler(
             max_attempts=max_attempts,
             extra_litellm_params=extra_litellm_params,
             debug=debug,
+            readout=readout,
         )
         n = len(message_lists)
         return replace(single, scores=single.scores * n, explanations=single.explanations * n)
+    if readout == "probabilities" and len(message_lists) > 1:
+        by_pairs = await from_probabilities(
+            judge_model,
+            lambda: _ruler_by_pairs(
+                message_lists, judge_model, rubric, tools, limiter, max_attempts, extra_litellm_params
+            ),
+        )
+        if by_pairs is not None:
+            return by_pairs
     schema = scores_schema(len(message_lists))
 
     def validate(answer: BaseModel) -> list[tuple[float, str]]:
@@ -179,6 +202,44 @@ async def ruler(
     )
 
 
+async def _ruler_by_pairs(
+    message_lists: list[list[dict[str, Any]]],
+    judge_model: JudgeModel,
+    rubric: str,
+    tools: list[dict[str, Any]] | None,
+    limiter: JudgeLimiter | None,
+    max_attempts: int,
+    extra_litellm_params: dict[str, Any] | None,
+) -> RulerResult:
+    shared = common_prefix_length(message_lists)
+    started = time.perf_counter()
+    judged = await judge_pairs(
+        message_lists[0][:shared],
+        [m[shared:] for m in message_lists],
+        judge_model,
+        rubric=rubric,
+        tools=tools,
+        limiter=limiter,
+        max_attempts=max_attempts,
+        extra_litellm_params=extra_litellm_params,
+    )
+    costs = [c.cost_usd for c in judged.calls if c.cost_usd is not None]
+    others = len(message_lists) - 1
+    return RulerResult(
+        scores=judged.scores,
+        explanations=[
+            f"preferred in {s * others:.2f} of {others} comparisons (read from probabilities)" for s in judged.scores
+        ],
+        attempts=sum(c.attempts for c in judged.calls),
+        latency_s=time.perf_counter() - started,  # the pairs are asked concurrently
+        prompt_tokens=sum(c.prompt_tokens for c in judged.calls),
+        completion_tokens=sum(c.completion_tokens for c in judged.calls),
+        cost_usd=sum(costs) if costs else None,
+        read_from_probabilities=True,
+        order_metrics={"judge_flip_rate": judged.flip_rate, "judge_first_position_rate": judged.first_position_rate},
+    )
+
+
 async def ruler_score_group(  # noqa: C901 - over the limit when the rule came on; split it when next changed
     group: TrajectoryGroup,
     judge_model: JudgeModel,
@@ -191,8 +252,14 @@ async def ruler_score_group(  # noqa: C901 - over the limit when the rule came o
     max_attempts: int = 3,
     audit: JudgeAudit | None = DEFAULT_AUDIT,
     permutations: int = 1,
+    readout: Readout = "json",
 ) -> TrajectoryGroup:
     """A copy of `group` whose rewards are RULER's scores (old rewards kept as `independent_reward`).
+
+    `readout="probabilities"` reads the judge's decisions from its next-token probabilities, every pair in
+    both orders (`ruler`); its audit metrics (flip rate and first-position rate over the pairs) then come
+    with every group at no extra call, and `metrics["judge_read_from_probabilities"]` says whether the
+    judge returned logprobs (1) or was read from JSON (0).
 
     `permutations` > 1 is debiased RULER: the group is judged in that many orders (its own and shuffled
     ones) and each trajectory's reward is its mean score, so a judge's position bias falls on no one.
@@ -210,6 +277,11 @@ async def ruler_score_group(  # noqa: C901 - over the limit when the rule came o
         return group
     if permutations < 1:
         raise ValueError(f"permutations must be at least 1, got {permutations}")
+    if permutations > 1 and check_readout(readout) == "probabilities":
+        raise ConfigurationError(
+            f"permutations={permutations} with readout='probabilities': every pair is already judged in both "
+            "orders; leave permutations at 1"
+        )
     message_lists = [t.messages() for t in group.trajectories]
     size, key = len(message_lists), json.dumps(message_lists, sort_keys=True, default=str)
     shuffler = audit or JudgeAudit(fraction=0.0)
@@ -229,6 +301,7 @@ async def ruler_score_group(  # noqa: C901 - over the limit when the rule came o
             max_attempts=max_attempts,
             extra_litellm_params=extra_litellm_params,
             debug=debug,
+            readout=readout,
         )
 
     try:
@@ -243,7 +316,12 @@ async def ruler_score_group(  # noqa: C901 - over the limit when the rule came o
     explanations = results[0].explanations
     audit_metrics: dict[str, float] = {}
     audit_tokens = 0
-    if audited:
+    # The reward the rollout set, or the check it kept aside for a judge to be measured against.
+    independent_G = [t.metrics.get("independent_reward", t.reward) for t in group.trajectories]
+    if results[0].order_metrics and audit is not None and distinct:  # both orders of every pair: audited already
+        audited = False
+        audit_metrics = pair_audit_metrics(results[0].order_metrics, scores_G, independent_G)
+    elif audited:
         if permutations == 1:
             try:
                 results.append(await judged_in(orders[1]))
@@ -251,8 +329,6 @@ async def ruler_score_group(  # noqa: C901 - over the limit when the rule came o
             except JudgeError as error:  # the audit is a measurement: its failure costs the group nothing
                 logger.info("the audit's second judgement failed; this group is not audited: %s", error)
         if len(results) > 1:
-            # The reward the rollout set, or the check it kept aside for a judge to be measured against.
-            independent_G = [t.metrics.get("independent_reward", t.reward) for t in group.trajectories]
             audit_metrics = audit_judgements(results[0].scores, orders[1], results[1].scores, independent_G).metrics()
     tokens = sum(r.prompt_tokens + r.completion_tokens for r in results)
     costs = [r.cost_usd for r in results if r.cost_usd is not None]
@@ -262,6 +338,7 @@ async def ruler_score_group(  # noqa: C901 - over the limit when the rule came o
         "judge_tokens": tokens / size,  # a share per trajectory: a step's mean times its trajectories is the total
         **({"judge_audit_tokens": audit_tokens / size} if audited else {}),
         **({"judge_cost_usd": sum(costs) / size} if costs else {}),
+        **({"judge_read_from_probabilities": float(results[0].read_from_probabilities)} if readout != "json" else {}),
         **audit_metrics,
     }
     judged = []

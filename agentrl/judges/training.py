@@ -12,6 +12,11 @@ whose groups kept a check makes them (`examples_from_groups`; a RULER run keeps 
   constrained format) and GRPO rewards each answer by how many of the label's pairs it orders the
   same way, so the reward sits on the decision and not on the format.
 
+With `readout="probabilities"` both train the decision alone, as `ruler(..., readout="probabilities")`
+reads it: each pair of attempts whose labels differ, in both orders, answered by one token (A or B).
+SFT's loss is on that token only (no explanation, no end-of-turn token); RL samples that one token and
+rewards agreement with the labels' order of the pair.
+
 Check the result with `check_judge` on held-out examples (`JudgeExample.group`) before it judges a
 policy. `agentrl judge train NAME --examples FILE` does both from the command line, and
 `--judge run:NAME` then judges with it (`trained_judge`): another model on the policy's backend,
@@ -25,14 +30,14 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from agentrl.errors import ConfigurationError
 from agentrl.files import write_text_atomic
 from agentrl.judges.agreement import pair_counts
 from agentrl.judges.call import InvalidJudgeAnswer, parse_json_object, response_format
-from agentrl.judges.check import reference_reward
-from agentrl.judges.ruler import DEFAULT_RUBRIC, ruler_prompt, scores_schema
+from agentrl.judges.decision_training import decision_choices, decision_histories, decision_rollout, ordered_pairs
+from agentrl.judges.examples import JudgeExample
+from agentrl.judges.readout import Readout, check_readout
+from agentrl.judges.ruler import ruler_prompt, scores_schema
 from agentrl.trajectory import History, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -44,76 +49,26 @@ JUDGE_PROJECT = "judges"
 """Where `agentrl judge train` keeps judge runs ({base_path}/judges/NAME)."""
 RUN_PREFIX = "run:"
 """`--judge run:NAME` (or run:PROJECT/NAME): a judge trained with agentrl."""
+READOUT_RECORD = "judge.json"
+"""In a judge's run folder: how it was trained to answer ({"readout": ...}), so it is read the same way."""
 
 
-class JudgeExample(BaseModel):
-    """One labelled judgement: attempts at one task and the score each deserves (its check)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    message_lists: list[list[dict[str, Any]]] = Field(min_length=2)
-    """The attempts, each the messages RULER would show (shared context first)."""
-    labels: list[float]
-    """The verifiable reward of each attempt, in [0, 1]: what the judge should score."""
-    rubric: str = DEFAULT_RUBRIC
-    tools: list[dict[str, Any]] | None = None
-    source: str = ""
-    """Where it came from (run and step), for the record."""
-
-    def model_post_init(self, _: Any) -> None:
-        if len(self.labels) != len(self.message_lists):
-            raise ValueError(f"{len(self.labels)} labels for {len(self.message_lists)} attempts: give one each")
-        if any(not 0.0 <= label <= 1.0 for label in self.labels):
-            raise ValueError(f"labels must lie in [0, 1] (RULER's scale), got {self.labels}")
-
-    def group(self) -> TrajectoryGroup:
-        """The attempts as a group with the labels as rewards and the rubric in its metadata, as
-        `check_judge` takes it (held-out examples measure a judge)."""
-        return TrajectoryGroup(
-            (
-                Trajectory(messages_and_choices=list(m), reward=label, tools=self.tools)
-                for m, label in zip(self.message_lists, self.labels)
-            ),
-            metadata={"rubric": self.rubric},
+def record_readout(judge: TrainableModel, readout: Readout) -> None:
+    """Note in the judge's run folder how it is trained to answer; a judge trained both ways is refused."""
+    path = judge.run_dir / READOUT_RECORD
+    before = recorded_readout(judge.run_dir) if path.exists() else readout
+    if before != readout:
+        raise ConfigurationError(
+            f"judge {judge.project}/{judge.name} was trained to answer with readout={before!r}; train it on "
+            f"with readout={before!r}, or train a new judge (another name) with readout={readout!r}"
         )
+    write_text_atomic(path, json.dumps({"readout": readout}) + "\n")
 
 
-def examples_from_groups(
-    groups: list[TrajectoryGroup], *, rubric: str = DEFAULT_RUBRIC, source: str = ""
-) -> list[JudgeExample]:
-    """Judge examples from groups that kept a verifiable reward (`independent_reward`, else `reward`),
-    clipped to [0, 1]; groups whose attempts all score alike teach no ordering and are left out."""
-    examples = []
-    for group in groups:
-        labels = [min(max(reference_reward(t), 0.0), 1.0) for t in group.trajectories]
-        if len(labels) < 2 or len(set(labels)) < 2:
-            continue
-        message_lists = [t.messages() for t in group.trajectories]
-        tools = group.trajectories[0].tools
-        examples.append(
-            JudgeExample(message_lists=message_lists, labels=labels, rubric=rubric, tools=tools, source=source)
-        )
-    return examples
-
-
-def write_examples(path: str | Path, examples: list[JudgeExample]) -> Path:
-    """Write examples as JSONL, atomically."""
-    path = Path(path)
-    write_text_atomic(path, "".join(e.model_dump_json() + "\n" for e in examples))
-    return path
-
-
-def load_examples(path: str | Path) -> list[JudgeExample]:
-    """Read a JSONL of examples; a bad line raises `ValueError` naming its file and line number."""
-    examples = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            examples.append(JudgeExample.model_validate_json(line))
-        except ValidationError as error:
-            raise ValueError(f"{path}:{number}: not a judge example: {error}") from error
-    return examples
+def recorded_readout(run_path: Path) -> Readout:
+    """How the judge in `run_path` was trained to answer ("json" for judges from before agentrl recorded it)."""
+    path = run_path / READOUT_RECORD
+    return check_readout(json.loads(path.read_text())["readout"]) if path.exists() else "json"
 
 
 def judgement_history(example: JudgeExample, order: list[int]) -> History:
@@ -148,6 +103,14 @@ def judge_histories(examples: list[JudgeExample], *, orders: int = 2, seed: int 
     return histories
 
 
+def _require(examples: list[JudgeExample]) -> None:
+    if not examples:
+        raise ValueError(
+            "no judge examples: build them with examples_from_groups from groups that kept a check "
+            "(their attempts must score differently)"
+        )
+
+
 async def train_judge(
     judge: TrainableModel,
     examples: list[JudgeExample],
@@ -155,17 +118,23 @@ async def train_judge(
     *,
     orders: int = 2,
     seed: int = 0,
+    readout: Readout = "json",
 ) -> TrainResult:
     """Teach a registered judge model (a `TrainableModel` on the policy's base model and backend) to
-    score like the labels, by SFT on `judge_histories`; returns the SFT step's result."""
+    score like the labels, by SFT on `judge_histories`; returns the SFT step's result.
+
+    `readout="probabilities"`: SFT on the decision alone (`decision_histories`: every differing pair in
+    both orders, the loss on its one answer token, shuffled with `seed`; `orders` does not apply)."""
     from agentrl.config import SFTConfig
 
-    if not examples:
-        raise ValueError(
-            "no judge examples: build them with examples_from_groups from groups that kept a check "
-            "(their attempts must score differently)"
-        )
-    return await judge.train_sft(judge_histories(examples, orders=orders, seed=seed), config or SFTConfig())
+    _require(examples)
+    record_readout(judge, check_readout(readout))
+    if readout == "probabilities":
+        histories = decision_histories(examples, await decision_choices(judge))
+        random.Random(seed).shuffle(histories)
+    else:
+        histories = judge_histories(examples, orders=orders, seed=seed)
+    return await judge.train_sft(histories, config or SFTConfig())
 
 
 def agreement_reward(labels: list[float], scores: list[float]) -> float:
@@ -214,30 +183,41 @@ async def train_judge_rl(
     samples_per_example: int = 4,
     max_tokens: int = 256,
     seed: int = 0,
+    readout: Readout = "json",
 ) -> list[TrainResult]:
     """GRPO on the judge itself: each step, `examples_per_step` examples (walking through them from the
     judge's current step, each in a fresh shuffled order) answered `samples_per_example` times at
-    temperature 1, rewarded by agreement with the labels; returns each step's result."""
+    temperature 1, rewarded by agreement with the labels; returns each step's result.
+
+    `readout="probabilities"`: each example gives one pair whose labels differ, in a random order, and the
+    judge samples its one-token decision (`decision_rollout`); `max_tokens` does not apply."""
     from agentrl.config import TrainConfig
     from agentrl.gather import gather_trajectory_groups
 
-    if not examples:
-        raise ValueError("no judge examples to train on (see examples_from_groups)")
+    by_pairs = check_readout(readout) == "probabilities"
+    examples = [e for e in examples if ordered_pairs(e)] if by_pairs else examples
+    _require(examples)
+    record_readout(judge, readout)
     results = []
     first = await judge.get_step()  # walk on from the judge's own step: calls in a row see new examples
     for step in range(first, first + steps):
         batch = [examples[(step * examples_per_step + k) % len(examples)] for k in range(examples_per_step)]
         rng = random.Random(f"{seed}-{step}")
-        orders = [rng.sample(range(len(e.message_lists)), len(e.message_lists)) for e in batch]
-        groups = await gather_trajectory_groups(
-            [
+        if by_pairs:
+            pairs = [rng.choice(ordered_pairs(e)) for e in batch]
+            unstarted = [
+                TrajectoryGroup(decision_rollout(judge, e, i, j) for _ in range(samples_per_example))
+                for e, (i, j) in zip(batch, pairs)
+            ]
+        else:
+            orders = [rng.sample(range(len(e.message_lists)), len(e.message_lists)) for e in batch]
+            unstarted = [
                 TrajectoryGroup(
                     judge_rollout(judge, e, order, max_tokens=max_tokens) for _ in range(samples_per_example)
                 )
                 for e, order in zip(batch, orders)
-            ],
-            desc=f"judge RL step {step + 1}",
-        )
+            ]
+        groups = await gather_trajectory_groups(unstarted, desc=f"judge RL step {step + 1}")
         results.append(await judge.train(groups, config or TrainConfig(learning_rate=1e-4)))
     return results
 
@@ -271,15 +251,30 @@ def check_same_base_model(info: RunInfo, adapter: dict[str, Any], base_model: st
         )
 
 
-def trained_judge(spec: str, *, base_path: str | Path, base_model: str) -> TrainableModel:
+def check_same_readout(info: RunInfo, readout: Readout) -> None:
+    """A judge is read the way it was trained to answer; ConfigurationError naming both ways otherwise."""
+    trained = recorded_readout(info.path)
+    if trained != readout:
+        raise ConfigurationError(
+            f"judge run {info.label} was trained to answer with readout {trained!r}, and is asked to judge with "
+            f"{readout!r}: judge with its own (--judge-readout {trained}), or train a judge with --readout {readout}"
+        )
+
+
+def trained_judge(
+    spec: str, *, base_path: str | Path, base_model: str, readout: Readout | None = None
+) -> TrainableModel:
     """The judge `--judge run:NAME` names (run:PROJECT/NAME; project "judges" by default): its run as a
     `TrainableModel` with the adapter's own shape. Register it on the policy's backend, where it is
-    served at its latest checkpoint; nothing trains it there, so its judgements stay those it was checked at."""
+    served at its latest checkpoint; nothing trains it there, so its judgements stay those it was checked at.
+    Given `readout`, a judge trained to answer another way is refused (`check_same_readout`)."""
     from agentrl.config import LoRAConfig
     from agentrl.model import TrainableModel
 
     info, adapter = trained_judge_run(spec, base_path)
     check_same_base_model(info, adapter, base_model)
+    if readout is not None:
+        check_same_readout(info, readout)
     lora = LoRAConfig(
         rank=int(adapter["r"]),
         alpha=int(adapter["lora_alpha"]),

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from agentrl.judges.check_report import recorded_groups
-from agentrl.judges.training import JudgeExample, examples_from_groups, write_examples
+from agentrl.judges.examples import JudgeExample, examples_from_groups, write_examples
 
 from .train import run
 

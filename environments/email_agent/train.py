@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import agentrl
 from agentrl import AfterEach, JudgeModel
+from agentrl.judges.readout import Readout
 
 from ..training import (
+    DEFAULT_READOUT,
     RunSummary,
     evaluate_base_and_checkpoint,
     judge_for,
@@ -38,12 +40,17 @@ async def warm_start(model: agentrl.TrainableModel, env: EmailEnvironment, examp
 REWARDS = ("match", "judge", "ruler")
 
 
-def ruler_rewards(model: agentrl.TrainableModel, judge: JudgeModel | None) -> AfterEach:
-    """Re-score each finished group with RULER; a group the judge cannot score is dropped, not guessed."""
+def ruler_rewards(model: agentrl.TrainableModel, judge: JudgeModel | None, readout: Readout) -> AfterEach:
+    """Re-score each finished group with RULER, reading the judge by `readout`; a group the judge cannot
+    score is dropped, not guessed."""
 
     async def score(group: agentrl.TrajectoryGroup) -> agentrl.TrajectoryGroup | None:
         return await agentrl.ruler_score_group(
-            group, judge_for(model, judge), swallow_exceptions=True, extra_litellm_params={"max_tokens": 1024}
+            group,
+            judge_for(model, judge),
+            swallow_exceptions=True,
+            extra_litellm_params={"max_tokens": 1024},
+            readout=readout,
         )
 
     return score
@@ -59,6 +66,7 @@ async def run(
     reward: str = "match",
     judge: str | None = None,
     max_steps_off_policy: int | None = None,
+    judge_readout: Readout = DEFAULT_READOUT,
 ) -> RunSummary:
     if reward not in REWARDS:
         raise ValueError(f"unknown reward {reward!r}; choose one of: {', '.join(REWARDS)}")
@@ -66,7 +74,9 @@ async def run(
     env = EmailEnvironment.load()
     train, test = env.data.split("train"), env.data.split("test")[:test_questions]
     model = agentrl.TrainableModel(name=name, project="email-agent", base_model=preset.base_model, base_path=base_path)
-    judge_model = judge_option(judge, base_path=base_path, base_model=preset.base_model, ruler=reward == "ruler")
+    judge_model = judge_option(
+        judge, base_path=base_path, base_model=preset.base_model, ruler=reward == "ruler", readout=judge_readout
+    )
 
     async def held_out(m: agentrl.Model) -> list[agentrl.Trajectory]:
         return await evaluate(m, test, env, preset)
@@ -92,7 +102,7 @@ async def run(
         evaluate=held_out,
         steps=preset.steps,
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
-        after_each=ruler_rewards(model, judge_model) if reward == "ruler" else None,
+        after_each=ruler_rewards(model, judge_model, judge_readout) if reward == "ruler" else None,
         warm_start=(lambda m: warm_start(m, env, preset.sft_examples)) if preset.sft_examples else None,
         max_steps_off_policy=max_steps_off_policy,
         judge=judge_model,

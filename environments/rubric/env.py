@@ -16,6 +16,7 @@ import agentrl
 from agentrl import AfterEach, JudgeModel
 from agentrl.judges import DEFAULT_RUBRIC
 from agentrl.judges.audit import DEFAULT_AUDIT
+from agentrl.judges.readout import Readout
 from agentrl.judges.rubric import audit_rubrics
 
 from ..training import judge_for
@@ -112,10 +113,15 @@ def task_rubric(task: InstructionTask) -> str:
 
 
 def ruler_rewards(
-    model: agentrl.TrainableModel, judge: JudgeModel | None, tasks: dict[str, InstructionTask], *, with_rubrics: bool
+    model: agentrl.TrainableModel,
+    judge: JudgeModel | None,
+    tasks: dict[str, InstructionTask],
+    *,
+    with_rubrics: bool,
+    readout: Readout = "json",
 ) -> AfterEach:
     """RULER ranks each finished group, given the task's rubrics as its rubric (`with_rubrics`) or its
-    default rubric. A group it cannot score is dropped and counted, never guessed."""
+    default rubric, reading the judge by `readout`. A group it cannot score is dropped and counted, never guessed."""
 
     async def score(group: agentrl.TrajectoryGroup) -> agentrl.TrajectoryGroup:
         task = tasks[str(group.trajectories[0].metadata["task_id"])] if group.trajectories else None
@@ -127,6 +133,7 @@ def ruler_rewards(
             rubric=rubric,
             swallow_exceptions=True,
             extra_litellm_params={"max_tokens": 1024},
+            readout=readout,
         )
         for trajectory, independent in zip(judged.trajectories, checked):  # RULER keeps the old reward as
             if independent is None:  # independent_reward; with no code check there was none

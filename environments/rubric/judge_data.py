@@ -16,7 +16,7 @@ import asyncio
 import tempfile
 
 import agentrl
-from agentrl.judges.training import JudgeExample, examples_from_groups, write_examples
+from agentrl.judges.examples import JudgeExample, examples_from_groups, write_examples
 
 from .env import load_tasks, rollout, task_rubric
 from .tasks import DATA, InstructionTask

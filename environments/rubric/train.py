@@ -14,8 +14,10 @@ exact prompt it trained against; the code-checked pass rate (`independent_reward
 from __future__ import annotations
 
 import agentrl
+from agentrl.judges.readout import Readout
 
 from ..training import (
+    DEFAULT_READOUT,
     RunSummary,
     evaluate_base_and_checkpoint,
     judge_for,
@@ -51,6 +53,7 @@ async def run(
     tasks: str | None = None,
     max_steps_off_policy: int | None = None,
     test_tasks: int | None = None,
+    judge_readout: Readout = DEFAULT_READOUT,
 ) -> RunSummary:
     reward = reward or REWARDS[0]
     if reward not in REWARDS:
@@ -60,7 +63,9 @@ async def run(
     test = test[: test_tasks or preset.test_tasks]
     by_id = {t.task_id: t for t in train}
     model = agentrl.TrainableModel(name=name, project="rubric", base_model=preset.base_model, base_path=base_path)
-    judge_model = judge_option(judge, base_path=base_path, base_model=preset.base_model, ruler=reward != "rubric")
+    judge_model = judge_option(
+        judge, base_path=base_path, base_model=preset.base_model, ruler=reward != "rubric", readout=judge_readout
+    )
     # A trained judge ranks groups only; held-out answers are then graded as in every other run (the base model).
     grader = None if isinstance(judge_model, agentrl.TrainableModel) else judge_model
 
@@ -87,7 +92,7 @@ async def run(
         max_exception_rate=0.25,  # a small judge fails some calls: those samples are skipped and counted
         after_each=None
         if reward == "rubric"
-        else ruler_rewards(model, judge_model, by_id, with_rubrics=reward == "ruler"),
+        else ruler_rewards(model, judge_model, by_id, with_rubrics=reward == "ruler", readout=judge_readout),
         max_steps_off_policy=max_steps_off_policy,
         judge=judge_model,
     )

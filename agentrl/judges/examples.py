@@ -1,0 +1,84 @@
+"""Labelled judgements: the attempts at one task and the score each deserves (its verifiable check), the
+data a judge is checked on (`JudgeExample.group`) and trained on (`agentrl.judges.training`). JSONL, one a line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentrl.files import write_text_atomic
+from agentrl.judges.check import reference_reward
+from agentrl.judges.ruler import DEFAULT_RUBRIC
+from agentrl.trajectory import Trajectory, TrajectoryGroup
+
+
+class JudgeExample(BaseModel):
+    """One labelled judgement: attempts at one task and the score each deserves (its check)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    message_lists: list[list[dict[str, Any]]] = Field(min_length=2)
+    """The attempts, each the messages RULER would show (shared context first)."""
+    labels: list[float]
+    """The verifiable reward of each attempt, in [0, 1]: what the judge should score."""
+    rubric: str = DEFAULT_RUBRIC
+    tools: list[dict[str, Any]] | None = None
+    source: str = ""
+    """Where it came from (run and step), for the record."""
+
+    def model_post_init(self, _: Any) -> None:
+        if len(self.labels) != len(self.message_lists):
+            raise ValueError(f"{len(self.labels)} labels for {len(self.message_lists)} attempts: give one each")
+        if any(not 0.0 <= label <= 1.0 for label in self.labels):
+            raise ValueError(f"labels must lie in [0, 1] (RULER's scale), got {self.labels}")
+
+    def group(self) -> TrajectoryGroup:
+        """The attempts as a group with the labels as rewards and the rubric in its metadata, as
+        `check_judge` takes it (held-out examples measure a judge)."""
+        return TrajectoryGroup(
+            (
+                Trajectory(messages_and_choices=list(m), reward=label, tools=self.tools)
+                for m, label in zip(self.message_lists, self.labels)
+            ),
+            metadata={"rubric": self.rubric},
+        )
+
+
+def examples_from_groups(
+    groups: list[TrajectoryGroup], *, rubric: str = DEFAULT_RUBRIC, source: str = ""
+) -> list[JudgeExample]:
+    """Judge examples from groups that kept a verifiable reward (`independent_reward`, else `reward`),
+    clipped to [0, 1]; groups whose attempts all score alike teach no ordering and are left out."""
+    examples = []
+    for group in groups:
+        labels = [min(max(reference_reward(t), 0.0), 1.0) for t in group.trajectories]
+        if len(labels) < 2 or len(set(labels)) < 2:
+            continue
+        message_lists = [t.messages() for t in group.trajectories]
+        tools = group.trajectories[0].tools
+        examples.append(
+            JudgeExample(message_lists=message_lists, labels=labels, rubric=rubric, tools=tools, source=source)
+        )
+    return examples
+
+
+def write_examples(path: str | Path, examples: list[JudgeExample]) -> Path:
+    """Write examples as JSONL, atomically."""
+    path = Path(path)
+    write_text_atomic(path, "".join(e.model_dump_json() + "\n" for e in examples))
+    return path
+
+
+def load_examples(path: str | Path) -> list[JudgeExample]:
+    """Read a JSONL of examples; a bad line raises `ValueError` naming its file and line number."""
+    examples = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            examples.append(JudgeExample.model_validate_json(line))
+        except ValidationError as error:
+            raise ValueError(f"{path}:{number}: not a judge example: {error}") from error
+    return examples
