@@ -171,6 +171,7 @@ def reward_hacking_steps(records: list[dict[str, Any]]) -> list[int]:
 
 AUDIT_SERIES = {
     "judge_flip_rate": "flip rate (order changed, lower is better)",
+    "judge_pair_flip_rate": "pairs whose winner changed with the order shown (read from probabilities)",
     "judge_first_position_rate": "first shown wins",
     "judge_self_consistency": "self-consistency (tau)",
     "judge_independent_tau": "agreement with independent reward (tau)",
@@ -200,7 +201,7 @@ def reward_hacking_trend(records: list[dict[str, Any]], split: str = "val") -> b
 def plot_judge_audit(run_dir: Path) -> Path | None:
     """Draw judge.png from metrics.jsonl: the judge audit's statistics per train step (and the chance level
     of the first-position rate); None, and nothing drawn, for a run with no audited step."""
-    records = [r for r in read_metrics(run_dir) if r.get("split") == "train" and "judge_flip_rate" in r]
+    records = [r for r in read_metrics(run_dir) if r.get("split") == "train" and "judge_audited" in r]
     if not records:
         return None
     import matplotlib

@@ -1,19 +1,21 @@
 """Can a judge be trained on a CPU? The packaged model taught to judge from labelled judgements.
 
-    .venv/bin/python -m benchmarks.judge_training [--data larger-number|rubric] [--sft-epochs 2] [--rl-steps 8]
+    .venv/bin/python -m benchmarks.judge_training [--data larger-number|rubric|email] [--readout probabilities|json]
+        [--sft-epochs 1] [--rl-steps 0] [--train-examples N] [--held-out N] [--keep BASE_PATH]
 
-Two label sources, each with held-out examples the judge never trains on:
-
-- `larger-number`: each question answered once with the larger number (label 1) and once with the
-  smaller (label 0), in alternating order; 48 train, 32 held-out questions.
-- `rubric`: the shipped judge data (environments/rubric/judge_data.py): the base model's sampled
-  answers to the rubric task, labelled by its code checks, judged with the task's rubrics.
+Each label source's shipped judge data, held out by task (the examples of a held-out question or task are
+never trained on): `larger-number` (environments/larger_number/judge_data.py: the base model's sampled answers
+and bare numbers, labelled by the check), `rubric` (the base model's answers to the rubric task, labelled by its
+code checks, judged with the task's rubrics) and `email` (attempts of a short email run, labelled by the answer
+check).
 
 The judge (a LoRA adapter on the packaged model, alone on a LocalBackend) is checked on the held-out
-examples with `check_judge` (greedy, one shuffle per group), then taught with SFT rounds
-(`train_judge`, each example in 2 orders) and then GRPO steps rewarded by agreement with the labels
-(`train_judge_rl`), checked again after each round and every `--check-every` RL steps. Results merge
-into benchmarks/results/judge_training.json (one entry per data source and recipe) and its table in the docs.
+examples with `check_judge` (greedy, one shuffle per group), read as `--readout` says, then taught with SFT
+(`train_judge`: with probabilities, the one decision token of every differing pair in both orders; with json,
+RULER's JSON in 2 orders) and then GRPO steps rewarded by agreement with the labels (`train_judge_rl`), checked
+again after SFT and every `--check-every` RL steps. Results merge into benchmarks/results/judge_training.json
+(one entry per data source and recipe), its table in docs/judges.md and the README's judge table. `--keep`
+keeps the trained judge's run (BASE_PATH/judges/DATA-judge) for `--judge run:FOLDER`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import itertools
 import json
+import math
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -30,10 +35,12 @@ import agentrl
 from agentrl.files import write_json_atomic
 from agentrl.judges.examples import JudgeExample, load_examples
 from agentrl.judges.readout import READOUTS, Readout
+from agentrl.judges.ruler import ruler
 from agentrl.judges.training import train_judge, train_judge_rl
 from agentrl_environments.email_agent.judge_data import DATA as EMAIL_DATA
-from agentrl_environments.larger_number.judge_data import judge_examples
+from agentrl_environments.larger_number.judge_data import DATA as LARGER_NUMBER_DATA
 from agentrl_environments.rubric.tasks import DATA as RUBRIC_DATA
+from benchmarks.learning import LEARNING_RESULTS
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, machine_label
 
@@ -45,11 +52,41 @@ MAX_TOKENS = 512
 
 def data(name: str, train_count: int, held_out_count: int) -> tuple[list[JudgeExample], list[JudgeExample]]:
     """Train and held-out examples of one label source, held out by task."""
-    if name == "larger-number":
-        return judge_examples("train", train_count, seed=1), judge_examples("test", held_out_count, seed=2)
-    folder = RUBRIC_DATA if name == "rubric" else EMAIL_DATA
+    folder = {"larger-number": LARGER_NUMBER_DATA, "rubric": RUBRIC_DATA, "email": EMAIL_DATA}[name]
     train, held_out = load_examples(folder / "judge_train.jsonl"), load_examples(folder / "judge_test.jsonl")
     return train[:train_count], held_out[:held_out_count]
+
+
+async def diagnose(held_out: list[JudgeExample], judge: agentrl.TrainableModel) -> dict[str, Any]:
+    """Where a judge read from probabilities is right, and how sure: its accuracy on the held-out label pairs by
+    the length of the pair's two attempts (thirds, in characters), and the score gap between the two attempts of
+    the pairs it orders right and wrong (for a pair of attempts alone, twice its P(better) - 0.5)."""
+    results = await asyncio.gather(
+        *(ruler(e.message_lists, judge, rubric=e.rubric, tools=e.tools, readout="probabilities") for e in held_out)
+    )
+    pairs = []  # (characters, gap toward the better attempt)
+    for example, result in zip(held_out, results):
+        for i, j in itertools.combinations(range(len(example.labels)), 2):
+            if example.labels[i] != example.labels[j]:
+                better, worse = (i, j) if example.labels[i] > example.labels[j] else (j, i)
+                chars = len(json.dumps(example.message_lists[i])) + len(json.dumps(example.message_lists[j]))
+                pairs.append((chars, result.scores[better] - result.scores[worse]))
+    pairs.sort()
+    thirds = [pairs[k * len(pairs) // 3 : (k + 1) * len(pairs) // 3] for k in range(3)]
+
+    def accuracy(chunk: list[tuple[int, float]]) -> float:
+        return sum(1.0 if gap > 0 else 0.5 if gap == 0 else 0.0 for _, gap in chunk) / len(chunk)
+
+    return {
+        "by_length": [
+            {"chars": [chunk[0][0], chunk[-1][0]], "pairs": len(chunk), "accuracy": accuracy(chunk)}
+            for chunk in thirds
+            if chunk
+        ],
+        "gap_right": statistics.fmean([gap for _, gap in pairs if gap > 0] or [math.nan]),
+        "gap_wrong": statistics.fmean([-gap for _, gap in pairs if gap < 0] or [math.nan]),
+        "pairs": len(pairs),
+    }
 
 
 async def measure(
@@ -133,9 +170,11 @@ async def measure(
                     time.perf_counter() - started,
                     {"rl_train_agreement": agreement, "rl_skipped": skipped},
                 )
+            diagnosis = await diagnose(held_out, judge) if readout == "probabilities" else None
         finally:
             await backend.close()
     return {
+        **({"diagnosis": diagnosis} if diagnosis else {}),
         "data": name,
         "machine": machine_label(),
         "date": datetime.date.today().isoformat(),
@@ -151,20 +190,89 @@ async def measure(
 
 def table(results: dict[str, Any]) -> str:
     lines = [
-        "| recipe | stage | held-out pairwise accuracy [95%] | tau | rank flips when shuffled | mean score by position shown | failed calls | training time | machine |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| recipe | stage | held-out pairwise accuracy [95%] | tau | rank flips when shuffled | mean score by position shown | failed calls | judge tokens per group | training time | machine |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for recipe, result in results.items():
         for row in result["rows"]:
             accuracy, positions = row["pairwise_accuracy"], row["position_mean_score"]
+            tokens = f"{row['tokens_per_group']:.0f}" if "tokens_per_group" in row else "-"  # recorded since readouts
             lines.append(
                 f"| {recipe}; {result['held_out_examples']} held out | {row['stage']} | "
                 f"{accuracy['value']:.2f} [{accuracy['low']:.2f}, {accuracy['high']:.2f}] | "
                 f"{row['kendall_tau']['value']:.2f} | {row['order_rank_flip_rate']:.2f} | "
                 f"{' / '.join(f'{p:.2f}' for p in positions[:4])} | {row['failed_calls']} of {row['calls']} | "
-                f"{row['train_s']:.0f} s | {result['machine']}, {result['date']} |"
+                f"{tokens} | {row['train_s']:.0f} s | {result['machine']}, {result['date']} |"
             )
     return "\n".join(lines)
+
+
+DIAGNOSIS_START, DIAGNOSIS_END = "<!-- benchmark:judge_diagnosis:start -->", "<!-- benchmark:judge_diagnosis:end -->"
+HEADLINE_START, HEADLINE_END = "<!-- benchmark:judge_headline:start -->", "<!-- benchmark:judge_headline:end -->"
+POLICY_ROWS = {  # learning.json's runs on one task: trained on the check, and by RULER with a judge trained here
+    "larger-number": ("larger-number", "larger-number-ruler-trained-judge", "reward"),
+    "rubric": ("rubric-rubric", "rubric-ruler-trained-judge", "code-checked pass rate"),
+}
+
+
+def _difference(score: dict[str, Any]) -> str:
+    paired = score.get("paired_n", 0) > 1
+    mean, se = (
+        (score["paired_difference"], score["paired_se"]) if paired else (score["difference"], score["difference_se"])
+    )
+    return f"{score['before']:.2f} -> {score['after']:.2f} ({mean:+.3f} ± {se:.3f})"
+
+
+def diagnosis_table(results: dict[str, Any]) -> str:
+    """The docs' table of where each trained judge read from probabilities is right (`diagnose`)."""
+    lines = [
+        "| recipe | held-out accuracy by the pair's length (characters: accuracy) | score gap, pairs ordered right / wrong | pairs |",
+        "| --- | --- | --- | --- |",
+    ]
+    for recipe, result in results.items():
+        if "diagnosis" in result:
+            d = result["diagnosis"]
+            thirds = "; ".join(f"{t['chars'][0]}-{t['chars'][1]}: {t['accuracy']:.2f}" for t in d["by_length"])
+            lines.append(f"| {recipe} | {thirds} | {d['gap_right']:.2f} / {d['gap_wrong']:.2f} | {d['pairs']} |")
+    return "\n".join(lines)
+
+
+def headline(results: dict[str, Any], learning: dict[str, Any]) -> str:
+    """README's judge table: each label source's judge read from probabilities, untrained and after its training
+    (held out by task), and where a policy was trained by RULER with that judge, its held-out gain on the check the
+    judge never saw beside the gain from training on that check."""
+    lines = [
+        "| label source | judge's held-out pairwise accuracy: untrained -> trained [95%] | rank flips | "
+        "policy trained on the check | policy trained by RULER with the judge | machine |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for result in results.values():
+        if result.get("readout") != "probabilities" or len(result["rows"]) < 2:
+            continue
+        first, last = result["rows"][0], result["rows"][-1]
+        accuracy = last["pairwise_accuracy"]
+        checked, judged, score = POLICY_ROWS.get(result["data"], ("", "", ""))
+        policy = [
+            _difference(learning[name]["scores"][score])
+            if name in learning and score in learning[name]["scores"]
+            else "-"
+            for name in (checked, judged)
+        ]
+        lines.append(
+            f"| {result['data']} ({result['train_examples']} train, {result['held_out_examples']} held-out examples) | "
+            f"{first['pairwise_accuracy']['value']:.2f} -> {accuracy['value']:.2f} "
+            f"[{accuracy['low']:.2f}, {accuracy['high']:.2f}] | {last['order_rank_flip_rate']:.2f} | {policy[0]} | "
+            f"{policy[1]} | {result['machine']}, {result['date']} |"
+        )
+    return "\n".join(lines)
+
+
+def write_tables(results: dict[str, Any]) -> None:
+    """The docs table and README's headline, from the saved results."""
+    learning = json.loads(LEARNING_RESULTS.read_text()) if LEARNING_RESULTS.exists() else {}
+    replace_section(START, END, f"{START}\n{table(results)}\n{END}")
+    replace_section(DIAGNOSIS_START, DIAGNOSIS_END, f"{DIAGNOSIS_START}\n{diagnosis_table(results)}\n{DIAGNOSIS_END}")
+    replace_section(HEADLINE_START, HEADLINE_END, f"{HEADLINE_START}\n{headline(results, learning)}\n{HEADLINE_END}")
 
 
 def main() -> None:
@@ -203,9 +311,8 @@ def main() -> None:
             )
         )
         write_json_atomic(JUDGE_RESULTS, results)
-    text = table(results)
-    replace_section(START, END, f"{START}\n{text}\n{END}")
-    print(text)
+    write_tables(results)
+    print(table(results))
 
 
 if __name__ == "__main__":

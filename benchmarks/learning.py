@@ -251,6 +251,9 @@ def main() -> None:
     text = table(results)
     print(text)
     replace_section(START, END, f"{START}\n{text}{END}")
+    from benchmarks import judge_training  # its README headline shows the judged runs beside the checked ones
+
+    judge_training.write_tables(json.loads(judge_training.JUDGE_RESULTS.read_text()))
 
 
 if __name__ == "__main__":

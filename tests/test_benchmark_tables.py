@@ -54,12 +54,18 @@ def test_every_cpu_a_results_table_names_comes_with_its_kind():
         ("sampling.json", sampling.readme_table),
         ("debiased_ruler.json", debiased_ruler.table),
         ("judge_training.json", judge_training.table),
+        ("judge_training.json", judge_training.diagnosis_table),
         ("shared_prefix.json", shared_prefix.table),
         ("pipeline_spread.json", pipeline_spread.spread_table),
     ],
 )
 def test_a_table_rendered_from_its_results_file_is_the_one_the_pages_hold(results_file, render):
     assert render(json.loads((RESULTS / results_file).read_text())) in ALL_PAGES
+
+
+def test_the_readmes_judge_table_is_rendered_from_the_judge_and_learning_results():
+    judges = json.loads((RESULTS / "judge_training.json").read_text())
+    assert judge_training.headline(judges, json.loads((RESULTS / "learning.json").read_text())) in README
 
 
 def test_the_readmes_headline_and_the_main_job_history_are_rendered_from_its_results():

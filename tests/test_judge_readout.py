@@ -44,8 +44,10 @@ async def test_scores_are_read_from_the_first_token_probabilities_both_orders_av
     better = (0.75 + (1 - 0.2)) / 2  # the better attempt's preference: shown first, then shown second
     assert result.scores == pytest.approx([1 - better, better, 0.5])
     assert result.read_from_probabilities
-    assert result.order_metrics == {"judge_flip_rate": 0.0, "judge_first_position_rate": 0.5}
+    assert result.order_metrics == {"judge_pair_flip_rate": 0.0, "judge_first_position_rate": 0.5}
     assert len(fake.requests) == 6  # 3 pairs, both orders
+    tied = await ruler([attempt(0.4), attempt(0.4)], judge, readout="probabilities")
+    assert tied.scores == [0.5, 0.5] and tied.read_from_probabilities and len(fake.requests) == 6, "a tie: no call"
     for request in fake.requests:
         assert request["max_tokens"] == 1 and request["logprobs"] is True and request["top_logprobs"] == 20
         assert "response_format" not in request
@@ -66,7 +68,11 @@ async def test_a_planted_first_position_bias_is_cancelled_and_measured(fake, jud
     by_rank = {0.1: 0.4, 0.4: (0.6 + 0.4 + 0.4) / 3, 0.7: (0.6 + 0.6 + 0.4) / 3, 0.9: 0.6}
     assert judged.rewards == pytest.approx([by_rank[q] for q in qualities])
     metrics = judged.trajectories[0].metrics
-    assert metrics["judge_first_position_rate"] == 1.0 and metrics["judge_flip_rate"] == 1.0
+    assert (
+        metrics["judge_first_position_rate"] == 1.0
+        and metrics["judge_pair_flip_rate"] == 1.0
+        and "judge_flip_rate" not in metrics
+    )
     assert metrics["judge_first_position_chance"] == 0.5 and metrics["judge_independent_tau"] == pytest.approx(1.0)
     assert metrics["judge_read_from_probabilities"] == 1.0 and "judge_audit_tokens" not in metrics
     assert len(fake.requests) == 12, "the audit is read from the pairs' two orders: no second judgement"

@@ -12,7 +12,8 @@ from agentrl.cli import app
 from agentrl.judges.examples import JudgeExample, examples_from_groups, load_examples, write_examples
 from agentrl.judges.ruler import scores_schema
 from agentrl.judges.training import agreement_reward, judge_histories, train_judge, train_judge_rl, trained_judge
-from agentrl_environments.larger_number.judge_data import RUBRIC, judge_examples
+from agentrl_environments.larger_number.judge_data import DATA as LARGER_NUMBER_DATA
+from agentrl_environments.larger_number.judge_data import RUBRIC
 from agentrl_environments.larger_number.task import rollout, scenarios
 from agentrl_environments.training import judge_option
 from tests.helpers import flat, make_run, runner
@@ -44,7 +45,7 @@ def test_examples_come_from_groups_with_a_check_and_round_trip_through_jsonl(tmp
         JudgeExample(message_lists=[[{"role": "user", "content": "x"}]] * 3, labels=[0.0, 1.0])
 
 
-@pytest.mark.parametrize("environment", ["rubric", "email_agent"])
+@pytest.mark.parametrize("environment", ["rubric", "email_agent", "larger_number"])
 def test_the_shipped_judge_data_is_labelled_by_the_task_check_and_holds_out_other_tasks(environment):
     from pathlib import Path
 
@@ -172,7 +173,7 @@ def test_judge_examples_and_judge_train_commands_take_a_run_and_refuse_bad_files
 async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_and_judges_a_step(served_model):
     judge = agentrl.TrainableModel(name="judge", project="tests", base_path=str(served_model.base_path))
     await judge.register(served_model.backend)
-    held_out = [e.group() for e in judge_examples("test", 8, seed=2)]  # questions the judge never trains on
+    held_out = [e.group() for e in load_examples(LARGER_NUMBER_DATA / "judge_test.jsonl")[:8]]  # unseen questions
 
     async def right_answers_score() -> float:
         """The mean score the judge gives the right answer of a held-out question (its pair's other half: 1 - it)."""
@@ -182,7 +183,7 @@ async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_an
         return sum(right) / len(right)
 
     before = await right_answers_score()
-    examples = judge_examples("train", 48, seed=1)
+    examples = load_examples(LARGER_NUMBER_DATA / "judge_train.jsonl")[:48]
     config = agentrl.SFTConfig(epochs=1, batch_size=8, learning_rate=2e-3)
     result = await train_judge(judge, examples, config, readout="probabilities")
     assert result.step == 1

@@ -1,7 +1,8 @@
 """The `agentrl` command: train and evaluate the shipped environments, inspect and serve runs.
 
 agentrl train 2048 [--preset cpu|gpu] [--steps N] [--model ...]
-agentrl train email --reward ruler [--judge openai/o4-mini]
+agentrl train email --reward ruler [--judge openai/o4-mini] [--judge-readout probabilities|json]
+agentrl train larger-number --reward ruler --judge run:NAME   the main job's task with its check hidden
 agentrl train rubric [--reward rubric|ruler|ruler-generic] [--tasks FILE]   instruction following, judged only
 agentrl eval 2048 [--name RUN] [--preset cpu|gpu]
 agentrl runs                      list runs: step, best reward, path

@@ -132,10 +132,10 @@ def debiased_scores(judgements: Sequence[tuple[Sequence[int], Sequence[float]]],
 
 def audit_warning(metrics: dict[str, float]) -> str | None:
     """What is wrong with the judge, from a step's averaged audit metrics, or None when nothing shows."""
-    if "judge_flip_rate" not in metrics:
+    if "judge_audited" not in metrics:
         return None
     problems = []
-    if metrics["judge_flip_rate"] >= CHANCE_FLIP_RATE:
+    if metrics.get("judge_flip_rate", 0.0) >= CHANCE_FLIP_RATE:
         problems.append(f"it reorders {metrics['judge_flip_rate']:.0%} of pairs when the order of presentation changes")
     chance = metrics.get("judge_first_position_chance", 0.0)
     if metrics.get("judge_first_position_rate", 0.0) >= max(0.5, 2 * chance):

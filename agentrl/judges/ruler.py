@@ -75,7 +75,8 @@ class RulerResult:
     read_from_probabilities: bool = False
     """Scored pair by pair from next-token probabilities (`agentrl.judges.pairwise`), not from sampled JSON."""
     order_metrics: dict[str, float] = field(default_factory=dict)
-    """Read from probabilities: the pairs' `judge_flip_rate` and `judge_first_position_rate`, measured for free."""
+    """Read from probabilities: the pairs' `judge_pair_flip_rate` and `judge_first_position_rate`, measured for free
+    (the reward itself does not depend on the order shown, so the audit's `judge_flip_rate` does not apply)."""
 
 
 def common_prefix_length(message_lists: list[list[dict[str, Any]]]) -> int:
@@ -147,7 +148,11 @@ async def ruler(
     if not message_lists:
         raise ValueError("ruler needs at least one message list")
     check_readout(readout)
-    if all(m == message_lists[0] for m in message_lists[1:]) and len(message_lists) > 1:
+    identical = all(m == message_lists[0] for m in message_lists[1:])
+    if readout == "probabilities" and identical:  # every pair a tie, by definition: no call to make
+        ties = len(message_lists)
+        return RulerResult([0.5] * ties, ["identical attempts: a tie"] * ties, 0, 0.0, read_from_probabilities=True)
+    if identical and len(message_lists) > 1:
         # Identical attempts deserve identical scores: judge one, copy it.
         single = await ruler(
             message_lists[:1],
@@ -162,7 +167,7 @@ async def ruler(
         )
         n = len(message_lists)
         return replace(single, scores=single.scores * n, explanations=single.explanations * n)
-    if readout == "probabilities" and len(message_lists) > 1:
+    if readout == "probabilities":
         by_pairs = await from_probabilities(
             judge_model,
             lambda: _ruler_by_pairs(
@@ -236,7 +241,10 @@ async def _ruler_by_pairs(
         completion_tokens=sum(c.completion_tokens for c in judged.calls),
         cost_usd=sum(costs) if costs else None,
         read_from_probabilities=True,
-        order_metrics={"judge_flip_rate": judged.flip_rate, "judge_first_position_rate": judged.first_position_rate},
+        order_metrics={
+            "judge_pair_flip_rate": judged.flip_rate,
+            "judge_first_position_rate": judged.first_position_rate,
+        },
     )
 
 
