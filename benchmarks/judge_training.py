@@ -209,7 +209,7 @@ def table(results: dict[str, Any]) -> str:
 
 DIAGNOSIS_START, DIAGNOSIS_END = "<!-- benchmark:judge_diagnosis:start -->", "<!-- benchmark:judge_diagnosis:end -->"
 HEADLINE_START, HEADLINE_END = "<!-- benchmark:judge_headline:start -->", "<!-- benchmark:judge_headline:end -->"
-POLICY_ROWS = {  # learning.json's runs on one task: trained on the check, and by RULER with a judge trained here
+POLICY_ROWS = {  # learning.json's runs on one task: trained another way, and by RULER with a judge trained here
     "larger-number": ("larger-number", "larger-number-ruler-trained-judge", "reward"),
     "rubric": ("rubric-rubric", "rubric-ruler-trained-judge", "code-checked pass rate"),
 }
@@ -243,7 +243,7 @@ def headline(results: dict[str, Any], learning: dict[str, Any]) -> str:
     judge never saw beside the gain from training on that check."""
     lines = [
         "| label source | judge's held-out pairwise accuracy: untrained -> trained [95%] | rank flips | "
-        "policy trained on the check | policy trained by RULER with the judge | machine |",
+        "policy trained another way: held-out check | policy trained by RULER with this judge: held-out check | machine |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for result in results.values():
@@ -253,7 +253,7 @@ def headline(results: dict[str, Any], learning: dict[str, Any]) -> str:
         accuracy = last["pairwise_accuracy"]
         checked, judged, score = POLICY_ROWS.get(result["data"], ("", "", ""))
         policy = [
-            _difference(learning[name]["scores"][score])
+            f"{learning[name]['training_reward']}: {_difference(learning[name]['scores'][score])}"
             if name in learning and score in learning[name]["scores"]
             else "-"
             for name in (checked, judged)

@@ -91,7 +91,7 @@ RUNS = {
     ),
     "rubric-ruler-trained-judge": LearningRun(
         "rubric",
-        "RULER with the rubrics (trained judge)",
+        "RULER with the rubrics (trained judge, read from probabilities)",
         {"judge pass rate, reworded rubrics": reward, "code-checked pass rate": metric("independent_reward")},
         {"reward": "ruler"},
         trained_judge=True,

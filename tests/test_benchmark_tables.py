@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import debiased_ruler, judge_training, main_job, pipeline_spread, sampling, shared_prefix
+from benchmarks import debiased_ruler, judge_latency, judge_training, main_job, pipeline_spread, sampling, shared_prefix
 from benchmarks.readme import PAGES
 from benchmarks.step_breakdown import AVX2_ONLY_ENV, machine_label, precision_label
 
@@ -55,6 +55,7 @@ def test_every_cpu_a_results_table_names_comes_with_its_kind():
         ("debiased_ruler.json", debiased_ruler.table),
         ("judge_training.json", judge_training.table),
         ("judge_training.json", judge_training.diagnosis_table),
+        ("judge_latency.json", judge_latency.table),
         ("shared_prefix.json", shared_prefix.table),
         ("pipeline_spread.json", pipeline_spread.spread_table),
     ],

