@@ -186,11 +186,11 @@ async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_an
 
     before = await right_answers_score()
     checked_before = await agentrl.check_judge(held_out, judge, permutations=1, repeats=0, readout="probabilities")
-    examples = bare(LARGER_NUMBER_DATA / "judge_train.jsonl")[:216]
+    examples = bare(LARGER_NUMBER_DATA / "judge_train.jsonl")  # 256 questions
     config = agentrl.SFTConfig(epochs=1, batch_size=8, learning_rate=2e-3)
     result = await train_judge(judge, examples, config, readout="probabilities")
     assert result.step == 1
-    assert result.metrics["trained_tokens"] == result.metrics["num_sequences"] == 8, "one loss token each: the decision"
+    assert result.metrics["trained_tokens"] == result.metrics["num_sequences"], "one loss token each: the decision"
     # Then RL on agreement: the judge samples its one-token decision on a pair and is rewarded by the labels.
     (rl,) = await train_judge_rl(
         judge, examples, steps=1, examples_per_step=4, samples_per_example=4, readout="probabilities"
@@ -209,8 +209,8 @@ async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_an
     # mass the readout normalises away) turn a judge at chance into one that orders these pairs right, by a margin
     # still small (benchmarks/judge_training.py follows a full epoch on the sampled answers).
     accuracy_before, accuracy = checked_before.pairwise_accuracy.value, report.pairwise_accuracy.value
-    assert accuracy >= 0.75 and accuracy > accuracy_before + 0.15  # seen: 0.56 -> 0.88 and 1.00 on 8 questions
-    assert after > before + 0.01
+    assert accuracy >= 0.75 and accuracy > accuracy_before  # seen: 0.62 -> 0.81, the right answer's score 0.50 -> 0.85
+    assert after > before + 0.1
 
     # `--judge run:tests/judge` names this judge, read the way it was trained; asked for JSON, it is refused.
     spec = {"base_path": str(served_model.base_path), "base_model": served_model.base_model, "ruler": True}
