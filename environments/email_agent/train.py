@@ -40,7 +40,9 @@ async def warm_start(model: agentrl.TrainableModel, env: EmailEnvironment, examp
 REWARDS = ("match", "judge", "ruler")
 
 
-def ruler_rewards(model: agentrl.TrainableModel, judge: JudgeModel | None, readout: Readout) -> AfterEach:
+def ruler_rewards(
+    model: agentrl.TrainableModel, judge: JudgeModel | None, readout: Readout = DEFAULT_READOUT
+) -> AfterEach:
     """Re-score each finished group with RULER, reading the judge by `readout`; a group the judge cannot
     score is dropped, not guessed."""
 

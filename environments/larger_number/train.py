@@ -33,7 +33,9 @@ async def held_out(model: agentrl.Model) -> list[agentrl.Trajectory]:
     return await evaluate(model, TEST)
 
 
-def ruler_rewards(model: agentrl.TrainableModel, judge: JudgeModel | None, readout: Readout) -> AfterEach:
+def ruler_rewards(
+    model: agentrl.TrainableModel, judge: JudgeModel | None, readout: Readout = DEFAULT_READOUT
+) -> AfterEach:
     """RULER ranks each finished group with `RUBRIC`; a group it cannot score is dropped and counted."""
 
     async def score(group: agentrl.TrajectoryGroup) -> agentrl.TrajectoryGroup:

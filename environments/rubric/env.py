@@ -19,7 +19,7 @@ from agentrl.judges.audit import DEFAULT_AUDIT
 from agentrl.judges.readout import Readout
 from agentrl.judges.rubric import audit_rubrics
 
-from ..training import judge_for
+from ..training import DEFAULT_READOUT, judge_for
 from .tasks import DATA, InstructionTask, checked_pass_rate
 
 JUDGE_PARAMS = {"max_tokens": 768}
@@ -118,7 +118,7 @@ def ruler_rewards(
     tasks: dict[str, InstructionTask],
     *,
     with_rubrics: bool,
-    readout: Readout = "json",
+    readout: Readout = DEFAULT_READOUT,
 ) -> AfterEach:
     """RULER ranks each finished group, given the task's rubrics as its rubric (`with_rubrics`) or its
     default rubric, reading the judge by `readout`. A group it cannot score is dropped and counted, never guessed."""
