@@ -142,7 +142,7 @@ async def measure(
             if sft["epochs"]:
                 started = time.perf_counter()
                 config = agentrl.SFTConfig(epochs=sft["epochs"], batch_size=8, learning_rate=sft["learning_rate"])
-                trained = await train_judge(judge, train, config, orders=2, readout=readout)
+                trained = await train_judge(judge, train, config, readout=readout)
                 await check(
                     f"SFT, {sft['epochs']} epochs",
                     time.perf_counter() - started,
@@ -159,7 +159,7 @@ async def measure(
                     steps=steps,
                     examples_per_step=8,
                     samples_per_example=rl["samples"],
-                    max_tokens=MAX_TOKENS,
+                    max_tokens=MAX_TOKENS if readout == "json" else None,
                     readout=readout,
                 )
                 done += steps

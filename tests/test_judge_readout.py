@@ -15,6 +15,7 @@ from agentrl.judges.examples import JudgeExample
 from agentrl.judges.readout import probabilities_supported
 from agentrl.judges.rubric import judge_rubrics
 from agentrl.judges.ruler import ruler
+from agentrl.judges.training import train_judge, train_judge_rl
 from agentrl.rl.tokenize import tokenize_history
 
 
@@ -104,8 +105,18 @@ async def test_debiasing_by_permutations_is_refused_where_every_pair_is_asked_bo
     group = agentrl.TrajectoryGroup(agentrl.Trajectory(reward=q, messages_and_choices=attempt(q)) for q in (0.1, 0.9))
     with pytest.raises(agentrl.ConfigurationError, match="already judged in both orders"):
         await agentrl.ruler_score_group(group, judge, readout="probabilities", permutations=3)
-    with pytest.raises(ValueError, match="readout must be one of json, probabilities"):
+    with pytest.raises(agentrl.ConfigurationError, match="readout must be one of json, probabilities"):
         await ruler([attempt(0.1)], judge, readout="logits")  # type: ignore[arg-type]
+
+
+async def test_settings_of_a_json_answer_are_refused_where_the_judge_is_trained_on_one_token(judge):
+    """`orders` and `max_tokens` change nothing when the judge learns one token: refused before any call."""
+    example = JudgeExample(message_lists=[attempt(0.1), attempt(0.9)], labels=[0.0, 1.0])
+    model = agentrl.TrainableModel(name="j", project="p")  # unregistered: the refusal comes first
+    with pytest.raises(agentrl.ConfigurationError, match="orders does not apply with readout='probabilities'"):
+        await train_judge(model, [example], orders=3, readout="probabilities")
+    with pytest.raises(agentrl.ConfigurationError, match="max_tokens does not apply .* use readout='json'"):
+        await train_judge_rl(model, [example], max_tokens=64, readout="probabilities")
 
 
 async def test_rubric_verdicts_are_read_as_the_probability_of_yes(fake, judge):

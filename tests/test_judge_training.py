@@ -164,6 +164,8 @@ def test_judge_examples_and_judge_train_commands_take_a_run_and_refuse_bad_files
     assert result.exit_code != 0 and "not a judge example" in shown and "bad.jsonl:1:" in "".join(shown.split())
     result = runner.invoke(app, ["judge", "train", "j", "--examples", str(out), "--epochs", "0"])
     assert result.exit_code != 0 and "nothing to train" in flat(result.output)
+    result = runner.invoke(app, ["judge", "train", "j", "--examples", str(out), "--orders", "3"])
+    assert result.exit_code != 0 and "--orders does not apply with readout='probabilities'" in flat(result.output)
     check = ["judge", "check", "demo/agent-1", "--judge", "run:nobody", "--base-path", str(tmp_path)]
     result = runner.invoke(app, check)  # named before any server starts
     assert result.exit_code != 0 and "no run 'judges/nobody'" in flat(result.output)

@@ -45,7 +45,9 @@ def judge_check(
     max_groups: int = typer.Option(8, min=1, help="groups to judge (those whose reward varies first)"),
     permutations: int = typer.Option(2, min=1, help="shuffled orders per group (order sensitivity, position bias)"),
     repeats: int = typer.Option(1, min=0, help="identical calls per group (repeatability)"),
-    max_tokens: int = typer.Option(1024, help="the judge's max_tokens per call"),
+    max_tokens: int = typer.Option(
+        1024, help="the judge's max_tokens per JSON answer (readout json, or a judge without logprobs)"
+    ),
     readout: str = READOUT_OPTION,
     base_path: str = typer.Option(DEFAULT_BASE_PATH, help="root folder of runs"),
 ) -> None:
@@ -178,20 +180,28 @@ def judge_train(
     ),
     epochs: int = typer.Option(2, min=0, help="SFT epochs (0: no SFT)"),
     learning_rate: float = typer.Option(2e-3, help="SFT learning rate"),
-    orders: int = typer.Option(2, min=1, help="orders each example is shown in during SFT"),
+    orders: int | None = typer.Option(
+        None, min=1, help="orders each example is shown in during SFT (readout json; default 2)"
+    ),
     rl_steps: int = typer.Option(0, min=0, help="then GRPO steps rewarded by agreement with the labels"),
     rl_learning_rate: float = typer.Option(1e-4, help="learning rate of the RL steps"),
-    max_tokens: int = typer.Option(256, help="the judge's max_tokens per answer (RL and the check)"),
+    max_tokens: int | None = typer.Option(
+        None, help="the judge's max_tokens per answer, RL and the check (readout json; default 256)"
+    ),
     readout: str = READOUT_OPTION,
     base_path: str = typer.Option(DEFAULT_BASE_PATH, help="root folder of runs"),
 ) -> None:
     """Train a RULER judge on labelled examples (SFT, then optionally RL on agreement), on a local backend,
     checking it on held-out examples before and after; judge with it by `--judge run:NAME`."""
     from agentrl.judges.examples import load_examples
-    from agentrl.judges.readout import READOUTS
+    from agentrl.judges.readout import READOUTS, refuse_json_settings
 
     if readout not in READOUTS:
         raise typer.BadParameter(f"--readout must be one of: {', '.join(READOUTS)}")
+    try:
+        refuse_json_settings(readout, **{"--orders": orders, "--max-tokens": max_tokens})
+    except ConfigurationError as error:
+        raise typer.BadParameter(str(error)) from error
     for path in [examples, held_out]:
         if path is not None and not Path(path).is_file():
             raise typer.BadParameter(f"no examples file at {path} (JSONL, one judge example a line)")
@@ -245,7 +255,7 @@ async def _train_judge(
     check: dict[str, Any] = {
         "permutations": 1,
         "repeats": 0,
-        "extra_litellm_params": {"max_tokens": settings["max_tokens"], "temperature": 0.0},
+        "extra_litellm_params": {"max_tokens": settings["max_tokens"] or 256, "temperature": 0.0},
         "readout": settings["readout"],
     }
 

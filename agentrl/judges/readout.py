@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from agentrl.errors import ConfigurationError
 from agentrl.judges.call import (
     InvalidJudgeAnswer,
     JudgeLimiter,
@@ -59,10 +60,21 @@ class DecisionCall:
 
 
 def check_readout(readout: str) -> Readout:
-    """`readout` if it is one agentrl knows; else ValueError naming the choices."""
+    """`readout` if it is one agentrl knows; else ConfigurationError naming the choices."""
     if readout not in READOUTS:
-        raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {readout!r}")
+        raise ConfigurationError(f"readout must be one of {', '.join(READOUTS)}, got {readout!r}")
     return readout
+
+
+def refuse_json_settings(readout: Readout, **given: object) -> None:
+    """ConfigurationError naming each setting of a sampled JSON answer that was given (not None) where the
+    judge is trained or asked for one token (`readout="probabilities"`): there it would change nothing."""
+    named = [name for name, value in given.items() if value is not None]
+    if readout == "probabilities" and named:
+        raise ConfigurationError(
+            f"{' and '.join(named)} {'does' if len(named) == 1 else 'do'} not apply with readout='probabilities' "
+            "(each decision is one token, every pair asked in both orders): leave it unset, or use readout='json'"
+        )
 
 
 _FELL_BACK: set[tuple[str, str]] = set()
@@ -140,7 +152,8 @@ async def decision_call(
     """Ask for a one-token answer among `answers` and read each one's probability (`answer_probabilities`);
     retried like every judge call (JudgeError when it cannot), NoLogprobs when the judge returns none."""
     route = litellm_params(judge_model)
-    extra = {k: v for k, v in (extra_litellm_params or {}).items() if k != "max_tokens"}  # one token, always
+    # One token, always: a caller's max_tokens bounds the JSON answers of a judge read without logprobs.
+    extra = {k: v for k, v in (extra_litellm_params or {}).items() if k != "max_tokens"}
     params = {
         **route,
         "messages": messages,

@@ -170,7 +170,8 @@ async def judge_rubrics(
 
     `readout="probabilities"` asks each rubric on its own and reads P(Yes) from the judge's next-token
     probabilities (no rationale sampled; the pass rate is then the mean P(Yes)) where the judge returns
-    logprobs, and reads JSON where it does not (logged once per judge)."""
+    logprobs, and reads JSON where it does not (logged once per judge); a `max_tokens` in
+    `extra_litellm_params` then bounds only those JSON answers."""
     if not rubrics:
         raise ValueError("judge_rubrics needs at least one rubric")
     if check_readout(readout) == "probabilities":

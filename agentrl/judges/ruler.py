@@ -135,7 +135,8 @@ async def ruler(
 
     `readout="probabilities"` scores them pair by pair from the judge's next-token probabilities
     (`agentrl.judges.pairwise`, no explanations sampled) where the judge returns logprobs, and from JSON
-    where it does not (logged once per judge; `RulerResult.read_from_probabilities` says which)."""
+    where it does not (logged once per judge; `RulerResult.read_from_probabilities` says which); a
+    `max_tokens` in `extra_litellm_params` then bounds only those JSON answers (a decision is one token)."""
     if not message_lists:
         raise ValueError("ruler needs at least one message list")
     check_readout(readout)
@@ -154,7 +155,6 @@ async def ruler(
             max_attempts=max_attempts,
             extra_litellm_params=extra_litellm_params,
             debug=debug,
-            readout=readout,
         )
         n = len(message_lists)
         return replace(single, scores=single.scores * n, explanations=single.explanations * n)

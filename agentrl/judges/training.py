@@ -36,7 +36,7 @@ from agentrl.judges.agreement import pair_counts
 from agentrl.judges.call import InvalidJudgeAnswer, parse_json_object, response_format
 from agentrl.judges.decision_training import decision_choices, decision_histories, decision_rollout, ordered_pairs
 from agentrl.judges.examples import JudgeExample
-from agentrl.judges.readout import Readout, check_readout
+from agentrl.judges.readout import Readout, check_readout, refuse_json_settings
 from agentrl.judges.ruler import ruler_prompt, scores_schema
 from agentrl.trajectory import History, Trajectory, TrajectoryGroup
 
@@ -116,7 +116,7 @@ async def train_judge(
     examples: list[JudgeExample],
     config: SFTConfig | None = None,
     *,
-    orders: int = 2,
+    orders: int | None = None,
     seed: int = 0,
     readout: Readout = "json",
 ) -> TrainResult:
@@ -124,16 +124,18 @@ async def train_judge(
     score like the labels, by SFT on `judge_histories`; returns the SFT step's result.
 
     `readout="probabilities"`: SFT on the decision alone (`decision_histories`: every differing pair in
-    both orders, the loss on its one answer token, shuffled with `seed`; `orders` does not apply)."""
+    both orders, the loss on its one answer token, shuffled with `seed`). `orders` (JSON only, default 2)
+    is refused there with a `ConfigurationError`."""
     from agentrl.config import SFTConfig
 
+    refuse_json_settings(check_readout(readout), orders=orders)
     _require(examples)
-    record_readout(judge, check_readout(readout))
+    record_readout(judge, readout)
     if readout == "probabilities":
         histories = decision_histories(examples, await decision_choices(judge))
         random.Random(seed).shuffle(histories)
     else:
-        histories = judge_histories(examples, orders=orders, seed=seed)
+        histories = judge_histories(examples, orders=2 if orders is None else orders, seed=seed)
     return await judge.train_sft(histories, config or SFTConfig())
 
 
@@ -181,7 +183,7 @@ async def train_judge_rl(
     steps: int = 4,
     examples_per_step: int = 8,
     samples_per_example: int = 4,
-    max_tokens: int = 256,
+    max_tokens: int | None = None,
     seed: int = 0,
     readout: Readout = "json",
 ) -> list[TrainResult]:
@@ -190,11 +192,13 @@ async def train_judge_rl(
     temperature 1, rewarded by agreement with the labels; returns each step's result.
 
     `readout="probabilities"`: each example gives one pair whose labels differ, in a random order, and the
-    judge samples its one-token decision (`decision_rollout`); `max_tokens` does not apply."""
+    judge samples its one-token decision (`decision_rollout`); `max_tokens` (JSON only, default 256) is
+    refused there with a `ConfigurationError`."""
     from agentrl.config import TrainConfig
     from agentrl.gather import gather_trajectory_groups
 
-    by_pairs = check_readout(readout) == "probabilities"
+    refuse_json_settings(check_readout(readout), max_tokens=max_tokens)
+    by_pairs = readout == "probabilities"
     examples = [e for e in examples if ordered_pairs(e)] if by_pairs else examples
     _require(examples)
     record_readout(judge, readout)
@@ -213,7 +217,8 @@ async def train_judge_rl(
             orders = [rng.sample(range(len(e.message_lists)), len(e.message_lists)) for e in batch]
             unstarted = [
                 TrajectoryGroup(
-                    judge_rollout(judge, e, order, max_tokens=max_tokens) for _ in range(samples_per_example)
+                    judge_rollout(judge, e, order, max_tokens=256 if max_tokens is None else max_tokens)
+                    for _ in range(samples_per_example)
                 )
                 for e, order in zip(batch, orders)
             ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import logging
 import math
 import multiprocessing
@@ -112,8 +113,9 @@ def keep_rank_sockets_on_loopback() -> None:
 
 
 def _place_rank(device: str, cpus: list[int] | None, rendezvous: str) -> None:
-    """Put this rank's process on its device (and its cores, if given); keep its sockets on loopback when
-    every rank is on this machine."""
+    """Put this rank's process on its device (and cores, if given), its sockets on loopback when every rank is
+    on this machine; a native crash (gloo, a kernel) then prints every thread's Python stack."""
+    faulthandler.enable()
     if device == "cpu" and cpus is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
         torch.set_num_threads(len(cpus))
@@ -297,8 +299,7 @@ class TrainerRanks:
 
     def parameter_bytes(self) -> list[int]:
         """Bytes of weights each rank holds (its shards, when sharded)."""
-        sizes: list[list[int]] = self._call(self._all, "parameter_bytes")
-        return [size for one_rank in sizes for size in one_rank]
+        return [size for one_rank in self._call(self._all, "parameter_bytes") for size in one_rank]
 
     # --- driving the ranks ---
 
@@ -392,9 +393,8 @@ class TrainerRanks:
             with contextlib.suppress(OSError, BrokenPipeError):
                 connection.send(("stop", (), {}))
         deadline = time.monotonic() + grace_s
-        for link in self._links:
+        for link, connection in zip(self._links, self._connections, strict=True):
             link.settle(max(0.0, deadline - time.monotonic()))
             link.stop()
-        for connection in self._connections:
             connection.close()
         shutil.rmtree(self._folder, ignore_errors=True)
