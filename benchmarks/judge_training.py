@@ -212,6 +212,7 @@ HEADLINE_START, HEADLINE_END = "<!-- benchmark:judge_headline:start -->", "<!-- 
 POLICY_ROWS = {  # learning.json's runs on one task: trained another way, and by RULER with a judge trained here
     "larger-number": ("larger-number", "larger-number-ruler-trained-judge", "reward"),
     "rubric": ("rubric-rubric", "rubric-ruler-trained-judge", "code-checked pass rate"),
+    "email": ("email-match", "email-ruler-trained-judge", "correct, RL only (from the warm start)"),
 }
 
 

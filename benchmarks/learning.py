@@ -98,7 +98,7 @@ RUNS = {
     ),
     "email-ruler-trained-judge": LearningRun(  # half the held-out questions: a float32 CPU's hour has three evaluations
         "email",
-        "RULER (trained judge)",
+        "RULER (trained judge, read from probabilities)",
         {"correct": metric("correct")},
         {"reward": "ruler", "test_questions": 54},
         trained_judge=True,
