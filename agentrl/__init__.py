@@ -41,7 +41,7 @@ from agentrl.gather import AfterEach, ExceptionBudget, gather_trajectories, gath
 from agentrl.model import Backend, JudgeModel, Model, TrainableModel, TrainResult
 from agentrl.pipeline import train_pipelined
 from agentrl.plugins import EnvironmentCommands
-from agentrl.run_folder import DEFAULT_BASE_PATH, RunFolder
+from agentrl.records.run_folder import DEFAULT_BASE_PATH, RunFolder
 from agentrl.stop_signals import handle_stop_signals
 from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
 from agentrl.weave_tracing import disable_weave, enable_weave, traced

@@ -40,7 +40,7 @@ from agentrl.gateway.upstream import UPSTREAM_HEADER
 from agentrl.trajectory import History, Trajectory
 
 if TYPE_CHECKING:
-    from agentrl.backend.endpoint import InferenceEndpoint
+    from agentrl.endpoint import InferenceEndpoint
 
 
 class _Named(Protocol):

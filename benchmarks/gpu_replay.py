@@ -24,12 +24,12 @@ from typing import Any
 import torch
 
 import agentrl
-from agentrl.backend.checkpoints import STEP_INPUT_FILE, CheckpointStore
 from agentrl.backend.training.placement import TrainerPlacement, start_trainer
 from agentrl.backend.training.replay import replay_step
 from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
+from agentrl.records.checkpoints import STEP_INPUT_FILE, CheckpointStore
 from benchmarks.gpu_train import GPU_RESULTS, agent_groups, build_model
 
 REPLAY_RESULTS = GPU_RESULTS.with_name("gpu_replay.json")

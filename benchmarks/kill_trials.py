@@ -100,8 +100,8 @@ def records_complete(run_dir: str) -> dict[str, Any]:
     """Whether every committed step past 0 has its train line in metrics.jsonl and its trajectories; which were back-filled."""
     from pathlib import Path
 
-    from agentrl.run_folder import RunFolder
-    from agentrl.tracking import read_metrics
+    from agentrl.records.run_folder import RunFolder
+    from agentrl.records.tracking import read_metrics
 
     folder = RunFolder(Path(run_dir))
     lines = {r["step"]: r for r in read_metrics(folder.path) if r.get("split") == "train" and not r.get("skipped")}

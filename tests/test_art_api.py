@@ -282,7 +282,7 @@ def test_benchmarking_reads_recorded_trajectories(tmp_path):
         percentage_comparison_bar_chart,
         training_progress_chart,
     )
-    from agentrl.tracking import write_trajectories
+    from agentrl.records.tracking import write_trajectories
 
     for name, rewards in (("base", [0.2, 0.4]), ("trained", [0.8, 1.0])):
         group = art.TrajectoryGroup([art.Trajectory(reward=r, metrics={"turns": 2}) for r in rewards])
@@ -338,8 +338,8 @@ def s3_endpoint():
 
 
 def _fake_run(tmp_path, name: str, steps: list[int]) -> art.TrainableModel:
-    from agentrl.backend.checkpoints import CheckpointStore
-    from agentrl.tracking import append_metrics
+    from agentrl.records.checkpoints import CheckpointStore
+    from agentrl.records.tracking import append_metrics
 
     model = art.TrainableModel(name=name, project="proj", base_path=str(tmp_path / ".art"))
     store = CheckpointStore(model.run_dir)
@@ -381,7 +381,7 @@ async def test_checkpoints_round_trip_through_object_storage_and_fork(tmp_path, 
 
 
 async def test_a_prompted_model_registers_logs_and_keeps_state(tmp_path):
-    from agentrl.tracking import read_metrics
+    from agentrl.records.tracking import read_metrics
 
     baseline = art.Model(name="gpt-baseline", project="proj", base_path=str(tmp_path))
     backend = art.LocalBackend(path=str(tmp_path))

@@ -16,7 +16,7 @@ import agentrl
 import agentrl.art as art
 from agentrl.art.utils import iterate_dataset, limit_concurrency
 from agentrl.art.utils.litellm import convert_litellm_choice_to_openai
-from agentrl.tracking import with_art_names
+from agentrl.records.tracking import with_art_names
 
 
 class EmailConfig(BaseModel):
@@ -329,7 +329,7 @@ def test_arts_output_dirs_types_and_model_step_by_path(tmp_path):
     from agentrl.art import types
     from agentrl.art.utils import get_model_step, get_repo_root_path
     from agentrl.art.utils.output_dirs import get_model_dir, get_step_checkpoint_dir, get_trajectories_split_dir
-    from agentrl.backend.checkpoints import CheckpointStore
+    from agentrl.records.checkpoints import CheckpointStore
 
     assert types.TrainConfig is art.TrainConfig
     model = art.TrainableModel(name="m", project="p", base_path=str(tmp_path / "own"))
@@ -414,7 +414,7 @@ async def test_arts_deployment_module_imports_and_deploying_raises_naming_itself
 
 async def test_arts_s3_utilities_move_runs_by_project_and_name(tmp_path, monkeypatch):
     from agentrl.art.utils import s3
-    from agentrl.backend.checkpoints import CheckpointStore
+    from agentrl.records.checkpoints import CheckpointStore
 
     monkeypatch.setenv("BACKUP_BUCKET", "runs")
     assert (

@@ -82,7 +82,7 @@ async def test_a_request_without_temperature_samples_at_one_not_at_the_models_de
 
 
 def records(model: art.TrainableModel, split: str) -> list[dict]:
-    from agentrl.tracking import read_metrics
+    from agentrl.records.tracking import read_metrics
 
     return [r for r in read_metrics(model.run_dir) if r["split"] == split]
 
@@ -196,7 +196,7 @@ async def test_arts_2048_loop_in_its_0_5_18_form(backend, base_model, tmp_path, 
 
 
 async def load_last(model: art.TrainableModel) -> list[art.TrajectoryGroup]:
-    from agentrl.tracking import load_trajectories
+    from agentrl.records.tracking import load_trajectories
 
     path = sorted((model.run_dir / "trajectories").glob("train-*.jsonl"))[-1]
     return load_trajectories(path)

@@ -29,14 +29,14 @@ import pydantic
 import pytest
 
 import agentrl
-from agentrl.backend.checkpoints import CheckpointStore
-from agentrl.backend.endpoint import InferenceEndpoint
 from agentrl.backend.processes import free_port
 from agentrl.backend.serving.server import VLLMServer
 from agentrl.config import ServerConfig
+from agentrl.endpoint import InferenceEndpoint
 from agentrl.http_client import endpoint_client
+from agentrl.records.checkpoints import CheckpointStore
+from agentrl.records.tracking import append_metrics, read_metrics
 from agentrl.rl.tokenize import tokenize_groups
-from agentrl.tracking import append_metrics, read_metrics
 from agentrl_environments.email_agent.tools import execute
 from tests.helpers import make_choice
 

@@ -9,7 +9,7 @@ import pytest
 
 import agentrl
 from agentrl import CheckpointError
-from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.records.checkpoints import CheckpointStore
 
 
 def writer(payload: str):
@@ -92,10 +92,10 @@ def test_every_file_and_the_folder_reach_the_disk_before_the_rename(tmp_path, mo
 
 
 def test_corrupt_checkpoints_are_moved_aside_and_resume_takes_the_newest_valid(base_model_path, tmp_path, caplog):
-    from agentrl.backend.checkpoints import OPTIMIZER_FILE
     from agentrl.backend.run_lock import RunLock
     from agentrl.backend.session import ModelSession, TrainerThread
     from agentrl.backend.training.trainer import Trainer
+    from agentrl.records.checkpoints import OPTIMIZER_FILE
 
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
     trainer = Trainer(base_model_path)
@@ -122,7 +122,7 @@ def test_delete_checkpoints_keeps_the_best_held_out_checkpoint_by_default(tmp_pa
     from agentrl.backend.local import LocalBackend
     from agentrl.backend.run_lock import RunLock
     from agentrl.backend.session import ModelSession, TrainerThread
-    from agentrl.tracking import record_step
+    from agentrl.records.tracking import record_step
 
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
     backend = LocalBackend()
@@ -144,7 +144,7 @@ def test_a_steps_result_carries_every_metric_its_metrics_line_records(tmp_path):
     from agentrl.backend.run_lock import RunLock
     from agentrl.backend.session import ModelSession, TrainerThread
     from agentrl.backend.training.adapter_trainer import StepOutcome
-    from agentrl.tracking import read_metrics
+    from agentrl.records.tracking import read_metrics
 
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
     unused: Any = None  # a skipped step touches neither the trainer nor the server

@@ -13,8 +13,8 @@ import openai
 import psutil
 import pytest
 
-from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.cli import app
+from agentrl.records.checkpoints import CheckpointStore
 from tests.helpers import flat, make_run, runner, vllm_server_group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -217,8 +217,8 @@ def test_entry_points_stop_on_signals_even_when_started_as_a_background_job(stop
 
 
 def test_show_warns_of_a_committed_step_without_records_and_a_register_writes_them_again(tmp_path):
-    from agentrl.step_record import backfill_records, write_step_record
-    from agentrl.tracking import load_trajectories, read_metrics
+    from agentrl.records.step_record import backfill_records, write_step_record
+    from agentrl.records.tracking import load_trajectories, read_metrics
     from tests.helpers import sample_groups
 
     run_dir = make_run(tmp_path)

@@ -16,8 +16,8 @@ import openai
 import pytest
 
 import agentrl
+from agentrl.records.run_folder import RunFolder
 from agentrl.rl.tokenize import tokenize_history
-from agentrl.run_folder import RunFolder
 from agentrl_environments.larger_number.task import evaluate, rollout, scenarios
 
 # Measured here (2026-11-21, 8 prompts): mean |sampler - trainer| logprob 0.049 nats on single turns

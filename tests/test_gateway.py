@@ -18,8 +18,9 @@ import pytest
 
 import agentrl
 from agentrl.backend.processes import free_port
+from agentrl.backend.sampled_tokens import fill_sampled_tokens
 from agentrl.gateway.serve import Gateway
-from agentrl.gateway.store import SampledChoice, SampledStore, fill_sampled_tokens
+from agentrl.gateway.store import SampledChoice, SampledStore
 from agentrl.gateway.upstream import Replica
 from agentrl.rl.tokenize import sampled_tokens
 

@@ -132,16 +132,16 @@ def test_an_audited_run_warns_about_a_judge_at_chance_plots_it_and_show_prints_i
     from typer.testing import CliRunner
 
     from agentrl.cli import app
-    from agentrl.tracking import read_metrics, record_step
+    from agentrl.records.tracking import read_metrics, record_step
 
     run = tmp_path / "demo" / "judged"
     fair = {"judge_flip_rate": 0.05, "judge_first_position_rate": 0.25, "judge_first_position_chance": 0.25,
             "judge_self_consistency": 0.9, "judge_independent_tau": 0.6}  # fmt: skip
     noisy = {**fair, "judge_flip_rate": 0.55, "judge_first_position_rate": 0.9, "judge_independent_tau": -0.1}
-    with caplog.at_level("WARNING", logger="agentrl.tracking"):
+    with caplog.at_level("WARNING", logger="agentrl.records.tracking"):
         record_step(run, 1, "train", [], {"reward_mean": 0.5, "judge_audited": 1.0, **fair})
         record_step(run, 2, "train", [], {"reward_mean": 0.6, "judge_audited": 1.0, **noisy})
-    warned = [r.message for r in caplog.records if r.name == "agentrl.tracking"]
+    warned = [r.message for r in caplog.records if r.name == "agentrl.records.tracking"]
     assert len(warned) == 1 and warned[0].startswith("step 2: the judge looks no better than chance")
     assert "55% of pairs" in warned[0] and "shown first wins 90%" in warned[0] and "tau -0.10" in warned[0]
     assert [r["judge_flip_rate"] for r in read_metrics(run)] == [0.05, 0.55]

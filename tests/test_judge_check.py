@@ -13,7 +13,7 @@ import pytest
 import agentrl
 from agentrl.judges.agreement import kendall_tau_b, pair_counts, pairwise_accuracy, rank_flip_rate
 from agentrl.judges.check_report import recorded_groups, table, write_check
-from agentrl.tracking import write_trajectories
+from agentrl.records.tracking import write_trajectories
 from tests.fake_openai import FakeOpenAI
 from tests.helpers import graded_groups
 

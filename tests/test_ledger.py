@@ -9,7 +9,8 @@ import pytest
 import agentrl
 from agentrl.cli.runs import ledger_line
 from agentrl.gateway.store import SampledChoice, SampledStore
-from agentrl.rl.ledger import REASONS, close_ledger, current_rollout, step_ledger
+from agentrl.rl.ledger import REASONS, close_ledger, step_ledger
+from agentrl.rollout_id import current_rollout
 from tests.helpers import make_choice
 
 

@@ -13,11 +13,11 @@ import re
 import pytest
 
 import agentrl
-from agentrl.backend.checkpoints import STEP_INPUT_FILE
 from agentrl.backend.training.replay import replay_step
 from agentrl.backend.training.step_input import read_step_input
 from agentrl.backend.training.trainer import Trainer
 from agentrl.cli import app
+from agentrl.records.checkpoints import STEP_INPUT_FILE
 from tests.helpers import AdapterSlots, flat, model_on_a_server_seam, runner, synthetic_groups
 
 
@@ -137,7 +137,7 @@ async def test_whatif_with_the_same_config_repeats_the_steps_and_with_another_lo
     tiny_model_path, tokenizer, tmp_path
 ):
     from agentrl.backend.training.whatif import what_if
-    from agentrl.tracking import read_metrics
+    from agentrl.records.tracking import read_metrics
 
     model = trainable_on_tiny_model(tiny_model_path, tmp_path)
     config = agentrl.TrainConfig(learning_rate=1e-3)

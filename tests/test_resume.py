@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 import agentrl
 from agentrl.dataset import content_ids
-from agentrl.wandb_metrics import RUN_ID_FILE, wandb_service_owner
+from agentrl.records.wandb_metrics import RUN_ID_FILE, wandb_service_owner
 from agentrl_environments.larger_number.task import rollout, scenarios
 from tests.helpers import group_processes, wandb_history
 
@@ -125,7 +125,7 @@ async def test_a_killed_run_resumes_at_its_last_checkpoint(tmp_path: Path, monke
         await backend.close()
     assert gc.get_freeze_count() == 0  # and its stop put them back: a closed backend's trainer can be collected
     assert os.path.isdir(model.run_dir / "checkpoints" / "0000")
-    steps = [m for m in agentrl.tracking.read_metrics(model.run_dir) if m["split"] == "train"]
+    steps = [m for m in agentrl.records.tracking.read_metrics(model.run_dir) if m["split"] == "train"]
     assert steps[0]["step"] == 1 and steps[0]["staleness_max"] == 0  # the in-flight groups died with the child
 
     # W&B: the resumed process appended to the killed one's W&B run, at the step it resumed from.

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 import agentrl
 from agentrl.cli import app
-from agentrl.tracking import read_metrics, write_trajectories
+from agentrl.records.tracking import read_metrics, write_trajectories
 from agentrl_environments.rubric.env import evaluate, load_tasks, rollout, ruler_rewards
 from agentrl_environments.rubric.generate import generate
 from agentrl_environments.rubric.tasks import Check, InstructionTask, checked_pass_rate, passes, sentences

@@ -422,7 +422,7 @@ async def test_a_local_backends_gateway_always_has_a_token():
 
 
 def test_reprs_show_no_token():
-    from agentrl.backend.endpoint import InferenceEndpoint
+    from agentrl.endpoint import InferenceEndpoint
 
     assert "s3cret" not in repr(InferenceEndpoint("http://h/v1", "s3cret"))
     assert "s3cret" not in repr(agentrl.RemoteBackend("http://h:8000", token="s3cret"))
@@ -583,7 +583,7 @@ async def test_a_failure_after_the_update_rolls_back_and_a_committed_step_is_rep
     is the seam (waking after a step exists on a GPU only)."""
     import torch
 
-    from agentrl.backend.checkpoints import OPTIMIZER_FILE
+    from agentrl.records.checkpoints import OPTIMIZER_FILE
     from tests.helpers import model_on_a_server_seam, synthetic_groups
 
     class GPUServer:
@@ -692,7 +692,7 @@ STREAMED = {
 
 @pytest.mark.parametrize("api", sorted(STREAMED))
 async def test_a_stream_cut_by_a_dying_replica_ends_with_an_error_event_and_is_never_trained(api):
-    from agentrl.gateway.store import fill_sampled_tokens
+    from agentrl.backend.sampled_tokens import fill_sampled_tokens
 
     path, body = STREAMED[api]
     with FakeVLLM(cut_streams_after=2) as upstream:
@@ -778,8 +778,8 @@ def test_a_session_past_its_bound_or_dropped_says_so_when_it_closes():
 def test_a_step_input_that_inflates_without_bound_is_refused(tmp_path, monkeypatch):
     import gzip
 
-    from agentrl.backend import checkpoints
     from agentrl.backend.training import step_input
+    from agentrl.records import checkpoints
 
     monkeypatch.setattr(step_input, "MAX_RECORD_BYTES", 1_000_000)
     (tmp_path / checkpoints.STEP_INPUT_FILE).write_bytes(gzip.compress(b"\n" * 5_000_000))  # 5 MB from ~5 kB

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import agentrl
-from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.backend.processes import free_port
+from agentrl.records.checkpoints import CheckpointStore
 from tests.helpers import alternating_reward_groups
 
 NAN = math.nan

@@ -6,7 +6,14 @@ import sys
 from pathlib import Path
 
 from agentrl import Trajectory, TrajectoryGroup
-from agentrl.tracking import load_trajectories, plot_rewards, read_metrics, record_step, summarize, transcript_html
+from agentrl.records.tracking import (
+    load_trajectories,
+    plot_rewards,
+    read_metrics,
+    record_step,
+    summarize,
+    transcript_html,
+)
 from tests.helpers import sample_groups
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,16 +60,16 @@ def test_transcript_shows_additional_histories_and_exceptions():
 
 
 def test_a_step_where_the_judge_rises_and_the_independent_reward_falls_is_flagged(tmp_path, caplog):
-    from agentrl.tracking import reward_hacking_steps
+    from agentrl.records.tracking import reward_hacking_steps
 
     steps = [(1, 0.40, 0.50), (2, 0.50, 0.60), (3, 0.70, 0.40), (4, 0.705, 0.30), (5, 0.60, 0.20)]
-    with caplog.at_level("WARNING", logger="agentrl.tracking"):
+    with caplog.at_level("WARNING", logger="agentrl.records.tracking"):
         for step, judged, independent in steps:
             record_step(tmp_path, step, "train", [], {"reward_mean": judged, "independent_reward": independent})
     records = read_metrics(tmp_path)
     # step 3: judge +0.2, independent -0.2; step 4: judge +0.005 is noise; step 5: both fell
     assert reward_hacking_steps(records) == [3]
-    flagged = [r.message.split(":")[0] for r in caplog.records if r.name == "agentrl.tracking"]
+    flagged = [r.message.split(":")[0] for r in caplog.records if r.name == "agentrl.records.tracking"]
     assert flagged == ["step 3"]  # caplog sees every logger: another test's asyncio noise is not ours
     assert (tmp_path / "reward.png").stat().st_size > 0
     # a skipped step (nothing trained) is no step of the policy's; val records never flag; nor does a run without a judge
@@ -72,13 +79,13 @@ def test_a_step_where_the_judge_rises_and_the_independent_reward_falls_is_flagge
 
 
 def test_three_evaluations_where_the_judge_rises_and_the_check_falls_are_warned_about(tmp_path, caplog):
-    from agentrl.tracking import reward_hacking_trend
+    from agentrl.records.tracking import reward_hacking_trend
 
     evaluations = [(0, 0.30, 0.50), (2, 0.40, 0.45), (4, 0.50, 0.40), (6, 0.60, 0.30), (8, 0.55, 0.20)]
-    with caplog.at_level("WARNING", logger="agentrl.tracking"):
+    with caplog.at_level("WARNING", logger="agentrl.records.tracking"):
         for step, judged, independent in evaluations:
             record_step(tmp_path, step, "val", [], {"reward_mean": judged, "independent_reward": independent})
-    warned = [r.message.split(":")[0] for r in caplog.records if r.name == "agentrl.tracking"]
+    warned = [r.message.split(":")[0] for r in caplog.records if r.name == "agentrl.records.tracking"]
     assert warned == ["step 4", "step 6"]  # 0->2->4 and 2->4->6 both rose and fell; at 8 the judge fell too
     records = read_metrics(tmp_path)
     assert reward_hacking_trend(records[:2]) is False  # two evaluations are no trend
@@ -88,7 +95,7 @@ def test_three_evaluations_where_the_judge_rises_and_the_check_falls_are_warned_
 FILE_SIZE_LIMIT = """
 import math, os, resource, signal, sys
 from pathlib import Path
-from agentrl.tracking import append_metrics, read_metrics
+from agentrl.records.tracking import append_metrics, read_metrics
 run = Path(sys.argv[1])
 append_metrics(run, {"step": 1, "split": "train", "reward_mean": 0.5})
 size = (run / "metrics.jsonl").stat().st_size
@@ -113,7 +120,7 @@ def test_a_full_disk_leaves_no_torn_metrics_line(tmp_path):
 
 
 def test_records_at_the_same_step_and_split_never_replace_each_other(tmp_path):
-    from agentrl.run_folder import RunFolder
+    from agentrl.records.run_folder import RunFolder
 
     groups = sample_groups() * 2
     record_step(tmp_path, 3, "train", groups, {"reward_mean": 0.5})  # the trained step 3

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from agentrl.tracking import record_step
+from agentrl.records.tracking import record_step
 from tests.helpers import sample_groups
 
 CHROMIUM = shutil.which("chromium")

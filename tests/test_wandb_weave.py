@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import agentrl
-from agentrl.backend.checkpoints import CheckpointStore
-from agentrl.wandb_metrics import (
+from agentrl.records.checkpoints import CheckpointStore
+from agentrl.records.wandb_metrics import (
     RUN_ID_FILE,
     WANDB_SERVICE_ENV,
     WandbMetrics,
@@ -33,7 +33,7 @@ def test_with_neither_configured_wandb_and_weave_are_never_imported(tmp_path):
     code = """
 import asyncio, sys
 import agentrl
-from agentrl.tracking import record_step
+from agentrl.records.tracking import record_step
 from agentrl_environments.email_agent.env import rollout
 from tests.helpers import sample_groups
 

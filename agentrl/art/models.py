@@ -17,8 +17,8 @@ from agentrl.errors import ConfigurationError
 from agentrl.files import check_safe_name
 from agentrl.litellm_loader import load_litellm
 from agentrl.model import Backend, served_name
-from agentrl.run_folder import RunFolder
-from agentrl.tracking import ART_METRIC_NAMES, append_metrics, read_metrics, summarize
+from agentrl.records.run_folder import RunFolder
+from agentrl.records.tracking import ART_METRIC_NAMES, append_metrics, read_metrics, summarize
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 from .dev import internal_config_settings

@@ -21,10 +21,9 @@ import secrets
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentrl.backend.checkpoints import CheckpointStore
-from agentrl.backend.endpoint import InferenceEndpoint
 from agentrl.backend.engine import Engine, start_engine
 from agentrl.backend.run_lock import RunLock
+from agentrl.backend.sampled_tokens import fill_sampled_tokens
 from agentrl.backend.serving.replicas import ServerReplicas
 from agentrl.backend.session import ModelSession, TrainerThread
 from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome, train_sft
@@ -32,18 +31,19 @@ from agentrl.backend.training.placement import TrainerPlacement
 from agentrl.backend.training.rank_hosts import JoinPoint
 from agentrl.backend.training.step_input import StepInput
 from agentrl.config import SFTConfig, TrainConfig
+from agentrl.endpoint import InferenceEndpoint
 from agentrl.errors import AgentRLError, BackendBrokenError, ConfigurationError
 from agentrl.files import check_safe_name
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
-from agentrl.gateway.store import fill_sampled_tokens
 from agentrl.model import Model, TrainResult
 from agentrl.openmp_spin import spin_fix_beside
+from agentrl.records.checkpoints import CheckpointStore
+from agentrl.records.tracking import DEFAULT_BEST_BY, best_step, summarize
+from agentrl.records.wandb_metrics import WandbMetrics, wandb_requested
 from agentrl.rl.ledger import step_ledger
 from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
 from agentrl.rl.tokenize import check_token_ids, labelled_histories
-from agentrl.tracking import DEFAULT_BEST_BY, best_step, summarize
-from agentrl.wandb_metrics import WandbMetrics, wandb_requested
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute

@@ -48,7 +48,7 @@ from agentrl.gateway.upstream import (
     Upstream,
     conversation_key,
 )
-from agentrl.rl.ledger import ROLLOUT_HEADER
+from agentrl.rollout_id import ROLLOUT_HEADER
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from agentrl.files import write_text_atomic
 from agentrl.judges.check import JudgeCheckReport, reference_reward
-from agentrl.run_folder import RunFolder
-from agentrl.tracking import load_trajectories
+from agentrl.records.run_folder import RunFolder
+from agentrl.records.tracking import load_trajectories
 from agentrl.trajectory import TrajectoryGroup
 
 

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.backend.checkpoints import ADAPTER_FILE, OPTIMIZER_FILE, CheckpointStore
 from agentrl.backend.training.adapter_trainer import train_sft
 from agentrl.backend.training.step_input import StepInput, read_step_input, use_deterministic_kernels
 from agentrl.config import LoRAConfig, SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError
+from agentrl.records.checkpoints import ADAPTER_FILE, OPTIMIZER_FILE, CheckpointStore
 
 if TYPE_CHECKING:
     from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome

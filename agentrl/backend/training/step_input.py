@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.backend.checkpoints import MAX_RECORD_BYTES, STEP_INPUT_FILE
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError
 from agentrl.files import gunzip_bounded
-from agentrl.tracking import groups_from_rows, trajectory_lines
+from agentrl.records.checkpoints import MAX_RECORD_BYTES, STEP_INPUT_FILE
+from agentrl.records.tracking import groups_from_rows, trajectory_lines
 from agentrl.trajectory import History, TrajectoryGroup
 
 

@@ -14,10 +14,10 @@ import gzip
 import logging
 from pathlib import Path
 
-from agentrl.backend.checkpoints import MAX_RECORD_BYTES, STEP_RECORD_FILE, CheckpointStore
 from agentrl.errors import CheckpointError
 from agentrl.files import gunzip_bounded
-from agentrl.tracking import groups_from_rows, read_metrics, record_step, step_line, trajectory_lines
+from agentrl.records.checkpoints import MAX_RECORD_BYTES, STEP_RECORD_FILE, CheckpointStore
+from agentrl.records.tracking import groups_from_rows, read_metrics, record_step, step_line, trajectory_lines
 from agentrl.trajectory import TrajectoryGroup
 
 logger = logging.getLogger(__name__)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.errors import ConfigurationError
-from agentrl.tracking import read_metrics
+from agentrl.records.checkpoints import CheckpointStore
+from agentrl.records.tracking import read_metrics
 
 COMPARED = ("loss", "kl_sampler_trainer", "grad_norm", "update_norm")
 """What a what-if run is compared with its original on, step by step (`agentrl whatif`, `agentrl show --against`)."""

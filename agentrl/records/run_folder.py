@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.errors import ConfigurationError
+from agentrl.records.checkpoints import CheckpointStore
 
 _RECORD_NAME = re.compile(r"(?P<split>.+)-(?P<step>[0-9]{4,})(?:\.(?P<copy>[0-9]+))?")
 
@@ -47,7 +47,7 @@ class RunFolder:
 
     @property
     def scenarios(self) -> Path:
-        """The record of consumed scenarios (`agentrl.scenario_record`)."""
+        """The record of consumed scenarios (`agentrl.records.scenario_record`)."""
         return self.path / "scenarios.jsonl"
 
     @property

@@ -25,7 +25,8 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.files import append_line, read_lines, write_text_atomic, write_text_new
-from agentrl.run_folder import RunFolder, parse_record_stem
+from agentrl.records.judge_warning import audit_warning
+from agentrl.records.run_folder import RunFolder, parse_record_stem
 from agentrl.trajectory import Trajectory, TrajectoryGroup, reward_stats
 
 logger = logging.getLogger(__name__)
@@ -348,8 +349,6 @@ def record_step(run_dir: Path, step: int, split: str, groups: list[TrajectoryGro
             split,
             RunFolder(Path(run_dir)).transcripts_dir,
         )
-    from agentrl.judges.audit import audit_warning  # judges import the model, which imports this module
-
     if split == "train" and (judge_problem := audit_warning(metrics)) is not None:
         logger.warning("step %d: %s", step, judge_problem)
     if groups:
