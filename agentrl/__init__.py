@@ -46,23 +46,21 @@ from agentrl.stop_signals import handle_stop_signals
 from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
 from agentrl.weave_tracing import disable_weave, enable_weave, traced
 
-if TYPE_CHECKING:  # the names loaded lazily below, for type checkers
-    from agentrl.backend.local import LocalBackend
-    from agentrl.judges import (
-        JudgeAudit,
-        JudgeCheckReport,
-        JudgeExample,
-        JudgeLimiter,
-        RubricTask,
-        check_judge,
-        judge_rubrics,
-        load_rubric_tasks,
-        rubric_rollout,
-        ruler_score_group,
-        train_judge,
-        train_judge_rl,
-    )
-    from agentrl.judges.ruler import ruler  # the function, not its module
+if TYPE_CHECKING:  # the names `_LAZY` loads on first use, for type checkers (explicitly re-exported)
+    from agentrl.backend.local import LocalBackend as LocalBackend
+    from agentrl.judges import JudgeAudit as JudgeAudit
+    from agentrl.judges import JudgeCheckReport as JudgeCheckReport
+    from agentrl.judges import JudgeExample as JudgeExample
+    from agentrl.judges import JudgeLimiter as JudgeLimiter
+    from agentrl.judges import RubricTask as RubricTask
+    from agentrl.judges import check_judge as check_judge
+    from agentrl.judges import judge_rubrics as judge_rubrics
+    from agentrl.judges import load_rubric_tasks as load_rubric_tasks
+    from agentrl.judges import rubric_rollout as rubric_rollout
+    from agentrl.judges import ruler_score_group as ruler_score_group
+    from agentrl.judges import train_judge as train_judge
+    from agentrl.judges import train_judge_rl as train_judge_rl
+    from agentrl.judges.ruler import ruler as ruler  # the function, not its module
 
 try:
     __version__ = _metadata.version("agentrl")
@@ -105,7 +103,7 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
 
 
-__all__ = [
+__all__ = [  # and every name in _LAZY, added below
     "AfterEach",
     "EnvironmentCommands",
     "JudgeModel",
@@ -128,7 +126,6 @@ __all__ = [
     "History",
     "ImportanceSamplingLoss",
     "JudgeError",
-    "LocalBackend",
     "RemoteBackend",
     "LoRAConfig",
     "Model",
@@ -161,17 +158,5 @@ __all__ = [
     "gather_trajectories",
     "gather_trajectory_groups",
     "traced",
-    "JudgeAudit",
-    "JudgeCheckReport",
-    "JudgeExample",
-    "JudgeLimiter",
-    "RubricTask",
-    "check_judge",
-    "judge_rubrics",
-    "load_rubric_tasks",
-    "rubric_rollout",
-    "ruler",
-    "ruler_score_group",
-    "train_judge",
-    "train_judge_rl",
 ]
+__all__ += list(_LAZY)

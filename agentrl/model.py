@@ -255,6 +255,11 @@ class TrainableModel(Model):
         return RunFolder.of(self.project, self.name, self.base_path)
 
     @property
+    def step(self) -> int:
+        """The step of the adapter served now, as this model last heard (`await get_step()` asks the backend)."""
+        return self._step
+
+    @property
     def inference_name(self) -> str:
         """ "{name}@{step}": the adapter the server serves for the current step."""
         return served_name(self.name, self._step)

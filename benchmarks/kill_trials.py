@@ -56,14 +56,14 @@ async def child(base_path: str, mode: str, count: int) -> None:
             show_progress=False,
         )
     )
-    print(f"RESUMED {model._step} {sum(len(b.keys) for b in batches)}", flush=True)
+    print(f"RESUMED {model.step} {sum(len(b.keys) for b in batches)}", flush=True)
 
     def groups_of(batch: agentrl.DatasetBatch[Any]) -> list[agentrl.TrajectoryGroup]:
         return batch.groups(lambda s: agentrl.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE)))
 
     config = agentrl.TrainConfig(learning_rate=1e-4, truncated_importance_sampling=2.0)
     if mode == "pipelined" and batches:
-        first = model._step
+        first = model.step
         await agentrl.train_pipelined(
             model,
             lambda m, step: groups_of(batches[step - first]),

@@ -290,3 +290,32 @@ def test_test_modules_share_builders_through_helpers_never_through_each_other():
     for path in tests.glob("*.py"):
         borrowed = {m for m in runtime_imports(path) if m.startswith("tests.test_")}
         assert not borrowed, f"{path.name} imports from {sorted(borrowed)}: move what it shares into tests/helpers.py"
+
+
+def test_the_lazily_loaded_names_are_listed_once_and_typed_where_they_load():
+    """`_LAZY` is the list; the TYPE_CHECKING imports give each name its type from the module it loads from."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    typed = {
+        alias.asname: node.module
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    lazy = dict(agentrl._LAZY)
+    assert typed == {name: "agentrl.judges.ruler" if name == "ruler" else module for name, module in lazy.items()}
+    assert set(lazy) <= set(agentrl.__all__) and len(agentrl.__all__) == len(set(agentrl.__all__))
+
+
+def test_the_judges_raise_agentrls_typed_errors_not_bare_value_errors():
+    """Bad input to a judge is a `ConfigurationError` (a ValueError too) naming the fix; only pydantic's own
+    validation hooks raise a plain ValueError, which pydantic turns into its ValidationError."""
+    bare = []
+    for path in (PACKAGE / "judges").rglob("*.py"):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) and function.name != "model_post_init":
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Raise) and node.exc is not None and "ValueError(" in ast.unparse(node.exc):
+                        bare.append(f"{path.name}:{node.lineno} in {function.name}")
+    assert bare == []

@@ -101,7 +101,7 @@ async def test_debiased_ruler_spreads_a_position_bias_over_the_group(fake, judge
     first_mean = statistics.fmean(g.rewards[0] for g in debiased)
     assert 0.25 <= first_mean <= 0.75, first_mean
     assert len(fake.requests) == len(groups) + 6 * len(groups)
-    with pytest.raises(ValueError, match="permutations"):
+    with pytest.raises(agentrl.ConfigurationError, match="permutations"):
         await ruler_score_group(groups[0], judge, permutations=0)
 
 

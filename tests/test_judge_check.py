@@ -117,5 +117,5 @@ async def test_a_check_from_a_run_folder_writes_json_and_a_page(tmp_path, fake):
     saved = json.loads(json_path.read_text())
     assert saved[0]["pairwise_accuracy"]["value"] == 1.0 and saved[0]["groups_per_step"] == 3
     assert "pairwise acc" in html_path.read_text() and "openai/oracle-judge at http" in table([report])
-    with pytest.raises(ValueError, match="no recorded val trajectories"):
+    with pytest.raises(agentrl.ConfigurationError, match="no recorded val trajectories"):
         recorded_groups(run_dir, split="val")

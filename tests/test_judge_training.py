@@ -39,7 +39,7 @@ def test_examples_come_from_groups_with_a_check_and_round_trip_through_jsonl(tmp
     path = write_examples(tmp_path / "judge.jsonl", examples)
     assert load_examples(path) == examples
     path.write_text(path.read_text() + '{"message_lists": [], "labels": []}\n')
-    with pytest.raises(ValueError, match=r"judge.jsonl:3: not a judge example"):
+    with pytest.raises(agentrl.ConfigurationError, match=r"judge.jsonl:3: not a judge example"):
         load_examples(path)
     with pytest.raises(ValueError, match="2 labels for 3 attempts"):
         JudgeExample(message_lists=[[{"role": "user", "content": "x"}]] * 3, labels=[0.0, 1.0])

@@ -139,7 +139,7 @@ async def test_a_failed_rubric_judgement_skips_the_rollout_and_is_counted(fake, 
 def test_rubric_tasks_load_from_jsonl_and_bad_lines_name_their_number(tmp_path):
     path = tmp_path / "tasks.jsonl"
     path.write_text('{"task_id": "a", "prompt": "p", "rubrics": ["r1", "r2"]}\n\n{"task_id": "b", "prompt": "p"}\n')
-    with pytest.raises(ValueError, match=r"tasks.jsonl:3: .*rubrics"):
+    with pytest.raises(agentrl.ConfigurationError, match=r"tasks.jsonl:3: .*rubrics"):
         load_rubric_tasks(path)
     path.write_text('{"task_id": "a", "prompt": "p", "rubrics": ["r1", "r2"]}\n')
     assert load_rubric_tasks(path)[0].rubrics == ["r1", "r2"]

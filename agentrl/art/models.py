@@ -243,7 +243,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         return self._require_backend().endpoint(self).api_key
 
     def _served_name(self, step: int | None) -> str:
-        return served_name(self.name, self._step if step is None else step)
+        return served_name(self.name, self.step if step is None else step)
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """`litellm.acompletion` keywords for this model's adapter at `step` (default: current), temperature 1."""

@@ -105,7 +105,7 @@ def judge_histories(examples: list[JudgeExample], *, orders: int = 2, seed: int 
 
 def _require(examples: list[JudgeExample]) -> None:
     if not examples:
-        raise ValueError(
+        raise ConfigurationError(
             "no judge examples: build them with examples_from_groups from groups that kept a check "
             "(their attempts must score differently)"
         )
