@@ -50,6 +50,7 @@ def measure(name: str, path: Path, run_dir: Path, deterministic: bool) -> dict[s
         outcome = trainer.train_step("default", groups, config)
         torch.cuda.synchronize()
         step_s.append(round(time.perf_counter() - started, 3))
+        assert outcome.conditions is not None, "every step of this benchmark updates"
         trained_on = StepInput(groups, config, outcome.conditions)
 
         def write(folder: Path, trained_on: StepInput = trained_on) -> None:
@@ -66,7 +67,7 @@ def measure(name: str, path: Path, run_dir: Path, deterministic: bool) -> dict[s
         "largest_difference": report.largest_difference,
         "largest_difference_in": report.largest_difference_in,
         "differing_conditions": {k: list(v) for k, v in report.differing_conditions.items()},
-        "conditions": outcome.conditions,
+        "conditions": outcome.conditions.as_record(),
         "replay_s": round(time.perf_counter() - started, 1),
         "step_s": step_s,
         "tokens_per_step": outcome.metrics["total_tokens"],

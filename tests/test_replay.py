@@ -5,12 +5,14 @@ and on the packaged model behind the real server (slow)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
 import re
 
 import pytest
+import torch
 
 import agentrl
 from agentrl.backend.training.replay import replay_step
@@ -35,7 +37,7 @@ async def test_a_step_records_its_input_and_replays_to_the_same_bytes(tiny_model
     assert second.metrics["step_input_bytes"] == recorded.stat().st_size > 0
     step_input = read_step_input(recorded.parent)
     assert step_input.config == config and len(step_input.groups) == 3
-    assert step_input.conditions["micro_batch_tokens"] == 2048 and step_input.conditions["ranks"] == 1
+    assert step_input.conditions.micro_batch_tokens == 2048 and step_input.conditions.ranks == 1
     assert not (model.run_dir / "checkpoints" / "0000" / STEP_INPUT_FILE).exists()  # nothing trained into step 0
 
     report = replay_step(model.run_dir, 2)
@@ -109,8 +111,8 @@ async def test_a_supervised_call_records_its_demonstrations_and_replays_to_the_s
     assert [(d.messages(), d.tools) for d in step_input.demonstrations] == [
         (d.messages(), d.tools) for d in demonstrations()
     ]
-    assert step_input.conditions["micro_batch_tokens"] == 64
-    assert step_input.conditions["batch_micro_batch_tokens"] == [64, 64, 64, 64]  # each batch's, in order
+    assert step_input.conditions.micro_batch_tokens == 64
+    assert step_input.conditions.batch_micro_batch_tokens == (64, 64, 64, 64)  # each batch's, in order
 
     report = replay_step(model.run_dir, 2)
     assert report.identical and report.largest_difference == 0.0 and not report.differing_conditions
@@ -193,7 +195,7 @@ async def test_a_deterministic_trainer_records_it_and_replay_trains_deterministi
         assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
         trainer.add_adapter("default", agentrl.LoRAConfig())
         outcome = trainer.train_step("default", synthetic_groups(tokenizer, seed=7, size=2), agentrl.TrainConfig())
-        assert outcome.conditions["deterministic"] is True
+        assert outcome.conditions is not None and outcome.conditions.deterministic is True
     finally:
         torch.use_deterministic_algorithms(False)
 
@@ -236,7 +238,7 @@ async def test_a_step_of_two_trainer_ranks_replays_on_two_ranks_to_the_same_byte
     finally:
         session.trainer.close()
     conditions = read_step_input(session.model.run_dir / "checkpoints" / "0001").conditions
-    assert (conditions["ranks"], conditions["sharded"]) == (2, sharded)
+    assert (conditions.ranks, conditions.sharded) == (2, sharded)
     report = replay_step(session.model.run_dir, 1)
     assert report.identical and not report.differing_conditions, (
         report.largest_difference,
@@ -254,3 +256,14 @@ async def test_a_step_of_the_real_loop_replays_to_the_same_bytes(served_model, t
     assert not result.skipped
     report = replay_step(served_model.run_dir, result.step)
     assert report.identical, (report.largest_difference, report.largest_difference_in, report.differing_conditions)
+
+
+def test_training_conditions_round_trip_and_read_an_older_checkpoints_record():
+    from agentrl.backend.training.step_input import TrainingConditions
+
+    conditions = TrainingConditions.here(512, bf16=False, device="cpu", ranks=2, sharded=True)
+    sft = dataclasses.replace(conditions, batch_micro_batch_tokens=(512, 256))
+    assert TrainingConditions.from_record(json.loads(json.dumps(sft.as_record()))) == sft
+    assert "batch_micro_batch_tokens" not in conditions.as_record() and conditions.threads == torch.get_num_threads()
+    older = TrainingConditions.from_record({"micro_batch_tokens": 2048, "threads": 2, "bf16": True, "device": "cpu"})
+    assert (older.ranks, older.sharded, older.deterministic, older.torch) == (1, False, False, None)

@@ -95,6 +95,7 @@ def what_if(
             outcome = train_recorded(trainer, step_input, config)
             after = trainer_state(trainer)
             changed = {**outcome.metrics, "update_norm": update_norm(before, after)}
+            assert outcome.conditions is not None  # train_recorded raises for a step that did not update
             trained_on = StepInput(step_input.groups, config, outcome.conditions)
             out.save(step, functools.partial(_write_step, trainer, trained_on), {"metrics": changed, **origin})
             append_metrics(out_dir, {"step": step, "split": "train", **changed})
