@@ -68,32 +68,14 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
     __version__ = "0.0.0+unknown"
 
 # Loaded on first use, not with `import agentrl`: the judges load litellm (2.5 s to import), and the local
-# backend loads torch, transformers and peft, which a client of a remote backend does not install.
-_LAZY = {
-    "LocalBackend": "agentrl.backend.local",
-    **{
-        name: "agentrl.judges"
-        for name in (
-            "JudgeAudit",
-            "JudgeCheckReport",
-            "JudgeExample",
-            "JudgeLimiter",
-            "RubricTask",
-            "check_judge",
-            "judge_rubrics",
-            "load_rubric_tasks",
-            "rubric_rollout",
-            "ruler",
-            "ruler_score_group",
-            "train_judge",
-            "train_judge_rl",
-        )
-    },
-}
+# backend loads torch, transformers and peft, which a client of a remote backend does not install. They are
+# the public names (`__all__`, below) not defined by the imports above; the TYPE_CHECKING imports type them.
+_LAZY_MODULES = {"LocalBackend": "agentrl.backend.local"}
+"""Where a lazily loaded name lives, where it is not `agentrl.judges`."""
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
+    if name in _LAZY:  # defined below __all__, from it
         import importlib
 
         from agentrl.backend.extras import missing_backend_extra
@@ -103,7 +85,7 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
 
 
-__all__ = [  # and every name in _LAZY, added below
+__all__ = [
     "AfterEach",
     "EnvironmentCommands",
     "JudgeModel",
@@ -158,5 +140,19 @@ __all__ = [  # and every name in _LAZY, added below
     "gather_trajectories",
     "gather_trajectory_groups",
     "traced",
+    "JudgeAudit",
+    "JudgeCheckReport",
+    "JudgeExample",
+    "JudgeLimiter",
+    "RubricTask",
+    "check_judge",
+    "judge_rubrics",
+    "load_rubric_tasks",
+    "rubric_rollout",
+    "ruler",
+    "ruler_score_group",
+    "train_judge",
+    "train_judge_rl",
+    "LocalBackend",
 ]
-__all__ += list(_LAZY)
+_LAZY = {name: _LAZY_MODULES.get(name, "agentrl.judges") for name in __all__ if name not in globals()}

@@ -83,7 +83,9 @@ def main() -> None:
     parser.add_argument("--packaged", help="a folder with the packaged model's config.json and tokenizer files")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks.gpu_replay needs a CUDA GPU; on a CPU, tests/test_replay.py replays steps")
+        raise SystemExit(
+            "benchmarks.gpu_replay needs a CUDA GPU; on a CPU, tests/backend/training/test_replay.py replays steps"
+        )
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     packaged = args.packaged or resolve_base_model("smollm2-135m-instruct")
     gpu = torch.cuda.get_device_name()

@@ -287,13 +287,28 @@ def test_a_model_without_a_backend_says_how_to_get_one():
 
 def test_test_modules_share_builders_through_helpers_never_through_each_other():
     tests = PACKAGE.parent / "tests"
-    for path in tests.glob("*.py"):
-        borrowed = {m for m in runtime_imports(path) if m.startswith("tests.test_")}
+    for path in tests.rglob("*.py"):
+        borrowed = {m for m in runtime_imports(path) if m.startswith("tests.") and m.split(".")[-1].startswith("test_")}
         assert not borrowed, f"{path.name} imports from {sorted(borrowed)}: move what it shares into tests/helpers.py"
 
 
+def test_the_tests_mirror_the_package():
+    """Each of agentrl's packages and the backend's rooms has its tests in the same place under tests/
+    (agentrl/backend/training -> tests/backend/training); tests of agentrl's own modules sit in tests/ itself, and tests/behaviour holds
+    what crosses the layers (security, bad input, faults, kill trials, the closed loop, the notebooks)."""
+    tests = PACKAGE.parent / "tests"
+    packages = {p.parent.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE}
+    packages = {p for p in packages if len(p.parts) == 1 or p.parts[0] == "backend"}  # art/ mirrors ART's own
+    missing = sorted(str(p) for p in packages if not list((tests / p).glob("test_*.py")))
+    assert missing == [], f"add tests/{missing[0]}/ with the tests of agentrl/{missing[0]}/"
+    folders = {p.parent.relative_to(tests) for p in tests.rglob("test_*.py") if p.parent != tests}
+    assert folders - packages == {Path("behaviour"), Path("environments")}, "a test folder no package has"
+    assert all((tests / folder / "__init__.py").exists() for folder in folders)  # unique module names
+
+
 def test_the_lazily_loaded_names_are_listed_once_and_typed_where_they_load():
-    """`_LAZY` is the list; the TYPE_CHECKING imports give each name its type from the module it loads from."""
+    """The lazily loaded names are the public names (`__all__`) the imports do not define; the TYPE_CHECKING
+    imports give each its type from the module it loads from."""
     tree = ast.parse((PACKAGE / "__init__.py").read_text())
     typed = {
         alias.asname: node.module

@@ -28,7 +28,7 @@ from agentrl.records.wandb_metrics import RUN_ID_FILE, wandb_service_owner
 from agentrl_environments.larger_number.task import rollout, scenarios
 from tests.helpers import group_processes, wandb_history
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from agentrl.cli import app
 from agentrl.records.checkpoints import CheckpointStore
 from tests.helpers import flat, make_run, runner, vllm_server_group
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_runs_lists_step_best_rewards_and_path(tmp_path):

@@ -22,7 +22,7 @@ import agentrl
 from agentrl.backend.processes import free_port
 from agentrl.backend.serving.zygote import ZYGOTE_ENV
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow  # a service with its own vLLM server and trainer
 
 

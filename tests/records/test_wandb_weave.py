@@ -19,7 +19,7 @@ from agentrl.records.wandb_metrics import (
 from tests.fake_weave import FakeWeave
 from tests.helpers import wandb_history
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_wandb_is_on_when_asked_or_when_a_key_is_set(monkeypatch):

@@ -1,7 +1,7 @@
 """Trainer ranks (torch.distributed, gloo on this CPU): two ranks apply the update one rank applies.
 
 Real parts throughout: the packaged model, spawned rank processes, a gloo process group. The
-vLLM-backed half (a 2-rank run killed and resumed) is in tests/test_resume.py.
+vLLM-backed half (a 2-rank run killed and resumed) is in tests/backend/test_resume.py.
 """
 
 import logging

@@ -16,7 +16,7 @@ from agentrl.records.tracking import (
 )
 from tests.helpers import sample_groups
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_step_leaves_metrics_trajectories_transcript_and_plot(tmp_path):

@@ -1,6 +1,6 @@
 """The token ledger's parts without a server: the gateway's per-rollout tally, the rollout id a gather
 gives each rollout, the rows a step's groups and its trainer's metrics make, and `agentrl show`'s line.
-The ledger closing on a real step: tests/test_closed_loop.py."""
+The ledger closing on a real step: tests/behaviour/test_closed_loop.py."""
 
 import logging
 

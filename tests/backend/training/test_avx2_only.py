@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 PROBE = """
 import json, torch, torch.cpu
 from vllm.platforms import current_platform

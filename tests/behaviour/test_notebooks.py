@@ -6,7 +6,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 # Every cell runs, each loop once, on the smallest inputs that still exercise it: one group of two
 # attempts (RULER still compares, GRPO still has a group), one held-out item, two demonstrations.
 TINY = {

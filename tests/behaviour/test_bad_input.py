@@ -40,7 +40,7 @@ from agentrl.rl.tokenize import tokenize_groups
 from agentrl_environments.email_agent.tools import execute
 from tests.helpers import make_choice
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NAN, INF = math.nan, math.inf
 
 
