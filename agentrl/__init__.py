@@ -41,28 +41,26 @@ from agentrl.gather import AfterEach, ExceptionBudget, gather_trajectories, gath
 from agentrl.model import Backend, JudgeModel, Model, TrainableModel, TrainResult
 from agentrl.pipeline import train_pipelined
 from agentrl.plugins import EnvironmentCommands
-from agentrl.run_folder import DEFAULT_BASE_PATH, RunFolder
+from agentrl.records.run_folder import DEFAULT_BASE_PATH, RunFolder
 from agentrl.stop_signals import handle_stop_signals
 from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
 from agentrl.weave_tracing import disable_weave, enable_weave, traced
 
-if TYPE_CHECKING:  # the names loaded lazily below, for type checkers
-    from agentrl.backend.local import LocalBackend
-    from agentrl.judges import (
-        JudgeAudit,
-        JudgeCheckReport,
-        JudgeExample,
-        JudgeLimiter,
-        RubricTask,
-        check_judge,
-        judge_rubrics,
-        load_rubric_tasks,
-        rubric_rollout,
-        ruler_score_group,
-        train_judge,
-        train_judge_rl,
-    )
-    from agentrl.judges.ruler import ruler  # the function, not its module
+if TYPE_CHECKING:  # the names `_LAZY` loads on first use, for type checkers (explicitly re-exported)
+    from agentrl.backend.local import LocalBackend as LocalBackend
+    from agentrl.judges import JudgeAudit as JudgeAudit
+    from agentrl.judges import JudgeCheckReport as JudgeCheckReport
+    from agentrl.judges import JudgeExample as JudgeExample
+    from agentrl.judges import JudgeLimiter as JudgeLimiter
+    from agentrl.judges import RubricTask as RubricTask
+    from agentrl.judges import check_judge as check_judge
+    from agentrl.judges import judge_rubrics as judge_rubrics
+    from agentrl.judges import load_rubric_tasks as load_rubric_tasks
+    from agentrl.judges import rubric_rollout as rubric_rollout
+    from agentrl.judges import ruler_score_group as ruler_score_group
+    from agentrl.judges import train_judge as train_judge
+    from agentrl.judges import train_judge_rl as train_judge_rl
+    from agentrl.judges.ruler import ruler as ruler  # the function, not its module
 
 try:
     __version__ = _metadata.version("agentrl")
@@ -70,32 +68,14 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
     __version__ = "0.0.0+unknown"
 
 # Loaded on first use, not with `import agentrl`: the judges load litellm (2.5 s to import), and the local
-# backend loads torch, transformers and peft, which a client of a remote backend does not install.
-_LAZY = {
-    "LocalBackend": "agentrl.backend.local",
-    **{
-        name: "agentrl.judges"
-        for name in (
-            "JudgeAudit",
-            "JudgeCheckReport",
-            "JudgeExample",
-            "JudgeLimiter",
-            "RubricTask",
-            "check_judge",
-            "judge_rubrics",
-            "load_rubric_tasks",
-            "rubric_rollout",
-            "ruler",
-            "ruler_score_group",
-            "train_judge",
-            "train_judge_rl",
-        )
-    },
-}
+# backend loads torch, transformers and peft, which a client of a remote backend does not install. They are
+# the public names (`__all__`, below) not defined by the imports above; the TYPE_CHECKING imports type them.
+_LAZY_MODULES = {"LocalBackend": "agentrl.backend.local"}
+"""Where a lazily loaded name lives, where it is not `agentrl.judges`."""
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
+    if name in _LAZY:  # defined below __all__, from it
         import importlib
 
         from agentrl.backend.extras import missing_backend_extra
@@ -128,7 +108,6 @@ __all__ = [
     "History",
     "ImportanceSamplingLoss",
     "JudgeError",
-    "LocalBackend",
     "RemoteBackend",
     "LoRAConfig",
     "Model",
@@ -174,4 +153,6 @@ __all__ = [
     "ruler_score_group",
     "train_judge",
     "train_judge_rl",
+    "LocalBackend",
 ]
+_LAZY = {name: _LAZY_MODULES.get(name, "agentrl.judges") for name in __all__ if name not in globals()}

@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.gateway import messages_api, responses_api, responses_stream
-from agentrl.gateway.chunks import StreamedAnswer
+from agentrl.gateway import responses_api
+from agentrl.gateway.client_apis import ClientApi, api_for_path
 from agentrl.gateway.limits import RequestRefused
 from agentrl.gateway.upstream import UPSTREAM_HEADER
 from agentrl.trajectory import History, Trajectory
 
 if TYPE_CHECKING:
-    from agentrl.backend.endpoint import InferenceEndpoint
+    from agentrl.endpoint import InferenceEndpoint
 
 
 class _Named(Protocol):
@@ -177,13 +177,9 @@ def _arguments(arguments: Any) -> Any:
         return arguments
 
 
-API_PATHS = {"/chat/completions": "chat", "/responses": "responses", "/messages": "messages"}
-"""The sampling routes recorded, by how their path ends: Chat Completions, Responses, Anthropic Messages."""
-
-
-def _completion_request(request: Any) -> tuple[str, dict[str, Any]] | None:
-    """The API and JSON body of a sampling request (an httpx or httpx2 request), or None for any other."""
-    api = next((api for end, api in API_PATHS.items() if request.url.path.endswith(end)), None)
+def _completion_request(request: Any) -> tuple[ClientApi, dict[str, Any]] | None:
+    """The client API and JSON body of a sampling request (an httpx or httpx2 request), or None for any other."""
+    api = api_for_path(request.url.path)
     if request.method != "POST" or api is None:
         return None
     try:
@@ -193,7 +189,7 @@ def _completion_request(request: Any) -> tuple[str, dict[str, Any]] | None:
     return (api, body) if isinstance(body, dict) else None
 
 
-def _observe(capture: _Capture, api: str, body: dict[str, Any], response: Any) -> None:
+def _observe(capture: _Capture, api: ClientApi, body: dict[str, Any], response: Any) -> None:
     if not capture.open or response.status_code != 200:
         return
     try:
@@ -218,7 +214,7 @@ def _install_hooks() -> None:
         _installed.add(library)
 
 
-def _to_record(request: Any) -> tuple[_Capture, str, dict[str, Any]] | None:
+def _to_record(request: Any) -> tuple[_Capture, ClientApi, dict[str, Any]] | None:
     """The open capture, API and request body when this request's answer should be recorded, else None
     (cheap while no capture is open)."""
     if not _open_by_id or request.headers.get(UPSTREAM_HEADER):  # the gateway forwarding to vLLM: not a client
@@ -240,7 +236,7 @@ def capture_counts(answer: dict[str, Any], model_name: str | None, every_endpoin
     return model_name is None or str(answer.get("model", "")).startswith(f"{model_name}@")
 
 
-def _observe_answer(capture: _Capture, api: str, body: dict[str, Any], answer: dict[str, Any]) -> None:
+def _observe_answer(capture: _Capture, api: ClientApi, body: dict[str, Any], answer: dict[str, Any]) -> None:
     if not capture.open:
         return
     exchange = _as_chat(capture, api, body, answer)
@@ -249,41 +245,39 @@ def _observe_answer(capture: _Capture, api: str, body: dict[str, Any], answer: d
 
 
 def _as_chat(
-    capture: _Capture, api: str, body: dict[str, Any], answer: dict[str, Any]
+    capture: _Capture, api: ClientApi, body: dict[str, Any], answer: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """A Responses or Messages exchange as the chat completion the gateway sampled for it (the same
     translation), or None for an answer that is not one."""
-    if api == "chat":
+    translation = api.translation
+    if translation is None:
         return body, answer
+    if not api.is_answer(answer):
+        return None
     try:
-        if api == "responses" and answer.get("object") == "response":
-            chat_body, thread = responses_api.chat_request(body, capture.threads.get)
-            chat_answer = {"model": answer.get("model"), "choices": [responses_api.choice_fields(answer)]}
-            capture.threads[str(answer.get("id"))] = responses_api.thread_after(thread, chat_answer)
-            return chat_body, chat_answer
-        if api == "messages" and answer.get("type") == "message":
-            chat_answer = {"model": answer.get("model"), "choices": [messages_api.choice_fields(answer)]}
-            return messages_api.chat_request(body), chat_answer
+        chat_body, thread = translation.chat_request(body, capture.threads.get)
     except RequestRefused as refused:
-        logger.warning("a %s answer was not captured: %s", api, refused.message)
-    return None
+        logger.warning("a %s answer was not captured: %s", api.name, refused.message)
+        return None
+    chat_answer = {"model": answer.get("model"), "choices": [translation.choice_fields(answer)]}
+    if translation.threaded:
+        capture.threads[str(answer.get("id"))] = responses_api.thread_after(thread, chat_answer)
+    return chat_body, chat_answer
 
 
-def _tee_stream(module: Any, response: Any, capture: _Capture, api: str, body: dict[str, Any]) -> None:  # noqa: C901 - over the limit when the rule came on; split it when next changed
+def _tee_stream(module: Any, response: Any, capture: _Capture, api: ClientApi, body: dict[str, Any]) -> None:
     """Let the client read `response`'s stream as usual, and record the answer when it ends."""
-    inner = response.stream
-    streamed: StreamedAnswer | responses_stream.CompletedResponse | messages_api.MessageStream = (
-        StreamedAnswer()
-        if api == "chat"
-        else responses_stream.CompletedResponse()
-        if api == "responses"
-        else messages_api.MessageStream()
-    )
+    streamed = api.reader()
 
     def chunk_seen(data: bytes) -> None:
         if not streamed.done and streamed.feed(data):
             _observe_answer(capture, api, body, streamed.answer())
 
+    response.stream = _teed(module, response.stream, chunk_seen)
+
+
+def _teed(module: Any, inner: Any, chunk_seen: Callable[[bytes], None]) -> Any:
+    """`inner` (an httpx byte stream, async or not) read as before, each chunk shown to `chunk_seen` on its way."""
     if isinstance(inner, module.AsyncByteStream):
 
         class AsyncTee(module.AsyncByteStream):  # type: ignore[misc]
@@ -295,8 +289,8 @@ def _tee_stream(module: Any, response: Any, capture: _Capture, api: str, body: d
             async def aclose(self) -> None:
                 await inner.aclose()
 
-        response.stream = AsyncTee()
-    elif isinstance(inner, module.SyncByteStream):
+        return AsyncTee()
+    if isinstance(inner, module.SyncByteStream):
 
         class SyncTee(module.SyncByteStream):  # type: ignore[misc]
             def __iter__(self) -> Any:
@@ -307,7 +301,8 @@ def _tee_stream(module: Any, response: Any, capture: _Capture, api: str, body: d
             def close(self) -> None:
                 inner.close()
 
-        response.stream = SyncTee()
+        return SyncTee()
+    return inner
 
 
 def _wrap_sends(module: Any) -> None:

@@ -3,7 +3,7 @@ epoch after epoch, shuffled the same way on every run so that a resumed run cont
 
 Exactly once across crashes: build each batch's groups with `batch.groups(...)`, which names every group's
 scenario, and start with `iterate_dataset(..., already_trained=model.trained_scenarios())`; the run's
-record (`agentrl.scenario_record`) then says which scenarios committed steps consumed, and those are left out.
+record (`agentrl.records.scenario_record`) then says which scenarios committed steps consumed, and those are left out.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from tqdm.auto import tqdm
 
 from agentrl.errors import ConfigurationError
-from agentrl.scenario_record import SCENARIO, scenario_key
+from agentrl.records.scenario_record import SCENARIO, scenario_key
 from agentrl.trajectory import TrajectoryGroup
 
 T = TypeVar("T")

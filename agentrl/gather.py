@@ -17,7 +17,7 @@ from typing import Protocol
 from tqdm.auto import tqdm
 
 from agentrl.errors import ConfigurationError, RolloutError
-from agentrl.rl.ledger import current_rollout
+from agentrl.rollout_id import current_rollout
 from agentrl.timeline import rollout_span, span
 from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup, reward_stats, rollout_trajectories
 

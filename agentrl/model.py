@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import openai
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 
-from agentrl.backend.endpoint import InferenceEndpoint
 from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
+from agentrl.endpoint import InferenceEndpoint
 from agentrl.errors import AgentRLError, ConfigurationError
 from agentrl.files import check_safe_name
 from agentrl.http_client import endpoint_client, pooled_http_client
-from agentrl.run_folder import DEFAULT_BASE_PATH, RunFolder
-from agentrl.scenario_record import group_scenarios, record_step, trained_scenarios, void_after
-from agentrl.tracking import DEFAULT_BEST_BY
+from agentrl.records.run_folder import DEFAULT_BASE_PATH, RunFolder
+from agentrl.records.scenario_record import group_scenarios, record_step, trained_scenarios, void_after
+from agentrl.records.tracking import DEFAULT_BEST_BY
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -253,6 +253,11 @@ class TrainableModel(Model):
     @property
     def _run_folder(self) -> RunFolder:
         return RunFolder.of(self.project, self.name, self.base_path)
+
+    @property
+    def step(self) -> int:
+        """The step of the adapter served now, as this model last heard (`await get_step()` asks the backend)."""
+        return self._step
 
     @property
     def inference_name(self) -> str:

@@ -130,7 +130,7 @@ async def _overlapped(
             # A cycle runs from the previous step's start of training to this one's: one training and one wait.
             now, sampler_busy = time.time(), sampling.busy_s()
             cycle_s = max(now - cycle_started, 1e-9)
-            staleness = [model._step - f.oldest_step for f in taken]
+            staleness = [model.step - f.oldest_step for f in taken]
             step_metrics = {
                 "max_steps_off_policy": float(max_steps_off_policy),
                 "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
@@ -202,7 +202,7 @@ class _Sampler:
                 task.add_done_callback(self.tasks.discard)
 
     async def _sample(self, group: TrajectoryGroup, tally: FailureTally) -> None:
-        started_at = self.model._step  # the adapter served when the rollout begins
+        started_at = self.model.step  # the adapter served when the rollout begins
         try:
             finished = await gather_counted([group], tally, after_each=self.after_each, show_progress=False)
             for resolved in finished:
@@ -230,7 +230,7 @@ class _Sampler:
                 await self.arrived.wait()
                 continue
             finished = self.ready.pop(0)
-            if self.model._step - finished.oldest_step > self.max_steps_off_policy:
+            if self.model.step - finished.oldest_step > self.max_steps_off_policy:
                 stale.append(finished.group)
             else:
                 taken.append(finished)

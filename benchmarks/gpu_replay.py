@@ -24,12 +24,12 @@ from typing import Any
 import torch
 
 import agentrl
-from agentrl.backend.checkpoints import STEP_INPUT_FILE, CheckpointStore
 from agentrl.backend.training.placement import TrainerPlacement, start_trainer
 from agentrl.backend.training.replay import replay_step
 from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
+from agentrl.records.checkpoints import STEP_INPUT_FILE, CheckpointStore
 from benchmarks.gpu_train import GPU_RESULTS, agent_groups, build_model
 
 REPLAY_RESULTS = GPU_RESULTS.with_name("gpu_replay.json")
@@ -50,6 +50,7 @@ def measure(name: str, path: Path, run_dir: Path, deterministic: bool) -> dict[s
         outcome = trainer.train_step("default", groups, config)
         torch.cuda.synchronize()
         step_s.append(round(time.perf_counter() - started, 3))
+        assert outcome.conditions is not None, "every step of this benchmark updates"
         trained_on = StepInput(groups, config, outcome.conditions)
 
         def write(folder: Path, trained_on: StepInput = trained_on) -> None:
@@ -66,7 +67,7 @@ def measure(name: str, path: Path, run_dir: Path, deterministic: bool) -> dict[s
         "largest_difference": report.largest_difference,
         "largest_difference_in": report.largest_difference_in,
         "differing_conditions": {k: list(v) for k, v in report.differing_conditions.items()},
-        "conditions": outcome.conditions,
+        "conditions": outcome.conditions.as_record(),
         "replay_s": round(time.perf_counter() - started, 1),
         "step_s": step_s,
         "tokens_per_step": outcome.metrics["total_tokens"],
@@ -82,7 +83,9 @@ def main() -> None:
     parser.add_argument("--packaged", help="a folder with the packaged model's config.json and tokenizer files")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks.gpu_replay needs a CUDA GPU; on a CPU, tests/test_replay.py replays steps")
+        raise SystemExit(
+            "benchmarks.gpu_replay needs a CUDA GPU; on a CPU, tests/backend/training/test_replay.py replays steps"
+        )
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     packaged = args.packaged or resolve_base_model("smollm2-135m-instruct")
     gpu = torch.cuda.get_device_name()

@@ -56,14 +56,14 @@ async def child(base_path: str, mode: str, count: int) -> None:
             show_progress=False,
         )
     )
-    print(f"RESUMED {model._step} {sum(len(b.keys) for b in batches)}", flush=True)
+    print(f"RESUMED {model.step} {sum(len(b.keys) for b in batches)}", flush=True)
 
     def groups_of(batch: agentrl.DatasetBatch[Any]) -> list[agentrl.TrajectoryGroup]:
         return batch.groups(lambda s: agentrl.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE)))
 
     config = agentrl.TrainConfig(learning_rate=1e-4, truncated_importance_sampling=2.0)
     if mode == "pipelined" and batches:
-        first = model._step
+        first = model.step
         await agentrl.train_pipelined(
             model,
             lambda m, step: groups_of(batches[step - first]),
@@ -100,8 +100,8 @@ def records_complete(run_dir: str) -> dict[str, Any]:
     """Whether every committed step past 0 has its train line in metrics.jsonl and its trajectories; which were back-filled."""
     from pathlib import Path
 
-    from agentrl.run_folder import RunFolder
-    from agentrl.tracking import read_metrics
+    from agentrl.records.run_folder import RunFolder
+    from agentrl.records.tracking import read_metrics
 
     folder = RunFolder(Path(run_dir))
     lines = {r["step"]: r for r in read_metrics(folder.path) if r.get("split") == "train" and not r.get("skipped")}

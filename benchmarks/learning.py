@@ -32,8 +32,8 @@ from agentrl.backend.precision import cpu_has_native_bf16
 from agentrl.base_models import cache_dir
 from agentrl.files import write_json_atomic
 from agentrl.plugins import load_environment
-from agentrl.run_folder import RunFolder, parse_record_stem
-from agentrl.tracking import load_trajectories
+from agentrl.records.run_folder import RunFolder, parse_record_stem
+from agentrl.records.tracking import load_trajectories
 from agentrl.trajectory import Trajectory
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name

@@ -104,7 +104,7 @@ async def run_mode(
                 await backend.server.load_adapter(name, backend.session(model).store.path(step))
                 endpoint = backend.endpoint(model)  # the gateway's sampling token
                 judged = agentrl.Model(name=name, base_url=endpoint.base_url, api_key=endpoint.api_key)
-                rewards[step] = agentrl.tracking.summarize(await evaluate(judged, test))["reward_mean"]
+                rewards[step] = agentrl.records.tracking.summarize(await evaluate(judged, test))["reward_mean"]
                 await backend.server.unload_adapter(name)
                 print(f"{label}: held-out reward at step {step}: {rewards[step]:.3f}", flush=True)
         finally:

@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 
 import agentrl
 from agentrl import AfterEach, JudgeModel
-from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.judges.readout import Readout
 from agentrl.judges.training import RUN_PREFIX, trained_judge
-from agentrl.run_folder import RunFolder
-from agentrl.scenario_record import SCENARIO, group_scenarios
-from agentrl.tracking import read_metrics, summarize
+from agentrl.records.checkpoints import CheckpointStore
+from agentrl.records.run_folder import RunFolder
+from agentrl.records.scenario_record import SCENARIO, group_scenarios
+from agentrl.records.tracking import read_metrics, summarize
 
 OFF_POLICY_TIS = 2.0
 """Truncated importance sampling for pipelined runs: an off-policy turn's weight is capped at 2x."""

@@ -1,4 +1,7 @@
-"""Shared fixtures: the packaged model's real tokenizer; the real vLLM server lives in tests/server_fixtures.py."""
+"""What every test shares: the packaged model, its tokenizer and a tiny random Llama; the session's real server
+(`served_model`: the packaged model on a real LocalBackend, which marks a test slow); the fake judge API (`fake`,
+`judge`); the session's vLLM zygote; and the check that no process a test started outlives the session.
+Builders that tests share (groups, runs, CLI runners) are in tests/helpers.py; tests/ mirrors agentrl/."""
 
 import os
 import shutil

@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 import agentrl
 from agentrl import Trajectory, TrajectoryGroup
-from agentrl.backend.checkpoints import CheckpointStore
-from agentrl.tracking import record_step
+from agentrl.records.checkpoints import CheckpointStore
+from agentrl.records.tracking import record_step
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven cats watch from the old stone wall".split()
 
@@ -90,7 +90,7 @@ def synthetic_groups(
 
 async def assert_trains_on_exact_tokens(model: agentrl.TrainableModel, trajectories: list[agentrl.Trajectory]) -> None:
     """The trajectories' trained tokens are exactly the ones the server sampled, and they train a step."""
-    from agentrl.gateway.store import fill_sampled_tokens
+    from agentrl.backend.sampled_tokens import fill_sampled_tokens
     from agentrl.rl.tokenize import tokenize_history
 
     backend = model._backend
@@ -291,12 +291,12 @@ def model_on_a_server_seam(
     test controls. Returns the model's session (its trainer, store and lock)."""
     import functools
 
-    from agentrl.backend.checkpoints import CheckpointStore
     from agentrl.backend.engine import Engine
     from agentrl.backend.local import LocalBackend
     from agentrl.backend.run_lock import RunLock
     from agentrl.backend.session import ModelSession
     from agentrl.backend.training.placement import TrainerPlacement, start_trainer
+    from agentrl.records.checkpoints import CheckpointStore
 
     model = agentrl.TrainableModel(name="m", project="p", base_path=str(tmp_path))
     backend = LocalBackend(trainer_device=trainer_device)

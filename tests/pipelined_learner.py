@@ -8,7 +8,7 @@ import json
 import sys
 
 import agentrl
-from agentrl.tracking import load_trajectories, summarize
+from agentrl.records.tracking import load_trajectories, summarize
 from agentrl_environments.larger_number.task import evaluate, rollout, scenarios
 
 

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 import agentrl
-from agentrl.backend.endpoint import InferenceEndpoint
+from agentrl.endpoint import InferenceEndpoint
 
 PACKAGE = Path(agentrl.__file__).parent
 
@@ -72,15 +72,68 @@ def test_agentrl_has_no_import_cycle_not_even_through_type_checking_imports():
     graph = import_graph(type_checking=True)
     assert "agentrl.model" in graph and "agentrl.backend.local" in graph
     assert "agentrl.model" in graph["agentrl.backend.local"]  # the backend depends on the model ...
-    assert not any(m.startswith("agentrl.backend") for m in graph["agentrl.model"] - {"agentrl.backend.endpoint"})
+    assert not any(m.startswith("agentrl.backend") for m in graph["agentrl.model"] - {"agentrl.endpoint"})
     assert "agentrl.trajectory" in graph["agentrl.capture"] and "agentrl.model" not in graph["agentrl.capture"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     assert import_graph()["agentrl.capture"] < graph["agentrl.capture"]  # its TYPE_CHECKING import counts here only
 
 
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "foundation",
+        tuple(
+            f"agentrl.{name}"
+            for name in (
+                "errors", "files", "config", "endpoint", "rollout_id", "timeline", "secret_tokens", "base_models",
+                "call_helpers", "litellm_loader", "openmp_spin", "stop_signals", "plugins",
+            )
+        ),
+    ),
+    ("gateway", ("agentrl.gateway",)),
+    ("data", ("agentrl.messages", "agentrl.trajectory")),
+    ("pure RL", ("agentrl.rl",)),
+    ("records", ("agentrl.records",)),
+    (
+        "client",
+        tuple(
+            f"agentrl.{name}"
+            for name in ("model", "http_client", "capture", "gather", "pipeline", "dataset", "weave_tracing", "judges")
+        ),
+    ),
+    ("backend", ("agentrl.backend",)),
+    ("on top", ("agentrl.art", "agentrl.mcp", "agentrl.integrations", "agentrl.cli", "agentrl.templates", "agentrl")),
+]  # fmt: skip
+"""The package's floors, lowest first (docs/architecture.md): a module imports its own floor or those below."""
+
+
+def layer_of(module: str) -> int:
+    """The floor of `module`: the one whose longest name is a prefix of it (`agentrl` alone is the top)."""
+    matches = [
+        (len(prefix), floor)
+        for floor, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    assert matches, f"{module} is on no floor: add it to LAYERS in tests/test_architecture.py and docs/architecture.md"
+    return max(matches)[1]
+
+
+def test_every_import_points_down_the_layers_type_checking_imports_included():
+    graph = import_graph(type_checking=True)
+    upward = sorted(
+        f"{module} ({LAYERS[layer_of(module)][0]}) -> {imported} ({LAYERS[layer_of(imported)][0]})"
+        for module, imports in graph.items()
+        for imported in imports
+        if layer_of(imported) > layer_of(module)
+    )
+    assert upward == []
+    assert layer_of("agentrl.gateway.app") < layer_of("agentrl.trajectory") < layer_of("agentrl.records.tracking")
+    assert layer_of("agentrl") == len(LAYERS) - 1 and layer_of("agentrl.backend.training.trainer") == 6
+
+
 def test_the_backends_rooms_import_downward_and_the_remote_client_needs_no_local_backend():
     graph = import_graph(type_checking=True)
-    shared = {f"agentrl.backend.{name}" for name in ("precision", "processes", "endpoint", "checkpoints", "run_lock")}
+    shared = {f"agentrl.backend.{name}" for name in ("precision", "processes", "run_lock")}
     rooms = {"training", "serving", "remote"}
     for module, imported in graph.items():
         room = module.split(".")[2] if module.startswith("agentrl.backend.") else None
@@ -88,7 +141,7 @@ def test_the_backends_rooms_import_downward_and_the_remote_client_needs_no_local
         if room in ("training", "serving"):  # the engine's parts use each other's room or shared helpers only
             assert all(m.startswith(f"agentrl.backend.{room}") or m in shared for m in backend_imports), module
         if module == "agentrl.backend.remote.client" or module == "agentrl.backend.remote.wire":
-            assert backend_imports <= {"agentrl.backend.remote.wire", "agentrl.backend.endpoint"}, module
+            assert backend_imports <= {"agentrl.backend.remote.wire", "agentrl.endpoint"}, module
     assert rooms <= {m.split(".")[2] for m in graph if m.count(".") >= 3 and m.startswith("agentrl.backend.")}
 
 
@@ -234,6 +287,50 @@ def test_a_model_without_a_backend_says_how_to_get_one():
 
 def test_test_modules_share_builders_through_helpers_never_through_each_other():
     tests = PACKAGE.parent / "tests"
-    for path in tests.glob("*.py"):
-        borrowed = {m for m in runtime_imports(path) if m.startswith("tests.test_")}
+    for path in tests.rglob("*.py"):
+        borrowed = {m for m in runtime_imports(path) if m.startswith("tests.") and m.split(".")[-1].startswith("test_")}
         assert not borrowed, f"{path.name} imports from {sorted(borrowed)}: move what it shares into tests/helpers.py"
+
+
+def test_the_tests_mirror_the_package():
+    """Each of agentrl's packages and the backend's rooms has its tests in the same place under tests/
+    (agentrl/backend/training -> tests/backend/training); tests of agentrl's own modules sit in tests/ itself, and tests/behaviour holds
+    what crosses the layers (security, bad input, faults, kill trials, the closed loop, the notebooks)."""
+    tests = PACKAGE.parent / "tests"
+    packages = {p.parent.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE}
+    packages = {p for p in packages if len(p.parts) == 1 or p.parts[0] == "backend"}  # art/ mirrors ART's own
+    missing = sorted(str(p) for p in packages if not list((tests / p).glob("test_*.py")))
+    assert missing == [], f"add tests/{missing[0]}/ with the tests of agentrl/{missing[0]}/"
+    folders = {p.parent.relative_to(tests) for p in tests.rglob("test_*.py") if p.parent != tests}
+    assert folders - packages == {Path("behaviour"), Path("environments")}, "a test folder no package has"
+    assert all((tests / folder / "__init__.py").exists() for folder in folders)  # unique module names
+
+
+def test_the_lazily_loaded_names_are_listed_once_and_typed_where_they_load():
+    """The lazily loaded names are the public names (`__all__`) the imports do not define; the TYPE_CHECKING
+    imports give each its type from the module it loads from."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    typed = {
+        alias.asname: node.module
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    lazy = dict(agentrl._LAZY)
+    assert typed == {name: "agentrl.judges.ruler" if name == "ruler" else module for name, module in lazy.items()}
+    assert set(lazy) <= set(agentrl.__all__) and len(agentrl.__all__) == len(set(agentrl.__all__))
+
+
+def test_the_judges_raise_agentrls_typed_errors_not_bare_value_errors():
+    """Bad input to a judge is a `ConfigurationError` (a ValueError too) naming the fix; only pydantic's own
+    validation hooks raise a plain ValueError, which pydantic turns into its ValidationError."""
+    bare = []
+    for path in (PACKAGE / "judges").rglob("*.py"):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) and function.name != "model_post_init":
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Raise) and node.exc is not None and "ValueError(" in ast.unparse(node.exc):
+                        bare.append(f"{path.name}:{node.lineno} in {function.name}")
+    assert bare == []

@@ -11,7 +11,7 @@ import torch
 import agentrl
 from agentrl.openmp_spin import spin_is_bounded
 from agentrl.pipeline import oldest_policy_step
-from agentrl.tracking import load_trajectories
+from agentrl.records.tracking import load_trajectories
 
 PROMPT = [{"role": "user", "content": "Name a fruit."}]
 
@@ -111,7 +111,7 @@ async def test_a_turn_after_a_swap_keeps_its_own_step_and_nothing_trains_too_sta
             assert (result.step - 1) - oldest_policy_step(group, started_at=-1) <= 1
         assert 0 <= result.metrics["trainer_idle_frac"] <= 1 and 0 <= result.metrics["sampler_idle_frac"] <= 1
         assert result.metrics["steps_per_hour"] > 0
-    lines = [m for m in agentrl.tracking.read_metrics(served_model.run_dir) if m.get("step") == start + 2]
+    lines = [m for m in agentrl.records.tracking.read_metrics(served_model.run_dir) if m.get("step") == start + 2]
     assert lines and lines[-1]["staleness_max"] == 1  # recorded in metrics.jsonl with the step
     # The suite's processes keep libgomp's own spin unless told otherwise: the CPU run is warned, naming the fix,
     # and its trainer computes on one thread while the run lasts, then on as many as before.
@@ -205,7 +205,9 @@ async def test_the_exception_budget_is_the_loop_steps_not_each_groups(served_mod
     assert [r.step for r in results] == [start + 1, start + 2]
     trained = {r.step: sum(len(g.trajectories) for g in trained_groups(served_model, r.step)) for r in results}
     assert sorted(trained.values()) == [5, 6]  # the failed rollout's group trained on its other two
-    recorded = {m["step"]: m for m in agentrl.tracking.read_metrics(served_model.run_dir) if m.get("step") in trained}
+    recorded = {
+        m["step"]: m for m in agentrl.records.tracking.read_metrics(served_model.run_dir) if m.get("step") in trained
+    }
     assert sorted(m["exception_rate"] for m in recorded.values()) == [0.0, pytest.approx(1 / 6)]
     with pytest.raises(agentrl.RolloutError, match=f"2 of 6 rollouts of loop step {start + 2} failed"):
         await agentrl.train_pipelined(

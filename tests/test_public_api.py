@@ -121,7 +121,7 @@ class Refuse(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Refuse())
 import agentrl
-import agentrl.judges, agentrl.judges.audit, agentrl.tracking, agentrl.art
+import agentrl.judges, agentrl.judges.audit, agentrl.records.tracking, agentrl.art
 assert not asked, asked
 group = agentrl.TrajectoryGroup(
     [agentrl.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": a}])

@@ -17,8 +17,8 @@ from agentrl.errors import ConfigurationError
 from agentrl.files import check_safe_name
 from agentrl.litellm_loader import load_litellm
 from agentrl.model import Backend, served_name
-from agentrl.run_folder import RunFolder
-from agentrl.tracking import ART_METRIC_NAMES, append_metrics, read_metrics, summarize
+from agentrl.records.run_folder import RunFolder
+from agentrl.records.tracking import ART_METRIC_NAMES, append_metrics, read_metrics, summarize
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 from .dev import internal_config_settings
@@ -243,7 +243,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         return self._require_backend().endpoint(self).api_key
 
     def _served_name(self, step: int | None) -> str:
-        return served_name(self.name, self._step if step is None else step)
+        return served_name(self.name, self.step if step is None else step)
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """`litellm.acompletion` keywords for this model's adapter at `step` (default: current), temperature 1."""

@@ -25,7 +25,7 @@ import agentrl
 from agentrl.dataset import content_digest, repeated_id
 from agentrl.errors import ConfigurationError
 from agentrl.pipeline import train_pipelined
-from agentrl.scenario_record import scenario_key
+from agentrl.records.scenario_record import scenario_key
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 from .training import agentrl_train_config

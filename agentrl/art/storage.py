@@ -25,8 +25,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agentrl.backend.checkpoints import CHECKPOINT_FILES, INFO_FILE, CheckpointStore
 from agentrl.errors import ConfigurationError
+from agentrl.records.checkpoints import CHECKPOINT_FILES, INFO_FILE, CheckpointStore
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from agentrl.backend.serving.replicas import ServerReplicas
 from agentrl.backend.training.placement import TrainerPlacement, start_trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.errors import ConfigurationError
-from agentrl.run_folder import RunFolder
+from agentrl.records.run_folder import RunFolder
 
 if TYPE_CHECKING:
     from agentrl.backend.session import TrainerThread

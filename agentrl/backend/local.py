@@ -14,36 +14,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import secrets
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentrl.backend.checkpoints import CheckpointStore
-from agentrl.backend.endpoint import InferenceEndpoint
 from agentrl.backend.engine import Engine, start_engine
 from agentrl.backend.run_lock import RunLock
 from agentrl.backend.serving.replicas import ServerReplicas
 from agentrl.backend.session import ModelSession, TrainerThread
+from agentrl.backend.steps import grpo_step, updating
 from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome, train_sft
 from agentrl.backend.training.placement import TrainerPlacement
 from agentrl.backend.training.rank_hosts import JoinPoint
 from agentrl.backend.training.step_input import StepInput
 from agentrl.config import SFTConfig, TrainConfig
+from agentrl.endpoint import InferenceEndpoint
 from agentrl.errors import AgentRLError, BackendBrokenError, ConfigurationError
 from agentrl.files import check_safe_name
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
-from agentrl.gateway.store import fill_sampled_tokens
 from agentrl.model import Model, TrainResult
 from agentrl.openmp_spin import spin_fix_beside
-from agentrl.rl.ledger import step_ledger
-from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
-from agentrl.rl.tokenize import check_token_ids, labelled_histories
-from agentrl.tracking import DEFAULT_BEST_BY, best_step, summarize
-from agentrl.wandb_metrics import WandbMetrics, wandb_requested
+from agentrl.records.checkpoints import CheckpointStore
+from agentrl.records.tracking import DEFAULT_BEST_BY, best_step, summarize
+from agentrl.records.wandb_metrics import WandbMetrics, wandb_requested
+from agentrl.rl.tokenize import check_token_ids
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -97,9 +94,14 @@ class LocalBackend:
         self._sampling_token = token or secrets.token_urlsafe(32)
         """What clients send as their API key: the gateway's sampling token (given, or generated here)."""
         self.gateway = Gateway(
-            host=host, port=port, token=self._sampling_token, admin_token=admin_token, routes=routes, limits=limits,
+            host=host,
+            port=port,
+            token=self._sampling_token,
+            admin_token=admin_token,
+            routes=routes,
+            limits=limits,
             join_token=join_token,
-        )  # fmt: skip
+        )
         """The OpenAI-compatible door to the server, for any client; rollouts sample through it."""
         self._engine: Engine | None = None  # started by the first register
         self._broken: str | None = None  # why the engine can no longer be trusted; the next register rebuilds it
@@ -242,36 +244,19 @@ class LocalBackend:
     async def _train(
         self, session: ModelSession, groups: list[TrajectoryGroup], config: TrainConfig, step_metrics: dict[str, float]
     ) -> TrainResult:
-        config = session.with_kl_reference(config)  # a step as the KL reference: its checkpoint folder
-        groups = fill_sampled_tokens(groups, self.gateway.store)  # Choices that kept only their completion id
-        check_token_ids(labelled_histories(groups), self.engine.vocab_size)  # before any of it reaches the trainer
-        screened = screen_groups(groups)  # raises RewardError for a missing or non-finite reward
-        if (error := judge_failure_error(screened, config.max_judge_failure_rate)) is not None:
-            raise error
-        if screened.num_judge_failed:
-            logger.warning("judge failures dropped %d of %d groups this step; last judge error: %s",
-                           screened.num_judge_failed, screened.num_given, screened.last_judge_error)  # fmt: skip
-        if screened.trainable:
+        async def update(trainable: list[TrajectoryGroup], config: TrainConfig) -> StepOutcome:
             async with self._updating(session):
-                outcome = await self._trainer_thread.run(
-                    self.trainer.train_step, session.adapter, screened.trainable, config
-                )
-        else:
-            outcome = StepOutcome(updated=False)
-        reason = None
-        if not outcome.updated:
-            num_zero_variance = round(outcome.metrics.get("frac_zero_variance_groups", 0.0) * len(screened.trainable))
-            num_skipped = int(outcome.metrics.get("num_skipped_trajectories", 0))
-            reason = skip_reason(screened, num_zero_variance=num_zero_variance, num_skipped_trajectories=num_skipped)
-            name, step = session.model.name, session.step
-            logger.warning("%s: step %d skipped, the step counter stays at %d: %s", name, step + 1, step, reason)
-        metrics = {**step_metrics, **outcome.metrics, **screened.metrics()}
-        metrics.update(step_ledger(groups, metrics, self.gateway.store.rollout_tokens))
-        trained_on = StepInput(screened.trainable, config, outcome.conditions) if outcome.updated else None
-        result = await session.commit(
-            StepOutcome(outcome.updated, metrics), split="train", groups=list(groups), step_input=trained_on
+                return await self._trainer_thread.run(self.trainer.train_step, session.adapter, trainable, config)
+
+        return await grpo_step(
+            session,
+            groups,
+            config,
+            step_metrics,
+            store=self.gateway.store,
+            vocab_size=self.engine.vocab_size,
+            update=update,
         )
-        return dataclasses.replace(result, skip_reason=reason, last_judge_error=screened.last_judge_error)
 
     @property
     def shares_a_device(self) -> bool:
@@ -282,25 +267,8 @@ class LocalBackend:
         index = int(device.partition(":")[2] or 0) if device.startswith("cuda") else 0  # parsed on a GPU only
         return device.startswith("cuda") and (self._engine is None or index < self._engine.server.devices)
 
-    @contextlib.asynccontextmanager
-    async def _updating(self, session: ModelSession) -> AsyncIterator[None]:
-        """The server asleep (one GPU) while the trainer changes `session`'s adapter. If the update or the
-        wake-up after it fails, the adapter and optimizer go back to the served checkpoint before the error
-        is raised, so nothing of the failed step stays in the trainer and a retry applies exactly one step."""
-        try:
-            if self.shares_a_device:
-                await self.server.sleep()
-            yield
-            if self.shares_a_device:
-                await self.server.wake_up()
-        except Exception as error:
-            await session.roll_back(session.step, f"the update failed before it was saved ({error})")
-            if self.shares_a_device:
-                with contextlib.suppress(Exception):  # best effort: the error below says what went wrong
-                    await self.server.wake_up()
-            if isinstance(error, AgentRLError):
-                raise type(error)(f"{error}. Nothing of this step was applied: {self._next_move(session)}") from error
-            raise
+    def _updating(self, session: ModelSession) -> contextlib.AbstractAsyncContextManager[None]:
+        return updating(session, self.server if self.shares_a_device else None, lambda: self._next_move(session))
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:
         """Supervised steps on demonstrations (their assistant messages are the targets), then one checkpoint."""
@@ -309,7 +277,7 @@ class LocalBackend:
         async with session.busy, self._keeps_breakage():
             async with self._updating(session):
                 outcome = await self._trainer_thread.run(train_sft, self.trainer, session.adapter, histories, config)
-            trained_on = StepInput([], config, outcome.conditions, histories) if outcome.updated else None
+            trained_on = StepInput([], config, outcome.conditions, histories) if outcome.conditions else None
             return await session.commit(outcome, split="sft", groups=[], step_input=trained_on)
 
     @contextlib.asynccontextmanager

@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.errors import BackendBrokenError, CheckpointError, ConfigurationError, ServerError
 from agentrl.model import TrainResult, served_name
-from agentrl.step_record import backfill_records, write_step_record
+from agentrl.records.step_record import backfill_records, write_step_record
+from agentrl.records.tracking import record_step, step_line
 from agentrl.timeline import append_timeline, recorder, span
-from agentrl.tracking import record_step, step_line
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agentrl.backend.checkpoints import CheckpointStore
     from agentrl.backend.run_lock import RunLock
     from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome
     from agentrl.config import TrainConfig
     from agentrl.model import TrainableModel
+    from agentrl.records.checkpoints import CheckpointStore
+    from agentrl.records.wandb_metrics import WandbMetrics
     from agentrl.trajectory import TrajectoryGroup
-    from agentrl.wandb_metrics import WandbMetrics
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

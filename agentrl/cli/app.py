@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.errors import ConfigurationError
-from agentrl.runs import RunInfo, resolve_run
+from agentrl.records.checkpoints import CheckpointStore
+from agentrl.records.runs import RunInfo, resolve_run
 from agentrl.stop_signals import handle_stop_signals
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import typer
 from agentrl.cli.app import app
 from agentrl.errors import ConfigurationError
 from agentrl.openmp_spin import BOUNDED_SPIN_TURNS, SPIN_VARIABLE, bound_openmp_spinning, spin_is_bounded
-from agentrl.run_folder import DEFAULT_BASE_PATH
+from agentrl.records.run_folder import DEFAULT_BASE_PATH
 from agentrl.secret_tokens import check_token_strength
 
 backend_app = typer.Typer(no_args_is_help=True, help="Run a backend service that RemoteBackend trains on.")

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from agentrl.backend.checkpoints import CheckpointStore
 from agentrl.cli.app import app, base_model_server, resolve_run_option
 from agentrl.errors import ConfigurationError
 from agentrl.model import served_name
-from agentrl.run_folder import DEFAULT_BASE_PATH
-from agentrl.runs import RunInfo
+from agentrl.records.checkpoints import CheckpointStore
+from agentrl.records.run_folder import DEFAULT_BASE_PATH
+from agentrl.records.runs import RunInfo
 
 if TYPE_CHECKING:
     from agentrl.judges.check import JudgeCheckReport

@@ -12,7 +12,7 @@ from agentrl.cli.app import app
 from agentrl.errors import ConfigurationError
 from agentrl.openmp_spin import bound_openmp_spinning
 from agentrl.plugins import EnvironmentCommands, environment_names, load_environment
-from agentrl.run_folder import DEFAULT_BASE_PATH
+from agentrl.records.run_folder import DEFAULT_BASE_PATH
 
 
 def _entry(env: str) -> EnvironmentCommands:

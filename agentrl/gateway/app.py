@@ -22,7 +22,7 @@ import functools
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -33,8 +33,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from agentrl.errors import TokenizationError
-from agentrl.gateway import messages_api, responses_api, responses_stream
+from agentrl.gateway import responses_api
 from agentrl.gateway.auth import TokenGuard
+from agentrl.gateway.client_apis import CHAT, MESSAGES, RESPONSES, ClientApi, api_for_path
 from agentrl.gateway.limits import RequestRefused, check_sampling_request, parse_json_object, read_body
 from agentrl.gateway.relay import OnAnswer, relay_as, relay_chat
 from agentrl.gateway.replica_door import replica_routes
@@ -48,7 +49,7 @@ from agentrl.gateway.upstream import (
     Upstream,
     conversation_key,
 )
-from agentrl.rl.ledger import ROLLOUT_HEADER
+from agentrl.rollout_id import ROLLOUT_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -178,16 +179,16 @@ class _GatewayRoutes:
         """/v1/sessions/{id}/chat/completions, .../responses, .../messages (and .../v1/messages, where the
         Anthropic SDK sends it): the API's own route, every answer logged into the session."""
         session_id = request.path_params["session_id"]
-        api = request.url.path.rsplit("/", 1)[-1]
+        api = api_for_path(request.url.path) or CHAT  # the routes are the three APIs' own
         sessions = self.sessions
         if sessions is None or not sessions.is_open(session_id):
             message = f"rollout session {session_id[:8]}... is closed or unknown: open one with model.session()"
-            return (_anthropic_error if api == "messages" else _error)(404, message)
+            return _refusal(api)(404, message)
 
         def log(body: dict[str, Any], answer: dict[str, Any]) -> None:
             sessions.record(session_id, body, answer)
 
-        if api == "completions":
+        if api.translation is None:
             return await self.complete(request, "/v1/chat/completions", on_answer=log)
         return await self.other_api(request, api, on_answer=log)
 
@@ -260,20 +261,17 @@ class _GatewayRoutes:
         relay = relay_chat(response, self.store, replica, joined, request.headers.get(ROLLOUT_HEADER))
         return StreamingResponse(relay, media_type="text/event-stream")
 
-    async def other_api(self, request: Request, api: str, on_answer: OnAnswer | None = None) -> Response:  # noqa: C901 - over the limit when the rule came on; split it when next changed
+    async def other_api(self, request: Request, api: ClientApi, on_answer: OnAnswer | None = None) -> Response:
         """A Responses or Messages request, sampled as a chat completion and answered in its own format; its
         token data is kept under the answer's own id (resp_..., msg_...)."""
-        refuse = _error if api == "responses" else _anthropic_error
+        refuse, translation = _refusal(api), api.translation
+        assert translation is not None, f"{api.name} is sampled as it comes, not translated"
         try:
             body = parse_json_object(
                 await read_body(request, self.upstream.limits.max_body_bytes, self.upstream.limits.body_timeout_s)
             )
-            if api == "responses":
-                chat_body, thread = responses_api.chat_request(body, self.threads.get)
-                answer_id = responses_api.new_response_id()
-            else:
-                chat_body, thread = messages_api.chat_request(body), []
-                answer_id = messages_api.new_message_id()
+            chat_body, thread = translation.chat_request(body, self.threads.get)
+            answer_id = translation.new_id()
         except RequestRefused as refused:
             return refuse(refused.status, refused.message)
         if chat_body.get("stream"):
@@ -284,7 +282,7 @@ class _GatewayRoutes:
         replica, response = sent
 
         def answered(chat_answer: dict[str, Any]) -> None:
-            if api == "responses":
+            if translation.threaded:
                 self.threads.put(answer_id, responses_api.thread_after(thread, chat_answer))
             if on_answer is not None:
                 on_answer(chat_body, chat_answer)
@@ -296,29 +294,23 @@ class _GatewayRoutes:
             data = response.json()
             self.keep(data, answer_id, request.headers.get(ROLLOUT_HEADER))
             answered(data)
-            if api == "responses":
-                return JSONResponse(responses_api.response_object(body, answer_id, data))
-            return JSONResponse(messages_api.message_object(answer_id, data))
+            return JSONResponse(translation.answer(body, answer_id, data))
         if response.status_code != 200:
             content = await response.aread()
             await response.aclose()
             replica.request_done()
             return refuse(response.status_code, _upstream_message(content))
-        events: responses_stream.ResponseEvents | messages_api.MessageEvents = (
-            responses_stream.ResponseEvents(body, answer_id)
-            if api == "responses"
-            else messages_api.MessageEvents(answer_id)
-        )
+        events = translation.events(body, answer_id)
         relay = relay_as(
             response, self.store, replica, answer_id, events, answered, request.headers.get(ROLLOUT_HEADER)
         )
         return StreamingResponse(relay, media_type="text/event-stream")
 
     async def responses(self, request: Request) -> Response:
-        return await self.other_api(request, "responses")
+        return await self.other_api(request, RESPONSES)
 
     async def messages(self, request: Request) -> Response:
-        return await self.other_api(request, "messages")
+        return await self.other_api(request, MESSAGES)
 
     async def sampled(self, request: Request) -> Response:
         try:
@@ -365,6 +357,11 @@ def create_gateway_app(
         lifespan=handlers.lifespan,
     )
     return TokenGuard(app, sampling_token=token, admin_token=admin_token) if token else app
+
+
+def _refusal(api: ClientApi) -> Callable[[int, str], JSONResponse]:
+    """How `api` says no: Anthropic's error shape for Messages, OpenAI's for the others."""
+    return _anthropic_error if api.anthropic_errors else _error
 
 
 def _anthropic_error(status: int, message: str) -> JSONResponse:

@@ -24,9 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.judges.agreement import kendall_tau_b, rank_flip_rate
 
-CHANCE_FLIP_RATE = 0.4
-"""A step whose audited flip rate reaches this is warned about: the judge's order is mostly noise."""
-
 
 class JudgeAudit(BaseModel):
     """How much of a run's judging is audited: `fraction` of groups judged again in a shuffled order
@@ -128,26 +125,3 @@ def debiased_scores(judgements: Sequence[tuple[Sequence[int], Sequence[float]]],
         for shown, trajectory in enumerate(order):
             totals_G[trajectory] += scores[shown]
     return [total / len(judgements) for total in totals_G]
-
-
-def audit_warning(metrics: dict[str, float]) -> str | None:
-    """What is wrong with the judge, from a step's averaged audit metrics, or None when nothing shows."""
-    if "judge_audited" not in metrics:
-        return None
-    problems = []
-    if metrics.get("judge_flip_rate", 0.0) >= CHANCE_FLIP_RATE:
-        problems.append(f"it reorders {metrics['judge_flip_rate']:.0%} of pairs when the order of presentation changes")
-    chance = metrics.get("judge_first_position_chance", 0.0)
-    if metrics.get("judge_first_position_rate", 0.0) >= max(0.5, 2 * chance):
-        problems.append(
-            f"the attempt shown first wins {metrics['judge_first_position_rate']:.0%} of judgements (chance {chance:.0%})"
-        )
-    if metrics.get("judge_independent_tau", 1.0) <= 0.0:
-        problems.append(f"its order disagrees with the independent reward (tau {metrics['judge_independent_tau']:.2f})")
-    if not problems:
-        return None
-    return (
-        "the judge looks no better than chance: "
-        + "; ".join(problems)
-        + ". Check it with `agentrl judge check`, use a stronger judge, or debias it (ruler_score_group(permutations=k))"
-    )

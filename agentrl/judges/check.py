@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.errors import JudgeError
+from agentrl.errors import ConfigurationError, JudgeError
 from agentrl.judges.agreement import (
     Estimate,
     kendall_tau_b,
@@ -203,9 +203,9 @@ async def check_judge(
     """
     usable = [g for g in groups if len(g.trajectories) >= 2]
     if not usable:
-        raise ValueError("judge check needs groups of at least 2 trajectories; none were given")
+        raise ConfigurationError("judge check needs groups of at least 2 trajectories; none were given")
     if permutations < 1 or repeats < 0:
-        raise ValueError(f"permutations must be >= 1 and repeats >= 0, got {permutations} and {repeats}")
+        raise ConfigurationError(f"permutations must be >= 1 and repeats >= 0, got {permutations} and {repeats}")
     settings = {
         "rubric": rubric,
         "limiter": limiter,

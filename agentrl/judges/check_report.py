@@ -8,10 +8,11 @@ import statistics
 import time
 from pathlib import Path
 
+from agentrl.errors import ConfigurationError
 from agentrl.files import write_text_atomic
 from agentrl.judges.check import JudgeCheckReport, reference_reward
-from agentrl.run_folder import RunFolder
-from agentrl.tracking import load_trajectories
+from agentrl.records.run_folder import RunFolder
+from agentrl.records.tracking import load_trajectories
 from agentrl.trajectory import TrajectoryGroup
 
 
@@ -20,7 +21,7 @@ def recorded_groups(run_dir: Path, *, split: str = "train", max_groups: int = 8)
     the median number of groups per recorded step."""
     files = RunFolder(Path(run_dir)).trajectory_files(split)
     if not files:
-        raise ValueError(
+        raise ConfigurationError(
             f"{run_dir} has no recorded {split} trajectories (trajectories/{split}-*.jsonl); train a step first"
         )
     per_file = [load_trajectories(f) for f in files]

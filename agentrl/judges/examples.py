@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agentrl.errors import ConfigurationError
 from agentrl.files import write_text_atomic
 from agentrl.judges.check import reference_reward
 from agentrl.judges.ruler import DEFAULT_RUBRIC
@@ -80,5 +81,5 @@ def load_examples(path: str | Path) -> list[JudgeExample]:
         try:
             examples.append(JudgeExample.model_validate_json(line))
         except ValidationError as error:
-            raise ValueError(f"{path}:{number}: not a judge example: {error}") from error
+            raise ConfigurationError(f"{path}:{number}: not a judge example: {error}") from error
     return examples

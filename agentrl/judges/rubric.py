@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from agentrl.errors import JudgeError
+from agentrl.errors import ConfigurationError, JudgeError
 from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit
 from agentrl.judges.call import JudgeLimiter, structured_judge_call
 from agentrl.judges.readout import Readout, check_readout, decision_call, from_probabilities
@@ -95,9 +95,11 @@ def load_rubric_tasks(path: str | Path, task_type: type[TaskT] = RubricTask) -> 
         try:
             tasks.append(task_type.model_validate(json.loads(line)))
         except (json.JSONDecodeError, ValidationError) as error:
-            raise ValueError(f"{path}:{number}: not a rubric task ({{task_id, prompt, rubrics}}): {error}") from error
+            raise ConfigurationError(
+                f"{path}:{number}: not a rubric task ({{task_id, prompt, rubrics}}): {error}"
+            ) from error
     if not tasks:
-        raise ValueError(f"{path} holds no rubric tasks")
+        raise ConfigurationError(f"{path} holds no rubric tasks")
     return tasks
 
 
@@ -173,7 +175,7 @@ async def judge_rubrics(
     logprobs, and reads JSON where it does not (logged once per judge); a `max_tokens` in
     `extra_litellm_params` then bounds only those JSON answers."""
     if not rubrics:
-        raise ValueError("judge_rubrics needs at least one rubric")
+        raise ConfigurationError("judge_rubrics needs at least one rubric")
     if check_readout(readout) == "probabilities":
         read = await from_probabilities(
             judge_model,

@@ -138,7 +138,7 @@ async def ruler(
     where it does not (logged once per judge; `RulerResult.read_from_probabilities` says which); a
     `max_tokens` in `extra_litellm_params` then bounds only those JSON answers (a decision is one token)."""
     if not message_lists:
-        raise ValueError("ruler needs at least one message list")
+        raise ConfigurationError("ruler needs at least one message list")
     check_readout(readout)
     identical = all(m == message_lists[0] for m in message_lists[1:])
     if readout == "probabilities" and identical:  # every pair a tie, by definition: no call to make
@@ -273,7 +273,7 @@ async def ruler_score_group(  # noqa: C901 - over the limit when the rule came o
     if not group.trajectories:
         return group
     if permutations < 1:
-        raise ValueError(f"permutations must be at least 1, got {permutations}")
+        raise ConfigurationError(f"permutations must be at least 1, got {permutations}")
     if permutations > 1 and check_readout(readout) == "probabilities":
         raise ConfigurationError(
             f"permutations={permutations} with readout='probabilities': every pair is already judged in both "

@@ -43,7 +43,7 @@ from agentrl.trajectory import History, Trajectory, TrajectoryGroup
 if TYPE_CHECKING:
     from agentrl.config import SFTConfig, TrainConfig
     from agentrl.model import TrainableModel, TrainResult
-    from agentrl.runs import RunInfo
+    from agentrl.records.runs import RunInfo
 
 JUDGE_PROJECT = "judges"
 """Where `agentrl judge train` keeps judge runs ({base_path}/judges/NAME)."""
@@ -105,7 +105,7 @@ def judge_histories(examples: list[JudgeExample], *, orders: int = 2, seed: int 
 
 def _require(examples: list[JudgeExample]) -> None:
     if not examples:
-        raise ValueError(
+        raise ConfigurationError(
             "no judge examples: build them with examples_from_groups from groups that kept a check "
             "(their attempts must score differently)"
         )
@@ -230,8 +230,8 @@ async def train_judge_rl(
 def trained_judge_run(spec: str, base_path: str | Path) -> tuple[RunInfo, dict[str, Any]]:
     """The run `run:NAME` (run:PROJECT/NAME, or run:FOLDER) names and its latest checkpoint's adapter
     config; `ConfigurationError` when there is no such run or it was never trained."""
-    from agentrl.backend.checkpoints import CheckpointStore
-    from agentrl.runs import resolve_run
+    from agentrl.records.checkpoints import CheckpointStore
+    from agentrl.records.runs import resolve_run
 
     project, _, name = spec.removeprefix(RUN_PREFIX).rpartition("/")
     info = resolve_run(f"{project or JUDGE_PROJECT}/{name}", base_path)

@@ -6,7 +6,7 @@ loss) and closes exactly: `tokens_sampled` = `tokens_trained` + the sum of the `
 below, and `tokens_unaccounted` says by how much it does not (0 unless there is a bug). The reasons, in the order a token can be lost:
 
 - `failed_rollout`: sampled by a rollout that then raised. The gateway tallies each rollout's tokens
-  under the id `gather_trajectory_groups` gives it (the `ROLLOUT_HEADER` the backend's client sends);
+  under the id `gather_trajectory_groups` gives it (`agentrl.rollout_id`: the header the backend's client sends);
   a failed rollout whose tally is unknown (sampled with a client that does not send the header) is
   counted in `ledger_failed_rollouts_unknown`, its tokens in no row.
 - `judge_failure`: in a group RULER could not score (dropped whole), or a rollout whose rubric judge
@@ -23,7 +23,6 @@ discard them. A turn a rollout sampled but did not put in its trajectory is not 
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
@@ -33,12 +32,6 @@ from agentrl.errors import JudgeError
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
-
-ROLLOUT_HEADER = "x-agentrl-rollout"
-"""Request header naming the rollout a completion was sampled for: the gateway tallies tokens under it."""
-
-current_rollout: contextvars.ContextVar[str | None] = contextvars.ContextVar("agentrl_rollout", default=None)
-"""The id of the rollout the running task belongs to (set by `gather_trajectory_groups`)."""
 
 REASONS = ("failed_rollout", "judge_failure", "stale", "zero_variance", "no_token_data", "masked")
 """Why a sampled token was not trained; each is the metric `tokens_discarded_<reason>`."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import agentrl
-from agentrl.backend.checkpoints import CheckpointStore
+from agentrl.records.checkpoints import CheckpointStore
 
 from .iterate_dataset import DatasetBatch, iterate_dataset
 from .output_dirs import get_model_dir

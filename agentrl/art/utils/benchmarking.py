@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigurationError
-from agentrl.run_folder import RunFolder, parse_record_stem
+from agentrl.records.run_folder import RunFolder, parse_record_stem
 
 
 def load_trajectories(

@@ -54,5 +54,5 @@ def get_trajectories_split_dir(model_output_dir: str, split: str) -> str:
     """ART keeps a folder per split; agentrl keeps files per split and step."""
     raise ConfigurationError(
         f"agentrl keeps no folder per split: {split}'s trajectories are the files "
-        f"{model_output_dir}/trajectories/{split}-NNNN.jsonl (agentrl.run_folder.RunFolder.trajectory_files)"
+        f"{model_output_dir}/trajectories/{split}-NNNN.jsonl (agentrl.records.run_folder.RunFolder.trajectory_files)"
     )

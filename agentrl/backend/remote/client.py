@@ -21,7 +21,6 @@ import httpx
 from pydantic import BaseModel
 
 import agentrl.errors
-from agentrl.backend.endpoint import InferenceEndpoint
 from agentrl.backend.remote.wire import (
     REGISTERED_FIELDS,
     SERVICE_HEADER,
@@ -36,6 +35,7 @@ from agentrl.backend.remote.wire import (
     SFTRequest,
     TrainRequest,
 )
+from agentrl.endpoint import InferenceEndpoint
 from agentrl.errors import AgentRLError, ConfigurationError, ServerError
 from agentrl.openmp_spin import BOUNDED_SPIN_TURNS, SPIN_VARIABLE
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from agentrl.backend.checkpoints import ADAPTER_FILE, OPTIMIZER_FILE
 from agentrl.errors import CheckpointError
+from agentrl.records.checkpoints import ADAPTER_FILE, OPTIMIZER_FILE
 
 
 def write_adapter_files(

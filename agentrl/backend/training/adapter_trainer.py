@@ -5,29 +5,44 @@ Torch-free, so the backend's step logic type-checks and imports without loading 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
     import torch
 
+    from agentrl.backend.training.step_input import TrainingConditions
     from agentrl.config import LoRAConfig, SFTConfig, TrainConfig
     from agentrl.rl.tokenize import TokenizedSequence
     from agentrl.trajectory import History, TrajectoryGroup
 
 
 @dataclass(frozen=True)
+class StepCounts:
+    """What a GRPO step counted in the groups it was given, as integers (its metrics carry them as floats)."""
+
+    groups: int = 0
+    trajectories: int = 0
+    zero_variance_groups: int = 0
+    """Groups whose rewards were all equal: no advantage, nothing to learn."""
+    skipped_trajectories: int = 0
+    """Trajectories left out for lacking their sampled token data."""
+
+
+@dataclass(frozen=True)
 class StepOutcome:
-    """What a training step did: whether it updated the weights, its metrics, and (a GRPO step) the
-    conditions a bit-exact replay of it needs (`step_input.training_conditions`)."""
+    """What a training step did: whether it updated the weights, its metrics, (a step that updated) the
+    conditions a bit-exact replay of it needs, and (a GRPO step) what it counted."""
 
     updated: bool
     metrics: dict[str, float] = field(default_factory=dict)
-    conditions: dict[str, Any] = field(default_factory=dict)
+    conditions: TrainingConditions | None = None
+    counts: StepCounts = field(default_factory=StepCounts)
 
 
 class AdapterTrainer(Protocol):
@@ -66,7 +81,7 @@ def train_sft(
     out of memory mid-call halved it from that batch on). Given those sizes, each batch runs at its own
     (a replay of the call)."""
     metrics: dict[str, float] = {}
-    conditions: dict[str, Any] = {}
+    conditions: TrainingConditions | None = None
     sizes: list[int] = []
     starts = range(0, len(histories), config.batch_size)
     with tqdm(total=config.epochs * len(starts), desc="sft", unit="batch") as progress:
@@ -83,7 +98,9 @@ def train_sft(
                 )
                 if outcome.updated:
                     metrics, conditions = {**outcome.metrics, "epoch": float(epoch)}, outcome.conditions
-                sizes.append(int(outcome.conditions.get("micro_batch_tokens", 0)))
+                sizes.append(outcome.conditions.micro_batch_tokens if outcome.conditions is not None else 0)
                 progress.set_postfix(loss=f"{metrics.get('sft_loss', float('nan')):.3f}", refresh=False)
                 progress.update(1)
-    return StepOutcome(bool(metrics), metrics, {**conditions, "batch_micro_batch_tokens": sizes} if metrics else {})
+    if conditions is None:
+        return StepOutcome(False, metrics)
+    return StepOutcome(True, metrics, dataclasses.replace(conditions, batch_micro_batch_tokens=tuple(sizes)))

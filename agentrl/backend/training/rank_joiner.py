@@ -1,5 +1,5 @@
 """The joining side of trainer ranks on other hosts: `agentrl backend rank --join HOST:PORT` connects to the
-head, takes the rank it is given and serves it as the head's own ranks are served (`ranks.serve_rank`)."""
+head, takes the rank it is given and serves it as the head's own ranks are served (`rank_process.serve_rank`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from multiprocessing.connection import Client
 from pathlib import Path
 
 from agentrl.backend.training.rank_hosts import BeatingConnection, parse_address
-from agentrl.backend.training.ranks import serve_rank
+from agentrl.backend.training.rank_process import serve_rank
 from agentrl.errors import ConfigurationError, TrainingError
 
 logger = logging.getLogger(__name__)

@@ -21,11 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.backend.checkpoints import ADAPTER_FILE, OPTIMIZER_FILE, CheckpointStore
 from agentrl.backend.training.adapter_trainer import train_sft
-from agentrl.backend.training.step_input import StepInput, read_step_input, use_deterministic_kernels
+from agentrl.backend.training.step_input import (
+    StepInput,
+    TrainingConditions,
+    read_step_input,
+    use_deterministic_kernels,
+)
 from agentrl.config import LoRAConfig, SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError
+from agentrl.records.checkpoints import ADAPTER_FILE, OPTIMIZER_FILE, CheckpointStore
 
 if TYPE_CHECKING:
     from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome
@@ -99,7 +104,9 @@ def checked_steps(store: CheckpointStore, first: int, last: int) -> list[StepInp
     return [read_step_input(store.path(step)) for step in range(first, last + 1)]
 
 
-def trainer_at(store: CheckpointStore, step: int, conditions: dict[str, Any], *, device: str | None) -> AdapterTrainer:
+def trainer_at(
+    store: CheckpointStore, step: int, conditions: TrainingConditions, *, device: str | None
+) -> AdapterTrainer:
     """A fresh trainer on the run's base model, placed as the recorded `conditions` say (its ranks, their
     sharding, deterministic kernels; `device`, else the recorded one), with adapter `REPLAY_ADAPTER` at
     checkpoint `step`. The caller closes it."""
@@ -107,10 +114,10 @@ def trainer_at(store: CheckpointStore, step: int, conditions: dict[str, Any], *,
 
     adapter = store.adapter_config(step)
     placement = TrainerPlacement(
-        device=device or conditions.get("device"),
-        ranks=int(conditions.get("ranks", 1)),
-        sharded=bool(conditions.get("sharded", False)),
-        deterministic=bool(conditions.get("deterministic", False)),
+        device=device or conditions.device,
+        ranks=conditions.ranks,
+        sharded=conditions.sharded,
+        deterministic=conditions.deterministic,
     )
     trainer = start_trainer(adapter["base_model_name_or_path"], placement)
     lora = LoRAConfig(
@@ -127,9 +134,9 @@ def trainer_at(store: CheckpointStore, step: int, conditions: dict[str, Any], *,
 def train_recorded(trainer: AdapterTrainer, step_input: StepInput, config: TrainConfig | SFTConfig) -> StepOutcome:
     """One step of `REPLAY_ADAPTER` on a recorded input under `config`, with its recorded micro-batch size:
     a GRPO step, or (a supervised input) the whole `train_sft` call, each batch at its recorded size."""
-    config = config.model_copy(update={"micro_batch_tokens": int(step_input.conditions["micro_batch_tokens"])})
+    config = config.model_copy(update={"micro_batch_tokens": step_input.conditions.micro_batch_tokens})
     if isinstance(config, SFTConfig):
-        batch_sizes = step_input.conditions.get("batch_micro_batch_tokens")  # absent in checkpoints before 2026-11-28
+        batch_sizes = step_input.conditions.batch_micro_batch_tokens  # None in checkpoints before 2026-11-28
         outcome = train_sft(
             trainer, REPLAY_ADAPTER, step_input.demonstrations, config, batch_micro_batch_tokens=batch_sizes
         )
@@ -141,12 +148,12 @@ def train_recorded(trainer: AdapterTrainer, step_input: StepInput, config: Train
 
 
 @contextmanager
-def recorded_conditions(conditions: dict[str, Any]) -> Iterator[None]:
+def recorded_conditions(conditions: TrainingConditions) -> Iterator[None]:
     """CPU threads (how each matmul splits its sums) and deterministic kernels as the recorded step had
     them, then as before."""
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(int(conditions.get("threads", threads)))
-    use_deterministic_kernels(bool(conditions.get("deterministic", False)))
+    torch.set_num_threads(conditions.threads or threads)
+    use_deterministic_kernels(conditions.deterministic)
     try:
         yield
     finally:
@@ -182,5 +189,6 @@ def replay_step(run_dir: Path, step: int, *, device: str | None = None) -> Repla
             trainer.close()
     recorded = checkpoint_state(store.path(step))
     worst, where = largest_difference(recorded, replayed)
-    differing = {k: (v, here.get(k)) for k, v in conditions.items() if here.get(k) != v}
+    recorded_as, here_as = conditions.as_record(), here.as_record() if here is not None else {}
+    differing = {k: (v, here_as.get(k)) for k, v in recorded_as.items() if here_as.get(k) != v}
     return ReplayReport(step, state_sha256(recorded), state_sha256(replayed), worst, where, differing)

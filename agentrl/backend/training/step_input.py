@@ -9,6 +9,7 @@ exactly when its checkpoint does and goes when retention deletes it.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -17,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.backend.checkpoints import MAX_RECORD_BYTES, STEP_INPUT_FILE
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError
 from agentrl.files import gunzip_bounded
-from agentrl.tracking import groups_from_rows, trajectory_lines
+from agentrl.records.checkpoints import MAX_RECORD_BYTES, STEP_INPUT_FILE
+from agentrl.records.tracking import groups_from_rows, trajectory_lines
 from agentrl.trajectory import History, TrajectoryGroup
 
 
@@ -32,7 +33,7 @@ class StepInput:
 
     groups: list[TrajectoryGroup]
     config: TrainConfig | SFTConfig
-    conditions: dict[str, Any]
+    conditions: TrainingConditions
     demonstrations: list[History] = field(default_factory=list)
 
     @property
@@ -40,23 +41,56 @@ class StepInput:
         return isinstance(self.config, SFTConfig)
 
 
-def training_conditions(micro_batch_tokens: int, bf16: bool, device: str, ranks: int, sharded: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TrainingConditions:
     """What must be the same for a step to give the same bytes again: the micro-batch plan (the order
     gradients are summed in), CPU threads (how each matmul splits its sums; rank 0's), deterministic
     kernels (on a GPU), the number format, the device, torch's version, the number of ranks (how the
-    sequences are dealt and their gradients summed) and whether they shard the layers."""
-    import torch
+    sequences are dealt and their gradients summed) and whether they shard the layers. A `train_sft` call
+    also keeps every batch's micro-batch size, in order (a GPU out of memory halves it from one batch on).
+    Fields a checkpoint from an older agentrl did not record are None."""
 
-    return {
-        "micro_batch_tokens": micro_batch_tokens,
-        "threads": torch.get_num_threads(),
-        "deterministic": torch.are_deterministic_algorithms_enabled(),
-        "bf16": bf16,
-        "device": device,
-        "torch": torch.__version__,
-        "ranks": ranks,
-        "sharded": sharded,
-    }
+    micro_batch_tokens: int
+    threads: int | None = None
+    deterministic: bool = False
+    bf16: bool | None = None
+    device: str | None = None
+    torch: str | None = None
+    ranks: int = 1
+    sharded: bool = False
+    batch_micro_batch_tokens: tuple[int, ...] | None = None
+
+    @classmethod
+    def here(cls, micro_batch_tokens: int, *, bf16: bool, device: str, ranks: int, sharded: bool) -> TrainingConditions:
+        """This process's conditions for a step planned at `micro_batch_tokens`."""
+        import torch
+
+        return cls(
+            micro_batch_tokens,
+            threads=torch.get_num_threads(),
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+            bf16=bf16,
+            device=device,
+            torch=torch.__version__,
+            ranks=ranks,
+            sharded=sharded,
+        )
+
+    def as_record(self) -> dict[str, Any]:
+        """As the step input's JSON keeps them (what was not recorded is left out)."""
+        record = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if self.batch_micro_batch_tokens is not None:
+            record["batch_micro_batch_tokens"] = list(self.batch_micro_batch_tokens)
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> TrainingConditions:
+        """Read back `as_record`'s JSON, or an older checkpoint's (fields it lacks take their defaults)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in record.items() if k in known}
+        if values.get("batch_micro_batch_tokens") is not None:
+            values["batch_micro_batch_tokens"] = tuple(int(n) for n in values["batch_micro_batch_tokens"])
+        return cls(**values)
 
 
 def use_deterministic_kernels(on: bool = True) -> None:
@@ -75,7 +109,7 @@ def write_step_input(folder: Path, step_input: StepInput) -> int:
     """Write `STEP_INPUT_FILE` into `folder` (a checkpoint being staged); returns its size in bytes."""
     head = {
         "config": step_input.config.model_dump(mode="json"),
-        "conditions": step_input.conditions,
+        "conditions": step_input.conditions.as_record(),
         "supervised": step_input.supervised,
     }
     # A demonstration may be a Trajectory: what SFT trains on is its History (messages and tools).
@@ -101,7 +135,16 @@ def read_step_input(folder: Path) -> StepInput:
         head, *rows = [json.loads(line) for line in text.splitlines()]
         if head.get("supervised", False):
             demonstrations = [History.model_validate(row) for row in rows]
-            return StepInput([], SFTConfig.model_validate(head["config"]), dict(head["conditions"]), demonstrations)
-        return StepInput(groups_from_rows(rows), TrainConfig.model_validate(head["config"]), dict(head["conditions"]))
+            return StepInput(
+                [],
+                SFTConfig.model_validate(head["config"]),
+                TrainingConditions.from_record(head["conditions"]),
+                demonstrations,
+            )
+        return StepInput(
+            groups_from_rows(rows),
+            TrainConfig.model_validate(head["config"]),
+            TrainingConditions.from_record(head["conditions"]),
+        )
     except Exception as error:  # noqa: BLE001 - gzip, JSON and validation errors alike: the file is damaged
         raise CheckpointError(f"cannot read the step input {path}: {type(error).__name__}: {error}") from error

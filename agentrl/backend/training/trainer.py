@@ -7,42 +7,33 @@ attention for short sequences (`attention`). Gradients accumulate over token-bud
 (`micro_batches`), the loss divided by one denominator for the whole step, so accumulation gives the
 update one big batch would (`grpo_loss`), halved where a step outgrows the GPU (`memory`); ranks under
 `torch.distributed` (`ranks`) sum their gradients once before the optimizer step (`gradients`), so M
-ranks apply the update one rank would. Checkpoints: `adapter_state` (the live adapter) over `adapter_files`.
+ranks apply the update one rank would. The model, its adapters and their checkpoints: `adapter_host`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from agentrl.backend.precision import bf16_is_native
-from agentrl.backend.training import sharding
-from agentrl.backend.training.adapter_state import load_adapter, parameters_by_key, save_adapter, whole_weights
-from agentrl.backend.training.adapter_trainer import StepOutcome
-from agentrl.backend.training.attention import use_cpu_attention
+from agentrl.backend.training.adapter_host import AdapterHost
+from agentrl.backend.training.adapter_trainer import StepCounts, StepOutcome
 from agentrl.backend.training.gradients import Adapter, apply_gradients, read_sums, set_optimizer, sum_across_ranks
 from agentrl.backend.training.grpo_loss import MAX_NAMES, GRPOLoss, loss_metrics
-from agentrl.backend.training.kl_reference import KLReference
 from agentrl.backend.training.logprobs import takes_tree_mask, token_logprobs
-from agentrl.backend.training.lora_forward import fuse_lora_layers
 from agentrl.backend.training.memory import within_memory
 from agentrl.backend.training.micro_batches import (
     MicroBatches,
     RankPlace,
     collate_rows,
-    default_micro_batch_tokens,
     plan_step,
 )
-from agentrl.backend.training.step_input import training_conditions
-from agentrl.config import LoRAConfig, TrainConfig
+from agentrl.backend.training.step_input import TrainingConditions
+from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
 from agentrl.rl.advantages import compute_group_advantages, scaled_by_mean_abs
 from agentrl.rl.ledger import group_tokens
@@ -54,119 +45,9 @@ from agentrl.trajectory import History, TrajectoryGroup, reward_stats
 _Passes = TypeVar("_Passes")
 
 
-class Trainer:
-    """A frozen base model with one LoRA adapter (and optimizer) per trained model, and the steps that update them.
-
-    Several models of one base share its weights in memory: each is a named peft adapter, made
-    active for the call that trains, saves or loads it. Made inside an initialised
-    `torch.distributed` process group, it is one rank of several: it trains on its share of each
-    step's sequences and sums gradients with the other ranks (`agentrl.backend.training.ranks` runs them).
-    """
-
-    def __init__(self, model_path: str, *, seed: int = 0, device: str | None = None, sharded: bool = False) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model_path = model_path
-        self.seed = seed
-        distributed = dist.is_available() and dist.is_initialized()
-        self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-        if sharded and self.world_size == 1:
-            raise ConfigurationError("a sharded trainer needs 2 or more ranks (LocalBackend(trainer_ranks=...))")
-        self.sharded = sharded
-        """FSDP2: the decoder layers sharded over the ranks (see `agentrl.backend.training.sharding`), once the
-        first adapter exists; the base stays on the CPU until then."""
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(model_path)  # a ChatTokenizer, and pad/eos ids
-        self.bf16 = bf16_is_native(self.device.type)
-        """bf16 base and autocast where the device has bf16; float32 on other CPUs (see `precision`)."""
-        dtype = torch.bfloat16 if self.bf16 else torch.float32
-        base: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-        if self.device.type == "cpu":
-            use_cpu_attention(base)
-        self._base: Any = base if sharded else base.to(self.device)
-        self.model: Any = None  # the peft model, made with the first adapter
-        self.adapters: dict[str, Adapter] = {}
-        pad = self.tokenizer.pad_token_id
-        self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
-        self.micro_batch_tokens = default_micro_batch_tokens(self.device)
-        """Tokens per micro-batch unless the config sets them: halved for good at each GPU out-of-memory."""
-        self.kl_reference = KLReference(sharded=sharded)
-
-    def add_adapter(self, name: str, lora: LoRAConfig) -> None:
-        """A fresh adapter (the same for the same seed) with its own optimizer; `name` must suit a
-        torch module key (no '.')."""
-        from peft import LoraConfig, get_peft_model
-
-        if name in self.adapters:
-            raise ValueError(f"the trainer already has an adapter named {name!r}")
-        if self.sharded and self.adapters:
-            raise ConfigurationError(
-                "sharded trainer ranks train one model per backend (its LoRA is sharded with the layers); "
-                "register this model on another LocalBackend, or use unsharded ranks"
-            )
-        torch.manual_seed(self.seed)  # the step-0 adapter (LoRA A) is the same for the same seed
-        peft_config = LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            task_type="CAUSAL_LM",
-            base_model_name_or_path=self.model_path,  # recorded in each checkpoint: what it was trained on
-        )
-        # peft keeps the adapter in fp32 over a bf16 base (autocast_adapter_dtype defaults to True).
-        if self.model is None:
-            self.model = get_peft_model(self._base, peft_config, adapter_name=name)
-            if self.sharded:
-                sharding.shard_decoder_layers(self._base, self.device, self.world_size)
-        else:
-            self.model.add_adapter(name, peft_config)
-        fuse_lora_layers(self.model)
-        parameters = list(parameters_by_key(self.model, name).values())
-        self.adapters[name] = Adapter(parameters, torch.optim.AdamW(parameters, lr=1e-5))
-
-    def _activate(self, name: str) -> Adapter:
-        """Make `name` the adapter that forward passes use and gradients reach."""
-        adapter = self.adapters.get(name)
-        if adapter is None:
-            raise KeyError(f"the trainer has no adapter {name!r} (it has {sorted(self.adapters)})")
-        if self.model.active_adapter != name:
-            self.model.set_adapter(name)  # also makes only this adapter's tensors require grad
-        return adapter
-
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bf16 autocast where the device has bf16 (CPU, CUDA); none in float32, or on `meta`, where tests
-        check device placement."""
-        if self.device.type in ("cpu", "cuda") and self.bf16:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    # --- checkpoints ---
-
-    def save(self, name: str, folder: Path) -> None:
-        """Write adapter `name` (peft's format, which vLLM loads) and its optimizer state into `folder`.
-        Sharded, every rank must call it (the whole tensors are gathered) and rank 0 writes."""
-        save_adapter(self.model, name, self._activate(name), folder, sharded=self.sharded, writes=self.rank == 0)
-
-    def adapter_weights(self, name: str, rank: int | None = None) -> dict[str, torch.Tensor]:
-        """A copy of adapter `name`'s whole weights, keyed as in its checkpoint (peft's names), as this
-        trainer holds them (`rank`: None or this trainer's own). Sharded, every rank must call it."""
-        if rank not in (None, self.rank):
-            raise ValueError(f"this trainer is rank {self.rank} of {self.world_size}; it holds no rank {rank}")
-        return whole_weights(self.model, name)
-
-    def parameter_bytes(self) -> list[int]:
-        """Bytes of weights this rank holds (its shards only, when sharded): what sharding saves. A list of
-        one, as `TrainerRanks` gives one per rank."""
-        tensors = {id(p): p for p in (self.model or self._base).parameters()}.values()
-        return [sum((p.to_local() if sharding.is_sharded(p) else p).nbytes for p in tensors)]
-
-    def close(self) -> None:
-        """Nothing to stop: the trainer lives in this process (`TrainerRanks.close` stops its processes)."""
-
-    def load(self, name: str, folder: Path) -> None:
-        """Restore the adapter and optimizer state saved by `save`, after checking both: `CheckpointError`
-        (and nothing changed) for a missing, unreadable, misshapen or non-finite file."""
-        load_adapter(self.model, name, self._activate(name), folder, sharded=self.sharded)
+class Trainer(AdapterHost):
+    """The steps that update an `AdapterHost`'s adapters: GRPO (`train_step`) and supervised (`sft_step`) steps
+    over token-budgeted micro-batches, and the log-probabilities an adapter gives (`logprobs_of`)."""
 
     # --- the step ---
 
@@ -194,10 +75,13 @@ class Trainer:
         )
         sequences = scaled_by_mean_abs(tokenized.sequences, enabled=config.scale_advantages_by_mean_abs)
         metrics["num_skipped_trajectories"] = float(tokenized.num_skipped_trajectories)
+        counts = StepCounts(
+            len(groups), len(rewards), advantages.num_dropped_groups, tokenized.num_skipped_trajectories
+        )
         metrics["tokens_discarded_no_token_data"] = float(tokenized.num_skipped_tokens)
         metrics["tokenize_s"] = time.perf_counter() - started
         if not sequences:
-            return StepOutcome(updated=False, metrics=metrics)
+            return StepOutcome(updated=False, metrics=metrics, counts=counts)
 
         num_loss_tokens = sum(sum(s.loss_mask_T[1:]) for s in sequences)
         denominator = loss_denominator(
@@ -232,10 +116,12 @@ class Trainer:
             grad_norm=grad_norm,
             train_s=time.perf_counter() - train_started,
         )
-        return StepOutcome(updated=True, metrics=metrics, conditions=self._conditions(plan))
+        return StepOutcome(updated=True, metrics=metrics, conditions=self._conditions(plan), counts=counts)
 
-    def _conditions(self, plan: MicroBatches) -> dict[str, Any]:  # what a bit-exact replay of the step needs
-        return training_conditions(plan.max_tokens, self.bf16, self.device.type, self.world_size, self.sharded)
+    def _conditions(self, plan: MicroBatches) -> TrainingConditions:  # what a bit-exact replay of the step needs
+        return TrainingConditions.here(
+            plan.max_tokens, bf16=self.bf16, device=self.device.type, ranks=self.world_size, sharded=self.sharded
+        )
 
     def _micro_batches(
         self, sequences: list[TokenizedSequence], max_tokens: int, *, shared_prefix: bool | None = False

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from agentrl.backend.checkpoints import INFO_FILE, CheckpointStore
 from agentrl.backend.training.replay import (
     REPLAY_ADAPTER,
     checked_steps,
@@ -33,8 +32,9 @@ from agentrl.backend.training.replay import (
 from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.errors import CheckpointError, ConfigurationError
-from agentrl.runs import COMPARED
-from agentrl.tracking import append_metrics
+from agentrl.records.checkpoints import INFO_FILE, CheckpointStore
+from agentrl.records.runs import COMPARED
+from agentrl.records.tracking import append_metrics
 
 """The metrics each what-if step is compared on, beside the original step's."""
 
@@ -95,6 +95,7 @@ def what_if(
             outcome = train_recorded(trainer, step_input, config)
             after = trainer_state(trainer)
             changed = {**outcome.metrics, "update_norm": update_norm(before, after)}
+            assert outcome.conditions is not None  # train_recorded raises for a step that did not update
             trained_on = StepInput(step_input.groups, config, outcome.conditions)
             out.save(step, functools.partial(_write_step, trainer, trained_on), {"metrics": changed, **origin})
             append_metrics(out_dir, {"step": step, "split": "train", **changed})
