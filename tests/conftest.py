@@ -6,6 +6,7 @@ Builders that tests share (groups, runs, CLI runners) are in tests/helpers.py; t
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -86,6 +87,16 @@ def fake(monkeypatch):
     server = FakeOpenAI()
     yield server
     server.close()
+
+
+@pytest.fixture(autouse=True)
+def _judges_start_unremembered():
+    """A judge that once answered without logprobs is read from JSON for the rest of its process
+    (`agentrl.judges.readout`); each test starts with none remembered, whatever ran before it."""
+    yield
+    readout = sys.modules.get("agentrl.judges.readout")  # loaded only by tests that judge
+    if readout is not None:
+        readout._FELL_BACK.clear()
 
 
 @pytest.fixture
