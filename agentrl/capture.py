@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.gateway import responses_api
 from agentrl.gateway.client_apis import ClientApi, api_for_path
 from agentrl.gateway.limits import RequestRefused
 from agentrl.gateway.upstream import UPSTREAM_HEADER
@@ -260,8 +259,8 @@ def _as_chat(
         logger.warning("a %s answer was not captured: %s", api.name, refused.message)
         return None
     chat_answer = {"model": answer.get("model"), "choices": [translation.choice_fields(answer)]}
-    if translation.threaded:
-        capture.threads[str(answer.get("id"))] = responses_api.thread_after(thread, chat_answer)
+    if translation.thread_after is not None:
+        capture.threads[str(answer.get("id"))] = translation.thread_after(thread, chat_answer)
     return chat_body, chat_answer
 
 

@@ -277,7 +277,9 @@ class LocalBackend:
         async with session.busy, self._keeps_breakage():
             async with self._updating(session):
                 outcome = await self._trainer_thread.run(train_sft, self.trainer, session.adapter, histories, config)
-            trained_on = StepInput([], config, outcome.conditions, histories) if outcome.conditions else None
+            trained_on = (
+                StepInput([], config, outcome.conditions, histories) if outcome.conditions is not None else None
+            )
             return await session.commit(outcome, split="sft", groups=[], step_input=trained_on)
 
     @contextlib.asynccontextmanager

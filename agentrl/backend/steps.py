@@ -66,7 +66,7 @@ async def grpo_step(
         logger.warning("%s: step %d skipped, the step counter stays at %d: %s", name, step + 1, step, reason)
     metrics = {**step_metrics, **outcome.metrics, **screened.metrics()}
     metrics.update(step_ledger(groups, metrics, store.rollout_tokens))
-    trained_on = StepInput(screened.trainable, config, outcome.conditions) if outcome.conditions else None
+    trained_on = StepInput(screened.trainable, config, outcome.conditions) if outcome.conditions is not None else None
     result = await session.commit(
         StepOutcome(outcome.updated, metrics), split="train", groups=list(groups), step_input=trained_on
     )

@@ -282,8 +282,8 @@ class _GatewayRoutes:
         replica, response = sent
 
         def answered(chat_answer: dict[str, Any]) -> None:
-            if translation.threaded:
-                self.threads.put(answer_id, responses_api.thread_after(thread, chat_answer))
+            if translation.thread_after is not None:
+                self.threads.put(answer_id, translation.thread_after(thread, chat_answer))
             if on_answer is not None:
                 on_answer(chat_body, chat_answer)
 

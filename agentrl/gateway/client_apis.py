@@ -37,8 +37,9 @@ class Translation:
     """A field and value its answer object carries (an error body does not)."""
     events: Callable[[dict[str, Any], str], AnswerEvents]
     """(its request, answer id) -> the writer of its stream's events."""
-    threaded: bool
-    """Whether its answers continue a thread the gateway keeps (Responses)."""
+    thread_after: Callable[[Thread, dict[str, Any]], Thread] | None
+    """(the thread a request continued, its chat answer) -> the thread a later request may continue from its
+    answer's id (Responses' previous_response_id); None for an API without threads (Messages)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ RESPONSES = ClientApi(
         choice_fields=responses_api.choice_fields,
         answer_marker=("object", "response"),
         events=ResponseEvents,
-        threaded=True,
+        thread_after=responses_api.thread_after,
     ),
 )
 MESSAGES = ClientApi(
@@ -88,7 +89,7 @@ MESSAGES = ClientApi(
         choice_fields=messages_api.choice_fields,
         answer_marker=("type", "message"),
         events=lambda _body, answer_id: messages_api.MessageEvents(answer_id),
-        threaded=False,
+        thread_after=None,
     ),
 )
 CLIENT_APIS = (CHAT, RESPONSES, MESSAGES)

@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 class StepCounts:
     """What a GRPO step counted in the groups it was given, as integers (its metrics carry them as floats)."""
 
-    groups: int = 0
-    trajectories: int = 0
     zero_variance_groups: int = 0
     """Groups whose rewards were all equal: no advantage, nothing to learn."""
     skipped_trajectories: int = 0

@@ -131,9 +131,12 @@ def trainer_at(
     return trainer
 
 
-def train_recorded(trainer: AdapterTrainer, step_input: StepInput, config: TrainConfig | SFTConfig) -> StepOutcome:
+def train_recorded(
+    trainer: AdapterTrainer, step_input: StepInput, config: TrainConfig | SFTConfig
+) -> tuple[StepOutcome, TrainingConditions]:
     """One step of `REPLAY_ADAPTER` on a recorded input under `config`, with its recorded micro-batch size:
-    a GRPO step, or (a supervised input) the whole `train_sft` call, each batch at its recorded size."""
+    a GRPO step, or (a supervised input) the whole `train_sft` call, each batch at its recorded size. Returns
+    its outcome and the conditions it trained under; `CheckpointError` if it made no update."""
     config = config.model_copy(update={"micro_batch_tokens": step_input.conditions.micro_batch_tokens})
     if isinstance(config, SFTConfig):
         batch_sizes = step_input.conditions.batch_micro_batch_tokens  # None in checkpoints before 2026-11-28
@@ -142,9 +145,9 @@ def train_recorded(trainer: AdapterTrainer, step_input: StepInput, config: Train
         )
     else:
         outcome = trainer.train_step(REPLAY_ADAPTER, step_input.groups, config)
-    if not outcome.updated:
+    if outcome.conditions is None:  # set exactly when the step updated
         raise CheckpointError("a recorded step input trained no update when trained again")
-    return outcome
+    return outcome, outcome.conditions
 
 
 @contextmanager
@@ -183,12 +186,12 @@ def replay_step(run_dir: Path, step: int, *, device: str | None = None) -> Repla
     with recorded_conditions(conditions):
         trainer = trainer_at(store, step - 1, conditions, device=device)
         try:
-            here = train_recorded(trainer, recorded_input, recorded_input.config).conditions
+            _, here = train_recorded(trainer, recorded_input, recorded_input.config)
             replayed = trainer_state(trainer)
         finally:
             trainer.close()
     recorded = checkpoint_state(store.path(step))
     worst, where = largest_difference(recorded, replayed)
-    recorded_as, here_as = conditions.as_record(), here.as_record() if here is not None else {}
+    recorded_as, here_as = conditions.as_record(), here.as_record()
     differing = {k: (v, here_as.get(k)) for k, v in recorded_as.items() if here_as.get(k) != v}
     return ReplayReport(step, state_sha256(recorded), state_sha256(replayed), worst, where, differing)

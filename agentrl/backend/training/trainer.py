@@ -75,9 +75,7 @@ class Trainer(AdapterHost):
         )
         sequences = scaled_by_mean_abs(tokenized.sequences, enabled=config.scale_advantages_by_mean_abs)
         metrics["num_skipped_trajectories"] = float(tokenized.num_skipped_trajectories)
-        counts = StepCounts(
-            len(groups), len(rewards), advantages.num_dropped_groups, tokenized.num_skipped_trajectories
-        )
+        counts = StepCounts(advantages.num_dropped_groups, tokenized.num_skipped_trajectories)
         metrics["tokens_discarded_no_token_data"] = float(tokenized.num_skipped_tokens)
         metrics["tokenize_s"] = time.perf_counter() - started
         if not sequences:

@@ -92,11 +92,10 @@ def what_if(
         out.save(first - 1, lambda folder: _copy_checkpoint(store.path(first - 1), folder), {"metrics": {}, **origin})
         before, recorded = trainer_state(trainer), checkpoint_state(store.path(first - 1))
         for step, step_input, config in zip(range(first, last + 1), inputs, configs, strict=True):
-            outcome = train_recorded(trainer, step_input, config)
+            outcome, conditions = train_recorded(trainer, step_input, config)
             after = trainer_state(trainer)
             changed = {**outcome.metrics, "update_norm": update_norm(before, after)}
-            assert outcome.conditions is not None  # train_recorded raises for a step that did not update
-            trained_on = StepInput(step_input.groups, config, outcome.conditions)
+            trained_on = StepInput(step_input.groups, config, conditions)
             out.save(step, functools.partial(_write_step, trainer, trained_on), {"metrics": changed, **origin})
             append_metrics(out_dir, {"step": step, "split": "train", **changed})
             recorded_before, recorded = recorded, checkpoint_state(store.path(step))  # each checkpoint read once
