@@ -93,10 +93,11 @@ class FailureTally:
             ) from first
 
 
-class _Progress:
-    """One tqdm bar over all rollouts, showing the running mean reward, of every metric, and failures."""
+class RolloutProgress:
+    """One tqdm bar over rollouts, showing the running mean reward, of every metric, and failures; several
+    gathers may share one (a pipelined loop step's groups, each gathered on its own)."""
 
-    def __init__(self, total: int, desc: str, enabled: bool) -> None:
+    def __init__(self, total: int, desc: str, enabled: bool = True) -> None:
         self.bar = tqdm(total=total, desc=desc, disable=not enabled, unit="rollout")
         self.rewards: list[float] = []
         self.metric_values: dict[str, list[float]] = {}
@@ -119,7 +120,7 @@ class _Progress:
 
 
 async def _run_rollouts(
-    groups: list[TrajectoryGroup], tally: FailureTally, progress: _Progress, after_each: AfterEach | None
+    groups: list[TrajectoryGroup], tally: FailureTally, progress: RolloutProgress, after_each: AfterEach | None
 ) -> list[TrajectoryGroup | None]:
     async def run_one(
         rollout: Awaitable[Trajectory | TrajectoryGroup], where: str
@@ -196,13 +197,17 @@ async def gather_counted(
     after_each: AfterEach | None = None,
     desc: str = "rollouts",
     show_progress: bool = True,
+    progress: RolloutProgress | None = None,
 ) -> list[TrajectoryGroup]:
-    """`gather_trajectory_groups` with the failures counted in `tally`, which other gathers may share."""
-    progress = _Progress(sum(len(g.pending) for g in groups), desc, show_progress)
+    """`gather_trajectory_groups` with the failures counted in `tally`, which other gathers may share; with
+    `progress`, on that bar (its owner closes it) instead of one of its own."""
+    own = progress is None
+    progress = progress or RolloutProgress(sum(len(g.pending) for g in groups), desc, show_progress)
     try:
         finished = await _run_rollouts(groups, tally, progress, after_each)
     finally:
-        progress.bar.close()
+        if own:
+            progress.bar.close()
     kept = [g for g in finished if g is not None]
     if len(kept) < len(finished):
         logger.info("after_each dropped %d of %d groups", len(finished) - len(kept), len(finished))

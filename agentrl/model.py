@@ -147,9 +147,11 @@ class Backend(Protocol):
         config: TrainConfig,
         *,
         step_metrics: dict[str, float] | None = None,
+        dropped: Sequence[TrajectoryGroup] = (),
     ) -> TrainResult:
         """One GRPO step; the new checkpoint is served when it returns (or the skip says why). `step_metrics`
-        are recorded with the step's own."""
+        are recorded with the step's own; `dropped` are groups the caller sampled for this step and did not
+        give it (a pipeline's stale ones): their tokens count in the step's ledger."""
         ...
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:
@@ -302,8 +304,9 @@ class TrainableModel(Model):
 
         `step_metrics`: numbers about this step measured outside the backend (a pipelined loop's
         staleness and idle time), recorded with the step's own in metrics.jsonl. `dropped`: groups this
-        step consumed without training them (a pipelined loop's stale ones). The scenarios of both
-        (`DatasetBatch.groups` names them) go to the run's record, see `trained_scenarios`."""
+        step consumed without training them (a pipelined loop's stale ones, or ones `after_each` dropped);
+        the sampled tokens of those it gathered are the ledger's `tokens_discarded_stale`. The scenarios of
+        both (`DatasetBatch.groups` names them) go to the run's record, see `trained_scenarios`."""
         backend, record = self._require_backend(), self._run_folder.scenarios
         if self._interrupted:  # an earlier call was cancelled: whether its step committed is the backend's to say
             self._step = await backend.get_step(self)
@@ -313,7 +316,12 @@ class TrainableModel(Model):
         if consumed:
             record_step(record, self._step + 1, consumed)  # write-ahead: counts once checkpoint step+1 commits
         try:
-            result = await backend.train(self, groups, config or TrainConfig(), step_metrics=step_metrics)
+            sampled = [
+                group for group in dropped if not group.pending
+            ]  # a group dropped before its gather sampled nothing
+            result = await backend.train(
+                self, groups, config or TrainConfig(), step_metrics=step_metrics, dropped=sampled
+            )
         except Exception:
             if consumed:  # a backend that raises has rolled the step back: its write-ahead line never counts
                 void_after(record, self._step)

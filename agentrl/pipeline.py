@@ -10,7 +10,8 @@ corrected; `TrainConfig(truncated_importance_sampling=2.0)` bounds that correcti
 recommend for `max_steps_off_policy > 0`. A group whose oldest turn is more than
 `max_steps_off_policy` steps behind the step it would train is dropped and counted, never trained.
 With `max_steps_off_policy=0` the loop is the synchronous one: each step's groups start after the
-previous step, and train together.
+previous step, and train together. It is agentrl's one training loop: the environments' entry points,
+MCP-RL and judge RL all run on it.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from dataclasses import dataclass
 
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
-from agentrl.gather import AfterEach, ExceptionBudget, FailureTally, gather_counted
+from agentrl.gather import AfterEach, ExceptionBudget, FailureTally, RolloutProgress, gather_counted
 from agentrl.model import ReportsSpinning, TrainableModel, TrainResult
 from agentrl.openmp_spin import warn_spinning_beside_the_server
-from agentrl.rl.ledger import group_tokens
 from agentrl.timeline import sampling
 from agentrl.trajectory import TrajectoryGroup
 
@@ -57,6 +57,7 @@ def oldest_policy_step(group: TrajectoryGroup, started_at: int) -> int:
 class _Finished:
     group: TrajectoryGroup
     oldest_step: int
+    order: tuple[int, int]  # (loop step, index in what make_groups gave): a step trains its groups in this order
 
 
 async def train_pipelined(
@@ -125,6 +126,7 @@ async def _overlapped(
                 break  # the source ran out
             waiting_started = time.time()
             taken, stale = await sampler.take(sampler.sizes[done])
+            taken.sort(key=lambda finished: finished.order)  # as make_groups gave them, not as they finished
             if stale:
                 logger.warning("dropped %d groups sampled more than %d steps ago", len(stale), max_steps_off_policy)
             # A cycle runs from the previous step's start of training to this one's: one training and one wait.
@@ -136,7 +138,6 @@ async def _overlapped(
                 "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
                 "staleness_max": float(max(staleness, default=0)),
                 "num_groups_stale_dropped": float(len(stale)),
-                "tokens_discarded_stale": float(group_tokens(stale)),
                 "trainer_idle_frac": (now - waiting_started) / cycle_s,
                 "sampler_idle_frac": max(1.0 - (sampler_busy - sampler_busy_at_cycle_start) / cycle_s, 0.0),
                 "steps_per_hour": 3600.0 / cycle_s,
@@ -178,6 +179,7 @@ class _Sampler:
         self.in_flight = 0  # groups started and not yet finished, judged or failed
         self.sizes: list[int] = []  # groups per loop step whose groups were started, as make_groups gave them
         self.judge_dropped: list[TrajectoryGroup] = []
+        self.bars: dict[int, tuple[RolloutProgress, list[int]]] = {}  # loop step: its bar, its groups unfinished
 
     async def launch(self, done: int) -> None:
         """Start the groups of every loop step that may sample now: up to `max_steps_off_policy` ahead, and no
@@ -194,19 +196,26 @@ class _Sampler:
             self.sizes.append(len(groups))
             # The budget is the step's, as in the synchronous loop's one gather: a group of 8 at 10% alone would
             # tolerate no failure at all.
-            tally = self.budget.tally(sum(len(g.pending) for g in groups), of=f"rollouts of loop step {loop_step}")
-            for group in groups:
+            rollouts = sum(len(g.pending) for g in groups)
+            tally = self.budget.tally(rollouts, of=f"rollouts of loop step {loop_step}")
+            of_steps = f"/{self.first + self.steps}" if self.steps is not None else ""
+            self.bars[loop_step] = (
+                RolloutProgress(rollouts, f"step {loop_step + 1}{of_steps} rollouts"),
+                [len(groups)],
+            )
+            for index, group in enumerate(groups):
                 self.in_flight += 1  # counted from now: the loop must not think nothing is coming
-                task = asyncio.ensure_future(self._sample(group, tally))
+                task = asyncio.ensure_future(self._sample(group, tally, (loop_step, index)))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
 
-    async def _sample(self, group: TrajectoryGroup, tally: FailureTally) -> None:
+    async def _sample(self, group: TrajectoryGroup, tally: FailureTally, order: tuple[int, int]) -> None:
         started_at = self.model.step  # the adapter served when the rollout begins
+        progress, unfinished = self.bars[order[0]]
         try:
-            finished = await gather_counted([group], tally, after_each=self.after_each, show_progress=False)
+            finished = await gather_counted([group], tally, after_each=self.after_each, progress=progress)
             for resolved in finished:
-                self.ready.append(_Finished(resolved, oldest_policy_step(resolved, started_at)))
+                self.ready.append(_Finished(resolved, oldest_policy_step(resolved, started_at), order))
             if not finished:  # `after_each` dropped it: consumed by the next step, as the synchronous loop does
                 self.judge_dropped.append(group)
         except Exception as error:  # noqa: BLE001 - raised in the loop, which stops everything
@@ -214,6 +223,9 @@ class _Sampler:
         finally:
             self.in_flight -= 1
             self.arrived.set()
+            unfinished[0] -= 1
+            if not unfinished[0]:
+                progress.bar.close()
 
     async def take(self, count: int) -> tuple[list[_Finished], list[TrajectoryGroup]]:
         """Up to `count` finished groups within the bound, waiting for them, and the stale ones passed on the
@@ -241,3 +253,5 @@ class _Sampler:
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        for progress, _ in self.bars.values():
+            progress.bar.close()

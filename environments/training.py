@@ -22,7 +22,6 @@ from agentrl.judges.readout import Readout
 from agentrl.judges.training import RUN_PREFIX, trained_judge
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.run_folder import RunFolder
-from agentrl.records.scenario_record import SCENARIO, group_scenarios
 from agentrl.records.tracking import read_metrics, summarize
 
 OFF_POLICY_TIS = 2.0
@@ -159,40 +158,26 @@ async def train_batches(
     after_each: AfterEach | None,
     max_steps_off_policy: int | None,
 ) -> None:
-    """One step per batch: the synchronous loop, or pipelined (`agentrl.train_pipelined`) with `max_steps_off_policy`."""
-    if max_steps_off_policy is not None:
-        if max_steps_off_policy > 0 and not config.truncated_importance_sampling:
+    """One step per batch on agentrl's training loop (`agentrl.train_pipelined`): synchronous, or with
+    `max_steps_off_policy` set, the next steps' rollouts sampling while a step trains."""
+    if max_steps_off_policy:
+        if not config.truncated_importance_sampling:
             config = config.model_copy(update={"truncated_importance_sampling": OFF_POLICY_TIS})
         print(
             f"pipelined: rollouts run up to {max_steps_off_policy} step(s) ahead of the trainer "
             f"(truncated importance sampling at {config.truncated_importance_sampling:g})"
         )
-        first = await model.get_step()
-        await agentrl.train_pipelined(
-            model,
-            lambda model, step: batches[step - first].groups(lambda s: make_group(model, s)),
-            steps=len(batches),
-            max_steps_off_policy=max_steps_off_policy,
-            config=config,
-            after_each=after_each,
-            max_exception_rate=max_exception_rate,
-            on_step=print_step,
-        )
-    else:
-        for number, batch in enumerate(batches, start=1):
-            step_started = time.perf_counter()
-            scheduled = batch.groups(lambda s: make_group(model, s))
-            groups = await agentrl.gather_trajectory_groups(
-                scheduled,
-                max_exception_rate=max_exception_rate,
-                after_each=after_each,
-                desc=f"batch {number}/{len(batches)} rollouts",
-            )
-            # Groups a judge dropped are consumed by this step too: a resumed run does not sample them again.
-            kept = set(group_scenarios(groups))
-            dropped = [group for group in scheduled if group.metadata[SCENARIO] not in kept]
-            result = await model.train(groups, config, dropped=dropped)
-            print_step(result, f", {time.perf_counter() - step_started:.1f} s")
+    first = await model.get_step()
+    await agentrl.train_pipelined(
+        model,
+        lambda model, step: batches[step - first].groups(lambda s: make_group(model, s)),
+        steps=len(batches),
+        max_steps_off_policy=max_steps_off_policy or 0,
+        config=config,
+        after_each=after_each,
+        max_exception_rate=max_exception_rate,
+        on_step=print_step,
+    )
 
 
 async def train_and_evaluate(

@@ -223,7 +223,7 @@ class FakeBackend:
     async def get_step(self, model):
         return self.step
 
-    async def train(self, model, groups, config, *, step_metrics=None):
+    async def train(self, model, groups, config, *, step_metrics=None, dropped=()):
         self.calls.append(("train", len(groups), config.learning_rate))
         self.step += 1
         return agentrl.TrainResult(step=self.step, metrics={"reward_mean": 0.5})

@@ -146,8 +146,11 @@ async def test_groups_older_than_the_bound_are_dropped_and_counted(served_model)
         on_step=after,
     )
     assert sum(r.metrics["num_groups_stale_dropped"] for r in results) >= 1
+    # The backend was handed the stale groups: their sampled tokens are the ledger's stale row, and it closes.
+    assert sum(r.metrics["tokens_discarded_stale"] for r in results) > 0
     for result in results:
         assert result.metrics["staleness_max"] <= 1
+        assert result.metrics["tokens_unaccounted"] == 0
 
 
 async def test_after_each_scores_every_group_before_it_trains(served_model):

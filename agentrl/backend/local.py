@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from agentrl.backend.engine import Engine, start_engine
 from agentrl.backend.run_lock import RunLock
 from agentrl.backend.serving.replicas import ServerReplicas
-from agentrl.backend.session import ModelSession, TrainerThread
+from agentrl.backend.session import ModelSession, TrainerThread, open_session
 from agentrl.backend.steps import grpo_step, updating
 from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome, train_sft
 from agentrl.backend.training.placement import TrainerPlacement
@@ -37,9 +37,7 @@ from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
 from agentrl.model import Model, TrainResult
 from agentrl.openmp_spin import spin_fix_beside
-from agentrl.records.checkpoints import CheckpointStore
-from agentrl.records.tracking import DEFAULT_BEST_BY, best_step, summarize
-from agentrl.records.wandb_metrics import WandbMetrics, wandb_requested
+from agentrl.records.tracking import summarize
 from agentrl.rl.tokenize import check_token_ids
 
 if TYPE_CHECKING:
@@ -185,7 +183,9 @@ class LocalBackend:
         try:
             async with self._starting:
                 engine = await self._start_engine(model)
-                session = await self._open_session(model, engine, lock)
+                adapter = "default" if not self.sessions else f"model{len(self.sessions)}"
+                session = await open_session(model, adapter, lock, engine.trainer, engine.server, self._trainer_thread)
+                logger.info("serving %s at %s", session.served_name(), self.gateway.base_url)
         except BaseException:
             lock.release()
             if not self.sessions:  # a half-started backend leaves no server behind
@@ -207,22 +207,6 @@ class LocalBackend:
         )
         return engine
 
-    async def _open_session(self, model: TrainableModel, engine: Engine, lock: RunLock) -> ModelSession:
-        adapter = "default" if not self.sessions else f"model{len(self.sessions)}"
-        await self._trainer_thread.run(engine.trainer.add_adapter, adapter, model.lora)
-        store = CheckpointStore(model.run_dir)
-        store.sweep_staging()
-        session = ModelSession(model, adapter, store, lock, engine.trainer, engine.server, self._trainer_thread)
-        session.step = await self._trainer_thread.run(session.resume)
-        if wandb_requested(model.wandb):
-            config = model.model_dump(mode="json", include={"base_model", "lora", "server"})
-            session.wandb = await asyncio.to_thread(
-                WandbMetrics, model.run_dir, project=model.project, name=model.name, config=config
-            )
-        await session.serve_current()
-        logger.info("serving %s from %s at %s", session.served_name(), store.path(session.step), self.gateway.base_url)
-        return session
-
     async def get_step(self, model: TrainableModel) -> int:
         return self.session(model).step
 
@@ -233,16 +217,22 @@ class LocalBackend:
         config: TrainConfig,
         *,
         step_metrics: dict[str, float] | None = None,
+        dropped: Sequence[TrajectoryGroup] = (),
     ) -> TrainResult:
         """One GRPO step; the server serves the new checkpoint when it returns."""
         if bad := sorted(k for k, v in (step_metrics or {}).items() if not math.isfinite(v)):
             raise ConfigurationError(f"step_metrics {bad} are not finite numbers; record only finite values")
         session = self.session(model)
         async with session.busy, self._keeps_breakage():
-            return await self._train(session, groups, config, dict(step_metrics or {}))
+            return await self._train(session, groups, config, dict(step_metrics or {}), list(dropped))
 
     async def _train(
-        self, session: ModelSession, groups: list[TrajectoryGroup], config: TrainConfig, step_metrics: dict[str, float]
+        self,
+        session: ModelSession,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        step_metrics: dict[str, float],
+        dropped: list[TrajectoryGroup],
     ) -> TrainResult:
         async def update(trainable: list[TrajectoryGroup], config: TrainConfig) -> StepOutcome:
             async with self._updating(session):
@@ -253,6 +243,7 @@ class LocalBackend:
             groups,
             config,
             step_metrics,
+            dropped=dropped,
             store=self.gateway.store,
             vocab_size=self.engine.vocab_size,
             update=update,
@@ -301,18 +292,7 @@ class LocalBackend:
 
     async def delete_checkpoints(self, model: TrainableModel, *, keep_last: int, best_by: str | None) -> list[int]:
         """Delete all but the last `keep_last` checkpoints and the best by `best_by` ("split/metric")."""
-        session = self.session(model)
-        keep: set[int] = set()
-        if best_by is not None:
-            best = await asyncio.to_thread(best_step, model.run_dir, best_by, session.store.steps())
-            if best is None and best_by != DEFAULT_BEST_BY:
-                raise ConfigurationError(
-                    f"no checkpoint has a recorded {best_by!r}; give 'split/metric' as written to metrics.jsonl "
-                    "(e.g. 'val/reward_mean' after model.log(..., split='val'), or 'train/reward_mean')"
-                )
-            keep = {best} if best is not None else set()
-        async with session.busy:
-            return await asyncio.to_thread(session.store.delete, keep_last=keep_last, keep=keep | {session.step})
+        return await self.session(model).delete_checkpoints(keep_last=keep_last, best_by=best_by)
 
     def _next_move(self, session: ModelSession) -> str:
         """What a caller does after a failed step that was rolled back to the served checkpoint."""

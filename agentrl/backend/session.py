@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.errors import BackendBrokenError, CheckpointError, ConfigurationError, ServerError
 from agentrl.model import TrainResult, served_name
+from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.step_record import backfill_records, write_step_record
-from agentrl.records.tracking import record_step, step_line
+from agentrl.records.tracking import DEFAULT_BEST_BY, best_step, record_step, step_line
+from agentrl.records.wandb_metrics import WandbMetrics, wandb_requested
 from agentrl.timeline import append_timeline, recorder, span
 
 if TYPE_CHECKING:
@@ -27,8 +29,6 @@ if TYPE_CHECKING:
     from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome
     from agentrl.config import TrainConfig
     from agentrl.model import TrainableModel
-    from agentrl.records.checkpoints import CheckpointStore
-    from agentrl.records.wandb_metrics import WandbMetrics
     from agentrl.trajectory import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
@@ -269,6 +269,20 @@ class ModelSession:
             ) from error
         logger.warning("%s; the trainer was restored to checkpoint %d", why, step)
 
+    async def delete_checkpoints(self, *, keep_last: int, best_by: str | None) -> list[int]:
+        """Delete all but the last `keep_last` checkpoints, the best by `best_by` ("split/metric") and the served one."""
+        keep: set[int] = set()
+        if best_by is not None:
+            best = await asyncio.to_thread(best_step, self.model.run_dir, best_by, self.store.steps())
+            if best is None and best_by != DEFAULT_BEST_BY:
+                raise ConfigurationError(
+                    f"no checkpoint has a recorded {best_by!r}; give 'split/metric' as written to metrics.jsonl "
+                    "(e.g. 'val/reward_mean' after model.log(..., split='val'), or 'train/reward_mean')"
+                )
+            keep = {best} if best is not None else set()
+        async with self.busy:
+            return await asyncio.to_thread(self.store.delete, keep_last=keep_last, keep=keep | {self.step})
+
     async def record(
         self,
         groups: list[TrajectoryGroup],
@@ -284,6 +298,31 @@ class ModelSession:
         await asyncio.to_thread(append_timeline, self.model.run_dir, recorder.take())
         if self.wandb is not None:
             await asyncio.to_thread(self.wandb.log, step, split, record)
+
+
+async def open_session(
+    model: TrainableModel,
+    adapter: str,
+    lock: RunLock,
+    trainer: AdapterTrainer,
+    server: AdapterServer,
+    thread: TrainerThread,
+) -> ModelSession:
+    """`model`'s session as adapter `adapter` of `trainer`: resumed from its latest valid checkpoint (its run
+    folder's leftover staging swept first), W&B opened where asked, and served by `server`."""
+    await thread.run(trainer.add_adapter, adapter, model.lora)
+    store = CheckpointStore(model.run_dir)
+    store.sweep_staging()
+    session = ModelSession(model, adapter, store, lock, trainer, server, thread)
+    session.step = await thread.run(session.resume)
+    if wandb_requested(model.wandb):
+        config = model.model_dump(mode="json", include={"base_model", "lora", "server"})
+        session.wandb = await asyncio.to_thread(
+            WandbMetrics, model.run_dir, project=model.project, name=model.name, config=config
+        )
+    await session.serve_current()
+    logger.info("%s resumed from %s", session.served_name(), store.path(session.step))
+    return session
 
 
 async def _record_committed(recording: Awaitable[None], step: int) -> str | None:

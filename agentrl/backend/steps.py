@@ -34,14 +34,17 @@ async def grpo_step(
     config: TrainConfig,
     step_metrics: dict[str, float],
     *,
+    dropped: list[TrajectoryGroup],
     store: SampledStore,
     vocab_size: int,
     update: Callable[[list[TrajectoryGroup], TrainConfig], Awaitable[StepOutcome]],
 ) -> TrainResult:
     """Train `session`'s model one step on `groups` (`update` runs the trainer on the trainable ones) and commit
-    it; `step_metrics` (the caller's own, e.g. a pipeline's staleness) join the step's metrics."""
+    it; `step_metrics` (the caller's own, e.g. a pipeline's staleness) join the step's metrics, and the tokens of
+    the groups the caller sampled and `dropped` are the ledger's stale row."""
     config = session.with_kl_reference(config)  # a step as the KL reference: its checkpoint folder
     groups = fill_sampled_tokens(groups, store)  # Choices that kept only their completion id
+    dropped = fill_sampled_tokens(dropped, store)
     check_token_ids(labelled_histories(groups), vocab_size)  # before any of it reaches the trainer
     screened = screen_groups(groups)  # raises RewardError for a missing or non-finite reward
     if (error := judge_failure_error(screened, config.max_judge_failure_rate)) is not None:
@@ -65,7 +68,7 @@ async def grpo_step(
         name, step = session.model.name, session.step
         logger.warning("%s: step %d skipped, the step counter stays at %d: %s", name, step + 1, step, reason)
     metrics = {**step_metrics, **outcome.metrics, **screened.metrics()}
-    metrics.update(step_ledger(groups, metrics, store.rollout_tokens))
+    metrics.update(step_ledger(groups, dropped, outcome.counts, store.rollout_tokens))
     trained_on = StepInput(screened.trainable, config, outcome.conditions) if outcome.conditions is not None else None
     result = await session.commit(
         StepOutcome(outcome.updated, metrics), split="train", groups=list(groups), step_input=trained_on

@@ -195,36 +195,41 @@ async def train_judge_rl(
     judge samples its one-token decision (`decision_rollout`); `max_tokens` (JSON only, default 256) is
     refused there with a `ConfigurationError`."""
     from agentrl.config import TrainConfig
-    from agentrl.gather import gather_trajectory_groups
+    from agentrl.pipeline import train_pipelined
 
     refuse_json_settings(check_readout(readout), max_tokens=max_tokens)
     by_pairs = readout == "probabilities"
     examples = [e for e in examples if ordered_pairs(e)] if by_pairs else examples
     _require(examples)
     record_readout(judge, readout)
-    results = []
-    first = await judge.get_step()  # walk on from the judge's own step: calls in a row see new examples
-    for step in range(first, first + steps):
+
+    def step_groups(judge: TrainableModel, step: int) -> list[TrajectoryGroup]:
+        """Step `step`'s groups: it walks on from the judge's own step, so calls in a row see new examples."""
         batch = [examples[(step * examples_per_step + k) % len(examples)] for k in range(examples_per_step)]
         rng = random.Random(f"{seed}-{step}")
         if by_pairs:
             pairs = [rng.choice(ordered_pairs(e)) for e in batch]
-            unstarted = [
+            return [
                 TrajectoryGroup(decision_rollout(judge, e, i, j) for _ in range(samples_per_example))
                 for e, (i, j) in zip(batch, pairs)
             ]
-        else:
-            orders = [rng.sample(range(len(e.message_lists)), len(e.message_lists)) for e in batch]
-            unstarted = [
-                TrajectoryGroup(
-                    judge_rollout(judge, e, order, max_tokens=256 if max_tokens is None else max_tokens)
-                    for _ in range(samples_per_example)
-                )
-                for e, order in zip(batch, orders)
-            ]
-        groups = await gather_trajectory_groups(unstarted, desc=f"judge RL step {step + 1}")
-        results.append(await judge.train(groups, config or TrainConfig(learning_rate=1e-4)))
-    return results
+        orders = [rng.sample(range(len(e.message_lists)), len(e.message_lists)) for e in batch]
+        return [
+            TrajectoryGroup(
+                judge_rollout(judge, e, order, max_tokens=256 if max_tokens is None else max_tokens)
+                for _ in range(samples_per_example)
+            )
+            for e, order in zip(batch, orders)
+        ]
+
+    return await train_pipelined(  # agentrl's one training loop, synchronous; no rollout may fail
+        judge,
+        step_groups,
+        steps=steps,
+        max_steps_off_policy=0,
+        config=config or TrainConfig(learning_rate=1e-4),
+        max_exception_rate=None,
+    )
 
 
 def trained_judge_run(spec: str, base_path: str | Path) -> tuple[RunInfo, dict[str, Any]]:

@@ -1,8 +1,8 @@
 """MCP-RL: train an agent on any MCP server with tasks an LLM writes from its tools and RULER rewards.
 
-A recipe on the one agent loop (`run_agent`) and the ordinary training step, not a second loop:
-write tasks (or take the user's), then per step run a group of attempts per task, let RULER rank
-each group, and train. Held-out tasks are attempted before and after; RULER then judges each
+A recipe on the one agent loop (`run_agent`) and agentrl's one training loop (`train_pipelined`), not a
+second loop: write tasks (or take the user's), then per step run a group of attempts per task, let RULER
+rank each group, and train. Held-out tasks are attempted before and after; RULER then judges each
 task's before/after pair side by side, which gives a score the two can be compared on, and a
 `check` (an answer the rollout can verify) gives a score that no judge sets.
 """
@@ -23,6 +23,7 @@ from agentrl.mcp.agent import run_agent
 from agentrl.mcp.servers import MCPToolbox, ServerSpec
 from agentrl.mcp.tasks import MCPTask, generate_tasks, tasks_to_jsonl
 from agentrl.model import JudgeModel, TrainableModel
+from agentrl.pipeline import train_pipelined
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -137,7 +138,35 @@ async def _evaluate(
     )
 
 
-async def train_mcp_rl(  # noqa: C901 - over the limit when the rule came on; split it when next changed
+async def _tasks(
+    model: TrainableModel,
+    servers: Servers,
+    config: MCPRLConfig,
+    writer: JudgeModel | None,
+    train_tasks: list[MCPTask] | None,
+    eval_tasks: list[MCPTask] | None,
+) -> tuple[list[MCPTask], list[MCPTask]]:
+    """The training and held-out tasks: as given, else written by `writer` (the base model by default) from
+    the servers' tools; both recorded in the run folder."""
+    writer = writer or model.backend.base_model()
+    # A per-task callable is asked once for a task with empty metadata, to list the tools before tasks exist.
+    listing_servers = servers(MCPTask(task="(listing the tools)")) if callable(servers) else servers
+    async with MCPToolbox(list(listing_servers), tool_timeout_s=config.tool_timeout_s) as listing:
+        tools, resources = listing.tools, listing.resources
+    instructions = config.custom_instructions
+    if train_tasks is None:
+        needed = config.steps * config.tasks_per_step
+        train_tasks = await generate_tasks(tools, needed, writer, resources=resources, custom_instructions=instructions)
+    if eval_tasks is None:
+        eval_tasks = await generate_tasks(
+            tools, config.num_eval_tasks, writer, resources=resources, custom_instructions=instructions
+        )
+    write_text_atomic(model.run_dir / "mcp_train_tasks.jsonl", tasks_to_jsonl(train_tasks))
+    write_text_atomic(model.run_dir / "mcp_eval_tasks.jsonl", tasks_to_jsonl(eval_tasks))
+    return train_tasks, eval_tasks
+
+
+async def train_mcp_rl(
     model: TrainableModel,
     servers: Servers,
     *,
@@ -156,23 +185,8 @@ async def train_mcp_rl(  # noqa: C901 - over the limit when the rule came on; sp
         raise ConfigurationError(
             "MCP-RL needs steps >= 1, tasks_per_step >= 1 and group_size >= 2 (RULER ranks a group)"
         )
-    writer = writer or model.backend.base_model()
     judge = judge or model.backend.base_model()
-    # A per-task callable is asked once for a task with empty metadata, to list the tools before tasks exist.
-    listing_servers = servers(MCPTask(task="(listing the tools)")) if callable(servers) else servers
-    async with MCPToolbox(list(listing_servers), tool_timeout_s=config.tool_timeout_s) as listing:
-        tools, resources = listing.tools, listing.resources
-    needed_train = config.steps * config.tasks_per_step
-    if train_tasks is None:
-        train_tasks = await generate_tasks(
-            tools, needed_train, writer, resources=resources, custom_instructions=config.custom_instructions
-        )
-    if eval_tasks is None:
-        eval_tasks = await generate_tasks(
-            tools, config.num_eval_tasks, writer, resources=resources, custom_instructions=config.custom_instructions
-        )
-    write_text_atomic(model.run_dir / "mcp_train_tasks.jsonl", tasks_to_jsonl(train_tasks))
-    write_text_atomic(model.run_dir / "mcp_eval_tasks.jsonl", tasks_to_jsonl(eval_tasks))
+    train_tasks, eval_tasks = await _tasks(model, servers, config, writer, train_tasks, eval_tasks)
     report = MCPRLReport(train_tasks=train_tasks, eval_tasks=eval_tasks)
 
     async def scored(group: TrajectoryGroup) -> TrajectoryGroup:
@@ -181,21 +195,22 @@ async def train_mcp_rl(  # noqa: C901 - over the limit when the rule came on; sp
     async def run(where: Servers | MCPToolbox) -> None:
         before = await _evaluate(model, eval_tasks, where, config, check, "held-out before")
         await model.log(before, split="val")  # metrics.jsonl, transcript and reward.png, at the starting step
-        for step in range(config.steps):
-            batch = [
-                train_tasks[(step * config.tasks_per_step + i) % len(train_tasks)] for i in range(config.tasks_per_step)
-            ]
-            groups = await gather_trajectory_groups(
-                (
-                    TrajectoryGroup(mcp_rollout(model, t, where, config, check) for _ in range(config.group_size))
-                    for t in batch
-                ),
-                max_exception_rate=0.25,
-                after_each=scored,
-                desc=f"MCP-RL step {step + 1}/{config.steps}",
-            )
-            result = await model.train(groups, TrainConfig(learning_rate=config.learning_rate))
-            report.step_metrics.append(result.metrics)
+        first, tasks, attempts = await model.get_step(), range(config.tasks_per_step), range(config.group_size)
+
+        def step_groups(model: TrainableModel, step: int) -> list[TrajectoryGroup]:
+            batch = (train_tasks[((step - first) * config.tasks_per_step + i) % len(train_tasks)] for i in tasks)
+            return [TrajectoryGroup(mcp_rollout(model, t, where, config, check) for _ in attempts) for t in batch]
+
+        results = await train_pipelined(  # agentrl's one training loop, synchronous
+            model,
+            step_groups,
+            steps=config.steps,
+            max_steps_off_policy=0,
+            config=TrainConfig(learning_rate=config.learning_rate),
+            after_each=scored,
+            max_exception_rate=0.25,
+        )
+        report.step_metrics.extend(result.metrics for result in results)
         after = await _evaluate(model, eval_tasks, where, config, check, "held-out after")
         await model.log(after, split="val")
         for trajectory in before:

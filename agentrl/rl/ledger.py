@@ -11,7 +11,8 @@ below, and `tokens_unaccounted` says by how much it does not (0 unless there is 
   counted in `ledger_failed_rollouts_unknown`, its tokens in no row.
 - `judge_failure`: in a group RULER could not score (dropped whole), or a rollout whose rubric judge
   raised.
-- `stale`: in a group `train_pipelined` dropped for being further off-policy than its bound.
+- `stale`: in a group its caller sampled and then dropped (`model.train(dropped=...)`): `train_pipelined`'s
+  groups further off-policy than its bound.
 - `zero_variance`: in a group whose rewards were all equal (no advantage, no gradient).
 - `no_token_data`: in a trajectory skipped for lacking its sampled token ids
   (`TrainConfig.allow_training_without_logprobs`).
@@ -24,7 +25,8 @@ discard them. A turn a rollout sampled but did not put in its trajectory is not 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from openai.types.chat.chat_completion import Choice
 
@@ -35,6 +37,22 @@ logger = logging.getLogger(__name__)
 
 REASONS = ("failed_rollout", "judge_failure", "stale", "zero_variance", "no_token_data", "masked")
 """Why a sampled token was not trained; each is the metric `tokens_discarded_<reason>`."""
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """What a GRPO step's trainer counted in the groups it was given, as integers: what it could not train
+    (read by the skip reason) and where each of their sampled tokens went (read by the ledger)."""
+
+    zero_variance_groups: int = 0
+    """Groups whose rewards were all equal: no advantage, nothing to learn."""
+    skipped_trajectories: int = 0
+    """Trajectories left out for lacking their sampled token data."""
+    tokens_trained: int = 0
+    """Sampled tokens that carried loss (the loss mask less the mismatch mask)."""
+    tokens_zero_variance: int = 0
+    tokens_no_token_data: int = 0
+    tokens_masked: int = 0
 
 
 def choice_tokens(choice: Choice) -> int:
@@ -97,19 +115,23 @@ def close_ledger(
 
 
 def step_ledger(
-    groups: list[TrajectoryGroup], metrics: Mapping[str, float], rollout_tokens: Callable[[str], int | None]
+    groups: list[TrajectoryGroup],
+    dropped: Iterable[TrajectoryGroup],
+    counts: StepCounts,
+    rollout_tokens: Callable[[str], int | None],
 ) -> dict[str, float]:
-    """The ledger of a step given `groups`: the trainer's rows and the stale row from `metrics` (what the
-    trainer and `train_pipelined` reported), failed rollouts from the gateway's tallies (`rollout_tokens`)."""
+    """The ledger of a step given `groups`: the trainer's rows from its `counts`, the stale row from the groups
+    its caller sampled and `dropped`, failed rollouts from the gateway's tallies (`rollout_tokens`)."""
     failures, unknown = failure_tokens(groups, rollout_tokens)
-    stale = int(metrics.get("tokens_discarded_stale", 0))
     discarded = {
         **failures,
-        "stale": stale,
-        **{r: int(metrics.get(f"tokens_discarded_{r}", 0)) for r in ("zero_variance", "no_token_data", "masked")},
+        "stale": group_tokens(dropped),
+        "zero_variance": counts.tokens_zero_variance,
+        "no_token_data": counts.tokens_no_token_data,
+        "masked": counts.tokens_masked,
     }
-    sampled = group_tokens(groups) + sum(failures.values()) + stale
-    ledger = close_ledger(sampled, int(metrics.get("tokens_trained", 0)), discarded, failed_rollouts_unknown=unknown)
+    sampled = group_tokens(groups) + failures["failed_rollout"] + failures["judge_failure"] + discarded["stale"]
+    ledger = close_ledger(sampled, counts.tokens_trained, discarded, failed_rollouts_unknown=unknown)
     if ledger["tokens_unaccounted"]:
         logger.warning("the token ledger does not close: %s (please report this)", ledger)
     return ledger

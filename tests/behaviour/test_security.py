@@ -200,7 +200,7 @@ def stand_in_step(service: BackendService, monkeypatch, seconds: float) -> list[
     async def get_step(model):
         return 4 + len(applied)
 
-    async def train(model, groups, config, step_metrics=None):
+    async def train(model, groups, config, step_metrics=None, dropped=()):
         await asyncio.sleep(seconds)
         applied.append(4 + len(applied) + 1)
         return agentrl.TrainResult(step=applied[-1], metrics={"loss": 0.1})

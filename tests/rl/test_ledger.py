@@ -9,7 +9,7 @@ import pytest
 import agentrl
 from agentrl.cli.runs import ledger_line
 from agentrl.gateway.store import SampledChoice, SampledStore
-from agentrl.rl.ledger import REASONS, close_ledger, step_ledger
+from agentrl.rl.ledger import REASONS, StepCounts, close_ledger, step_ledger
 from agentrl.rollout_id import current_rollout
 from tests.helpers import make_choice
 
@@ -71,15 +71,10 @@ def test_a_steps_ledger_closes_with_every_reason_counted():
         agentrl.TrajectoryGroup([answered(5), answered(6)]),  # 11 tokens, all rewards equal
         agentrl.TrajectoryGroup([], exceptions=[agentrl.RolloutException.from_exception(judged_out, sampled_tokens=7)]),
     ]
-    trainer = {
-        "tokens_discarded_stale": 13.0,  # what train_pipelined reported
-        "tokens_discarded_zero_variance": 11.0,
-        "tokens_discarded_no_token_data": 0.0,
-        "tokens_discarded_masked": 2.0,
-        "tokens_trained": 7.0,
-    }
+    stale = agentrl.TrajectoryGroup([answered(6, 7)])  # sampled, then dropped by its caller: 13 tokens
+    trainer = StepCounts(tokens_zero_variance=11, tokens_masked=2, tokens_trained=7)
     tallies = {"r-known": 4, "r-rubric": 3}
-    ledger = step_ledger(groups, trainer, tallies.get)
+    ledger = step_ledger(groups, [stale], trainer, tallies.get)
     assert ledger["tokens_sampled"] == 9 + 11 + 4 + (7 + 3) + 13
     assert ledger["tokens_discarded_failed_rollout"] == 4 and ledger["tokens_discarded_judge_failure"] == 7 + 3
     assert ledger["ledger_failed_rollouts_unknown"] == 2  # "r-gone" and the one without an id
@@ -90,7 +85,9 @@ def test_a_steps_ledger_closes_with_every_reason_counted():
 def test_a_ledger_that_does_not_close_says_by_how_much_and_warns(caplog):
     groups = [agentrl.TrajectoryGroup([answered(3), answered(4, reward=1.0)])]
     with caplog.at_level(logging.WARNING, logger="agentrl.rl.ledger"):
-        ledger = step_ledger(groups, {"tokens_trained": 6.0}, lambda _: None)  # one of the 7 tokens went missing
+        ledger = step_ledger(
+            groups, [], StepCounts(tokens_trained=6), lambda _: None
+        )  # one of the 7 tokens went missing
     assert ledger["tokens_unaccounted"] == 1 and "does not close" in caplog.text
     with pytest.raises(ValueError, match="unknown discard reasons"):
         close_ledger(1, 0, {"lost": 1}, failed_rollouts_unknown=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ class LocalBackend(agentrl.LocalBackend):
         config: agentrl.TrainConfig | None = None,
         *,
         step_metrics: dict[str, float] | None = None,
+        dropped: Sequence[TrajectoryGroup] = (),
         **keys: Any,
     ) -> LocalTrainResult:
         """ART 0.5's `backend.train(model, groups, learning_rate=..., loss_fn=..., ...)`: one step as ART
@@ -66,14 +67,14 @@ class LocalBackend(agentrl.LocalBackend):
         if config is not None:
             if keys:
                 raise ConfigurationError("give either an agentrl.TrainConfig or ART's training keywords, not both")
-            result = await super().train(model, groups, config, step_metrics=step_metrics)
+            result = await super().train(model, groups, config, step_metrics=step_metrics, dropped=dropped)
             path = self.session(model).store.path(result.step)
             return LocalTrainResult(**vars(result), checkpoint_path=str(path) if path.exists() else None)
         unknown = sorted(set(keys) - set(TRAIN_KEYS))
         if unknown:
             raise TypeError(f"LocalBackend.train() got unexpected keyword arguments {unknown}")
         # Through the model, so that its served step moves on; it calls back into the branch above.
-        trained = await agentrl.TrainableModel.train(model, groups, agentrl_train_config(keys))
+        trained = await agentrl.TrainableModel.train(model, groups, agentrl_train_config(keys), dropped=dropped)
         assert isinstance(trained, LocalTrainResult)
         if keys.get("save_checkpoint", True) is False:
             trained.checkpoint_path = (

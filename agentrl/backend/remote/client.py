@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -150,8 +150,11 @@ class RemoteBackend:
         config: TrainConfig,
         *,
         step_metrics: dict[str, float] | None = None,
+        dropped: Sequence[TrajectoryGroup] = (),
     ) -> TrainResult:
-        request = TrainRequest(model=self._ref(model), groups=groups, config=config, step_metrics=step_metrics or {})
+        request = TrainRequest(
+            model=self._ref(model), groups=groups, config=config, step_metrics=step_metrics or {}, dropped=list(dropped)
+        )
         return await self._step_call("/backend/train", request)
 
     async def train_sft(self, model: TrainableModel, histories: list[History], config: SFTConfig) -> TrainResult:

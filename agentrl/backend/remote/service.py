@@ -325,7 +325,9 @@ class BackendService:
 
     async def _train(self, request: TrainRequest) -> dict[str, Any]:
         async def run(model: TrainableModel) -> dict[str, Any]:
-            result = await self.backend.train(model, request.groups, request.config, step_metrics=request.step_metrics)
+            result = await self.backend.train(
+                model, request.groups, request.config, step_metrics=request.step_metrics, dropped=request.dropped
+            )
             return dataclasses.asdict(result)
 
         return await self._step_once(request, request.model, run)

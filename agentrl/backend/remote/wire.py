@@ -80,6 +80,8 @@ class TrainRequest(_StepRequest):
     groups: list[TrajectoryGroup]
     config: TrainConfig
     step_metrics: dict[str, float] = {}
+    dropped: list[TrajectoryGroup] = []
+    """Groups sampled for this step and not given it (a pipeline's stale ones): the ledger counts their tokens."""
 
 
 class SFTRequest(_StepRequest):

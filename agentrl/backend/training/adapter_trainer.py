@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from tqdm.auto import tqdm
 
+from agentrl.rl.ledger import StepCounts
+
 if TYPE_CHECKING:
     import torch
 
@@ -20,16 +22,6 @@ if TYPE_CHECKING:
     from agentrl.config import LoRAConfig, SFTConfig, TrainConfig
     from agentrl.rl.tokenize import TokenizedSequence
     from agentrl.trajectory import History, TrajectoryGroup
-
-
-@dataclass(frozen=True)
-class StepCounts:
-    """What a GRPO step counted in the groups it was given, as integers (its metrics carry them as floats)."""
-
-    zero_variance_groups: int = 0
-    """Groups whose rewards were all equal: no advantage, nothing to learn."""
-    skipped_trajectories: int = 0
-    """Trajectories left out for lacking their sampled token data."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ ranks apply the update one rank would. The model, its adapters and their checkpo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agentrl.backend.training.adapter_host import AdapterHost
-from agentrl.backend.training.adapter_trainer import StepCounts, StepOutcome
+from agentrl.backend.training.adapter_trainer import StepOutcome
 from agentrl.backend.training.gradients import Adapter, apply_gradients, read_sums, set_optimizer, sum_across_ranks
 from agentrl.backend.training.grpo_loss import MAX_NAMES, GRPOLoss, loss_metrics
 from agentrl.backend.training.logprobs import takes_tree_mask, token_logprobs
@@ -36,11 +37,11 @@ from agentrl.backend.training.step_input import TrainingConditions
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
 from agentrl.rl.advantages import compute_group_advantages, scaled_by_mean_abs
-from agentrl.rl.ledger import group_tokens
+from agentrl.rl.ledger import StepCounts, group_tokens
 from agentrl.rl.losses import loss_denominator
 from agentrl.rl.tokenize import TokenBatch, TokenizedSequence, collate, tokenize_groups, tokenize_history
 from agentrl.timeline import span
-from agentrl.trajectory import History, TrajectoryGroup, reward_stats
+from agentrl.trajectory import History, TrajectoryGroup
 
 _Passes = TypeVar("_Passes")
 
@@ -55,18 +56,13 @@ class Trainer(AdapterHost):
         """One optimizer step of adapter `name` on these groups (none if no group carries a signal)."""
         started = time.perf_counter()
         adapter = self._activate(name)
-        rewards = [r for g in groups for r in g.rewards]
-        reward_mean, reward_std = reward_stats(rewards)
         advantages = compute_group_advantages([g.rewards for g in groups], **config.advantage_settings)
         metrics: dict[str, float] = {
-            "reward_mean": reward_mean,
-            "reward_std": reward_std,
             "num_groups": float(len(groups)),
-            "num_trajectories": float(len(rewards)),
+            "num_trajectories": float(sum(len(g.trajectories) for g in groups)),
             "frac_zero_variance_groups": advantages.num_dropped_groups / max(len(groups), 1),
         }
         kept_groups = [groups[i] for i in advantages.kept_group_indices]
-        metrics["tokens_discarded_zero_variance"] = float(group_tokens(groups) - group_tokens(kept_groups))
         tokenized = tokenize_groups(
             kept_groups,
             advantages.advantages_P_G,
@@ -75,8 +71,12 @@ class Trainer(AdapterHost):
         )
         sequences = scaled_by_mean_abs(tokenized.sequences, enabled=config.scale_advantages_by_mean_abs)
         metrics["num_skipped_trajectories"] = float(tokenized.num_skipped_trajectories)
-        counts = StepCounts(advantages.num_dropped_groups, tokenized.num_skipped_trajectories)
-        metrics["tokens_discarded_no_token_data"] = float(tokenized.num_skipped_tokens)
+        counts = StepCounts(
+            zero_variance_groups=advantages.num_dropped_groups,
+            skipped_trajectories=tokenized.num_skipped_trajectories,
+            tokens_zero_variance=group_tokens(groups) - group_tokens(kept_groups),
+            tokens_no_token_data=tokenized.num_skipped_tokens,
+        )
         metrics["tokenize_s"] = time.perf_counter() - started
         if not sequences:
             return StepOutcome(updated=False, metrics=metrics, counts=counts)
@@ -87,7 +87,7 @@ class Trainer(AdapterHost):
             num_tokens=num_loss_tokens,
             num_sequences=len(sequences),
             constant=config.normalization_constant,
-            num_zero_variance_tokens=int(metrics["tokens_discarded_zero_variance"]),
+            num_zero_variance_tokens=counts.tokens_zero_variance,
         )
         metrics["learning_rate"] = set_optimizer(adapter, config, num_sequences=len(sequences))
         train_started = time.perf_counter()
@@ -102,9 +102,9 @@ class Trainer(AdapterHost):
         grad_norm = apply_gradients(adapter, max_norm, loss=sums["loss"], sharded=self.sharded)
 
         metrics.update(loss_metrics(sums, num_loss_tokens))
+        masked = round(sums["masked"])
+        counts = dataclasses.replace(counts, tokens_trained=num_loss_tokens - masked, tokens_masked=masked)
         metrics.update(
-            tokens_discarded_masked=sums["masked"],
-            tokens_trained=num_loss_tokens - sums["masked"],
             trained_tokens=float(num_loss_tokens),
             total_tokens=float(sum(len(s) for s in sequences)),
             forward_tokens=float(plan.forward_tokens),

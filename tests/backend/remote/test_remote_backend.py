@@ -256,9 +256,12 @@ async def test_a_session_url_on_the_service_records_a_rollout_that_trains_there(
         return trajectory
 
     step = await model.get_step()
-    trajectories = await asyncio.gather(rollout(0.0), rollout(1.0))
-    result = await model.train([agentrl.TrajectoryGroup(trajectories)], agentrl.TrainConfig(learning_rate=1e-5))
+    trajectories = await asyncio.gather(rollout(0.0), rollout(1.0), rollout(0.0), rollout(1.0))
+    trained, dropped = agentrl.TrajectoryGroup(trajectories[:2]), agentrl.TrajectoryGroup(trajectories[2:])
+    result = await model.train([trained], agentrl.TrainConfig(learning_rate=1e-5), dropped=[dropped])
     assert not result.skipped and result.step == step + 1 and result.metrics["trained_tokens"] > 0
+    # The group the caller dropped crossed the wire: its tokens, read from the service's gateway, are the stale row.
+    assert result.metrics["tokens_discarded_stale"] > 0 and result.metrics["tokens_unaccounted"] == 0
 
 
 async def test_a_step_whose_answer_was_lost_is_applied_once_and_a_stale_one_is_refused(service, token, agent):

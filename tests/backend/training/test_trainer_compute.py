@@ -280,12 +280,15 @@ def test_all_tokens_normalisation_counts_the_zero_variance_groups_tokens(tiny_mo
     groups = synthetic_groups(tokenizer, seed=5, size=4, num_groups=2, max_words=10)
     for trajectory in groups[1].trajectories:
         trajectory.reward = 0.5
-    metrics = {}
+    metrics, solved = {}, set()
     for mode in ("tokens", "all_tokens"):
         trainer.add_adapter(mode, agentrl.LoRAConfig())  # fresh: B is zero, so both start at the base model
         config = agentrl.TrainConfig(loss_normalization=mode, max_grad_norm=0.0)
-        metrics[mode] = trainer.train_step(mode, groups, config).metrics
-    trained, solved = metrics["tokens"]["trained_tokens"], metrics["tokens"]["tokens_discarded_zero_variance"]
+        outcome = trainer.train_step(mode, groups, config)
+        metrics[mode] = outcome.metrics
+        solved.add(outcome.counts.tokens_zero_variance)
+    (solved,) = solved
+    trained = metrics["tokens"]["trained_tokens"]
     assert solved > 0 and metrics["all_tokens"]["trained_tokens"] == trained
     shrink = trained / (trained + solved)
     assert metrics["all_tokens"]["loss"] == pytest.approx(metrics["tokens"]["loss"] * shrink, rel=1e-5)
