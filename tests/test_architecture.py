@@ -334,3 +334,18 @@ def test_the_judges_raise_agentrls_typed_errors_not_bare_value_errors():
                     if isinstance(node, ast.Raise) and node.exc is not None and "ValueError(" in ast.unparse(node.exc):
                         bare.append(f"{path.name}:{node.lineno} in {function.name}")
     assert bare == []
+
+
+def test_one_training_loop_steps_a_model():
+    """Only the training loop (`pipeline.py`) steps a model: the environments, MCP-RL and judge RL run on it, not on a
+    loop of their own. The model hands its step to the backend, a backend service to its backend, and ART's API is
+    ART's own calls mapped onto agentrl's."""
+    allowed = {"agentrl.pipeline", "agentrl.model", "agentrl.backend.remote.service"}
+    callers = set()
+    for path in [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "environments").rglob("*.py")]:
+        name = module_name(path) if path.is_relative_to(PACKAGE) else f"environments.{path.stem}"
+        for node in ast.walk(ast.parse(path.read_text())):
+            call = node.value if isinstance(node, ast.Await) else None
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "train":
+                callers.add(name)
+    assert {c for c in callers if not c.startswith("agentrl.art.")} == allowed
