@@ -316,9 +316,8 @@ class TrainableModel(Model):
         if consumed:
             record_step(record, self._step + 1, consumed)  # write-ahead: counts once checkpoint step+1 commits
         try:
-            sampled = [
-                group for group in dropped if not group.pending
-            ]  # a group dropped before its gather sampled nothing
+            # A group dropped before its gather (by `after_each`) sampled nothing the backend could count.
+            sampled = [group for group in dropped if not group.pending]
             result = await backend.train(
                 self, groups, config or TrainConfig(), step_metrics=step_metrics, dropped=sampled
             )

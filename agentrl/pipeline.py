@@ -224,8 +224,9 @@ class _Sampler:
             self.in_flight -= 1
             self.arrived.set()
             unfinished[0] -= 1
-            if not unfinished[0]:
+            if not unfinished[0]:  # the loop step's last group: its bar is done (an endless source keeps none)
                 progress.bar.close()
+                self.bars.pop(order[0], None)
 
     async def take(self, count: int) -> tuple[list[_Finished], list[TrajectoryGroup]]:
         """Up to `count` finished groups within the bound, waiting for them, and the stale ones passed on the
@@ -255,3 +256,4 @@ class _Sampler:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         for progress, _ in self.bars.values():
             progress.bar.close()
+        self.bars.clear()
