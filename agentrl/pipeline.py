@@ -54,6 +54,14 @@ def oldest_policy_step(group: TrajectoryGroup, started_at: int) -> int:
 
 
 @dataclass
+class _StepBar:
+    """A loop step's progress bar, shared by its groups' gathers, and how many of them are still sampling."""
+
+    progress: RolloutProgress
+    unfinished: int
+
+
+@dataclass
 class _Finished:
     group: TrajectoryGroup
     oldest_step: int
@@ -179,7 +187,7 @@ class _Sampler:
         self.in_flight = 0  # groups started and not yet finished, judged or failed
         self.sizes: list[int] = []  # groups per loop step whose groups were started, as make_groups gave them
         self.judge_dropped: list[TrajectoryGroup] = []
-        self.bars: dict[int, tuple[RolloutProgress, list[int]]] = {}  # loop step: its bar, its groups unfinished
+        self.bars: dict[int, _StepBar] = {}  # by loop step, while its groups sample
 
     async def launch(self, done: int) -> None:
         """Start the groups of every loop step that may sample now: up to `max_steps_off_policy` ahead, and no
@@ -199,9 +207,8 @@ class _Sampler:
             rollouts = sum(len(g.pending) for g in groups)
             tally = self.budget.tally(rollouts, of=f"rollouts of loop step {loop_step}")
             of_steps = f"/{self.first + self.steps}" if self.steps is not None else ""
-            self.bars[loop_step] = (
-                RolloutProgress(rollouts, f"step {loop_step + 1}{of_steps} rollouts"),
-                [len(groups)],
+            self.bars[loop_step] = _StepBar(
+                RolloutProgress(rollouts, f"step {loop_step + 1}{of_steps} rollouts"), len(groups)
             )
             for index, group in enumerate(groups):
                 self.in_flight += 1  # counted from now: the loop must not think nothing is coming
@@ -211,9 +218,9 @@ class _Sampler:
 
     async def _sample(self, group: TrajectoryGroup, tally: FailureTally, order: tuple[int, int]) -> None:
         started_at = self.model.step  # the adapter served when the rollout begins
-        progress, unfinished = self.bars[order[0]]
+        bar = self.bars[order[0]]
         try:
-            finished = await gather_counted([group], tally, after_each=self.after_each, progress=progress)
+            finished = await gather_counted([group], tally, after_each=self.after_each, progress=bar.progress)
             for resolved in finished:
                 self.ready.append(_Finished(resolved, oldest_policy_step(resolved, started_at), order))
             if not finished:  # `after_each` dropped it: consumed by the next step, as the synchronous loop does
@@ -223,9 +230,9 @@ class _Sampler:
         finally:
             self.in_flight -= 1
             self.arrived.set()
-            unfinished[0] -= 1
-            if not unfinished[0]:  # the loop step's last group: its bar is done (an endless source keeps none)
-                progress.bar.close()
+            bar.unfinished -= 1
+            if not bar.unfinished:  # the loop step's last group: its bar is done (an endless source keeps none)
+                bar.progress.bar.close()
                 self.bars.pop(order[0], None)
 
     async def take(self, count: int) -> tuple[list[_Finished], list[TrajectoryGroup]]:
@@ -254,6 +261,6 @@ class _Sampler:
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        for progress, _ in self.bars.values():
-            progress.bar.close()
+        for bar in self.bars.values():
+            bar.progress.bar.close()
         self.bars.clear()

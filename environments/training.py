@@ -99,19 +99,15 @@ class RunSummary:
     seconds: float
 
 
-def print_step(result: agentrl.TrainResult, timing: str = "") -> None:
-    """One line per step: reward, signal, tokens, sampler/trainer gap, and (pipelined) staleness and idle time."""
+def print_step(result: agentrl.TrainResult) -> None:
+    """One line per step: reward, signal, tokens, sampler/trainer gap, staleness and idle time (the loop's)."""
     m = result.metrics
-    pipelined = (
-        f", staleness {m['staleness_mean']:.2f} (max {m['staleness_max']:.0f}, dropped {m['num_groups_stale_dropped']:.0f}),"
-        f" idle trainer {m['trainer_idle_frac']:.0%} sampler {m['sampler_idle_frac']:.0%}, {m['steps_per_hour']:.0f} steps/h"
-        if "staleness_mean" in m
-        else ""
-    )
     print(
         f"step {result.step}: reward {m['reward_mean']:.3f} ± {m['reward_std']:.3f}, "
         f"zero-variance groups {m.get('frac_zero_variance_groups', 0):.0%}, trained tokens {m.get('trained_tokens', 0):.0f}, "
-        f"kl(sampler||trainer) {m.get('kl_sampler_trainer', 0):.4f}{timing}{pipelined}"
+        f"kl(sampler||trainer) {m.get('kl_sampler_trainer', 0):.4f}, "
+        f"staleness {m['staleness_mean']:.2f} (max {m['staleness_max']:.0f}, dropped {m['num_groups_stale_dropped']:.0f}),"
+        f" idle trainer {m['trainer_idle_frac']:.0%} sampler {m['sampler_idle_frac']:.0%}, {m['steps_per_hour']:.0f} steps/h"
         + (f" (skipped: {result.skip_reason})" if result.skipped else "")
     )
 

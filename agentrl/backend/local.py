@@ -185,7 +185,8 @@ class LocalBackend:
                 engine = await self._start_engine(model)
                 adapter = "default" if not self.sessions else f"model{len(self.sessions)}"
                 session = await open_session(model, adapter, lock, engine.trainer, engine.server, self._trainer_thread)
-                logger.info("serving %s at %s", session.served_name(), self.gateway.base_url)
+                where = (session.served_name(), session.store.path(session.step), self.gateway.base_url)
+                logger.info("serving %s from %s at %s", *where)
         except BaseException:
             lock.release()
             if not self.sessions:  # a half-started backend leaves no server behind

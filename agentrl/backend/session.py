@@ -321,7 +321,6 @@ async def open_session(
             WandbMetrics, model.run_dir, project=model.project, name=model.name, config=config
         )
     await session.serve_current()
-    logger.info("%s resumed from %s", session.served_name(), store.path(session.step))
     return session
 
 

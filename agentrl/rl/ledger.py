@@ -130,7 +130,7 @@ def step_ledger(
         "no_token_data": counts.tokens_no_token_data,
         "masked": counts.tokens_masked,
     }
-    sampled = group_tokens(groups) + failures["failed_rollout"] + failures["judge_failure"] + discarded["stale"]
+    sampled = group_tokens(groups) + sum(failures.values()) + discarded["stale"]
     ledger = close_ledger(sampled, counts.tokens_trained, discarded, failed_rollouts_unknown=unknown)
     if ledger["tokens_unaccounted"]:
         logger.warning("the token ledger does not close: %s (please report this)", ledger)
