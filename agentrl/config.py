@@ -181,6 +181,10 @@ class TrainConfig(BaseModel):
     (always when they dropped all of them); below it the step trains and reports the failures."""
     allow_training_without_logprobs: bool = False
     """Skip (and count) trajectories whose assistant turns lack sampled token ids, instead of failing."""
+    require_exact_context: bool = False
+    """Raise `TokenizationError` for a sampled turn whose engine prompt ids are unknown (a Choice built by hand,
+    or a completion the gateway no longer keeps) instead of training it in the re-rendered conversation. Off:
+    such turns train and are counted (metrics `context_exact_turns` of `sampled_turns`, `agentrl show`)."""
 
     @field_validator("mismatch_token_mask", "mismatch_sequence_mask")
     @classmethod

@@ -30,7 +30,8 @@ from agentrl.backend.training.trainer import Trainer
 from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
 from agentrl.rl.advantages import compute_group_advantages
-from agentrl.rl.tokenize import demonstrated_tokens, tokenize_groups
+from agentrl.rl.engine_context import tokenize_groups
+from agentrl.rl.tokenize import demonstrated_tokens
 from agentrl_environments.larger_number.task import scenarios
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, machine_label, precision_label

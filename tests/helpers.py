@@ -43,8 +43,10 @@ def make_choice(
     content: str | None = "",
     tool_calls: list[dict[str, Any]] | None = None,
     ids_as_tokens: bool = False,
+    prompt_token_ids: list[int] | None = None,
 ) -> Choice:
-    """A Choice as vLLM returns it: ids in `token_ids` (return_token_ids) or spelled `token_id:N`."""
+    """A Choice as vLLM returns it: ids in `token_ids` (return_token_ids) or spelled `token_id:N`; with
+    `prompt_token_ids`, as the backend hands it to the trainer (the engine's prompt put back from the store)."""
     logprobs = logprobs if logprobs is not None else [-0.5] * len(token_ids)
     entries = [
         {"token": f"token_id:{t}" if ids_as_tokens else f"t{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
@@ -58,6 +60,8 @@ def make_choice(
     }
     if not ids_as_tokens:
         data["token_ids"] = token_ids
+    if prompt_token_ids is not None:
+        data["prompt_token_ids"] = prompt_token_ids
     return Choice.model_validate(data)
 
 
@@ -88,20 +92,50 @@ def synthetic_groups(
     return groups
 
 
-async def assert_trains_on_exact_tokens(model: agentrl.TrainableModel, trajectories: list[agentrl.Trajectory]) -> None:
-    """The trajectories' trained tokens are exactly the ones the server sampled, and they train a step."""
-    from agentrl.backend.sampled_tokens import fill_sampled_tokens
-    from agentrl.rl.tokenize import tokenize_history
+def loss_runs(sequence: Any) -> list[tuple[int, int]]:
+    """(start, end) of each run of loss-carrying positions in a training sequence: one per sampled turn."""
+    runs: list[tuple[int, int]] = []
+    for position, in_loss in enumerate(sequence.loss_mask_T):
+        if in_loss and runs and runs[-1][1] == position:
+            runs[-1] = (runs[-1][0], position + 1)
+        elif in_loss:
+            runs.append((position, position + 1))
+    return runs
 
-    backend = model._backend
-    (group,) = fill_sampled_tokens([agentrl.TrajectoryGroup(trajectories)], backend.gateway.store)
+
+def assert_context_exact(trajectories: list[agentrl.Trajectory], store: Any, tokenizer: Any) -> int:
+    """Every sampled turn of these trajectories is trained as exactly the ids the engine sampled, scored in exactly
+    the prompt ids it sampled them from (the gateway's record, `/v1/sampled/{id}`). Returns the turns checked."""
+    from agentrl.backend.sampled_tokens import fill_sampled_tokens
+    from agentrl.rl.engine_context import history_sequences
+
+    (group,) = fill_sampled_tokens([agentrl.TrajectoryGroup(trajectories)], store)
+    checked = 0
     for trajectory in group.trajectories:
-        sequence = tokenize_history(trajectory, backend.trainer.tokenizer)
-        sampled = [token for choice in trajectory.choices() for token in choice.model_extra["token_ids"]]
-        assert sampled and [t for t, m in zip(sequence.input_ids_T, sequence.loss_mask_T) if m] == sampled
+        for history in (h for h in trajectory.histories() if h.choices()):
+            tokenized = history_sequences(history, tokenizer)
+            assert tokenized.num_exact_turns == tokenized.num_turns == len(history.choices())
+            turns = [(s, run) for s in tokenized.sequences for run in loss_runs(s)]
+            assert len(turns) == len(history.choices())
+            for choice, (sequence, (start, end)) in zip(history.choices(), turns, strict=True):
+                engine = store.get(choice.model_extra["completion_id"])[choice.index]
+                assert engine.prompt_token_ids, "the gateway kept the prompt the engine sampled from"
+                assert sequence.input_ids_T[:start] == engine.prompt_token_ids, "trained in the engine's context"
+                assert sequence.input_ids_T[start:end] == engine.token_ids == choice.model_extra["token_ids"]
+                checked += 1
+    return checked
+
+
+async def assert_trains_on_exact_tokens(model: agentrl.TrainableModel, trajectories: list[agentrl.Trajectory]) -> None:
+    """The trajectories' trained tokens are exactly the ones the server sampled, each scored in exactly the prompt
+    it was sampled from, and they train a step that counts every turn context-exact."""
+    backend = model._backend
+    turns = assert_context_exact(trajectories, backend.gateway.store, backend.trainer.tokenizer)
+    assert turns
     step = await model.get_step()
     result = await model.train([agentrl.TrajectoryGroup(trajectories)], agentrl.TrainConfig(learning_rate=1e-5))
     assert not result.skipped and result.step == step + 1
+    assert result.metrics["context_exact_turns"] == result.metrics["sampled_turns"] == turns
 
 
 def sample_groups():

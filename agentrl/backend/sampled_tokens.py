@@ -1,5 +1,5 @@
-"""Sampled token ids put back into a step's groups from the gateway's store, for Choices that kept only their
-completion id: the backend joins what the rollouts returned with what the server sampled."""
+"""Sampled token ids, and the prompt ids they were sampled from, put back into a step's groups from the gateway's
+store by completion id: the backend joins what the rollouts returned with what the server sampled and saw."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from agentrl.trajectory import TrajectoryGroup
 
 
 def fill_sampled_tokens(groups: list[TrajectoryGroup], store: SampledStore) -> list[TrajectoryGroup]:
-    """Groups whose Choices lack token data but name their `completion_id` get it from `store`.
+    """Groups whose Choices name their `completion_id` get what they lack of it from `store`: the sampled token
+    ids and logprobs (for clients that drop a response's extra fields), and the engine's `prompt_token_ids`,
+    the exact context the trainer scores the turn in (`agentrl.rl.engine_context`).
 
-    For clients that drop a response's extra fields: keep the completion's id on the Choice
-    (`choice.completion_id = completion.id`, or the gateway's own stamp) and the trainer still
-    trains on the exact tokens sampled. Choices with token data, and message dicts, are untouched.
+    A Choice with its own token ids gets the prompt ids only where the store's ids for it are the same (else the
+    id is not this turn's, and the turn trains in the re-rendered context, counted as inexact). A completion the
+    store no longer keeps is an error only for a Choice without token ids. Message dicts are untouched.
     """
     return [_filled_group(group, store) for group in groups]
 
@@ -42,13 +44,18 @@ def _needs_lookup(choice: Choice) -> bool:
     # Without `token_ids` a Choice may still hold logprobs whose tokens are text (litellm keeps those):
     # only the ids the server sampled are exact, so the store's copy wins.
     extra = choice.model_extra or {}
-    return extra.get("token_ids") is None and bool(extra.get("completion_id"))
+    return bool(extra.get("completion_id")) and (
+        extra.get("token_ids") is None or extra.get("prompt_token_ids") is None
+    )
 
 
 def _filled(item: Any, store: SampledStore) -> Any:
     if not isinstance(item, Choice) or not _needs_lookup(item):
         return item
-    completion_id = str((item.model_extra or {})["completion_id"])
+    extra = item.model_extra or {}
+    completion_id = str(extra["completion_id"])
+    if extra.get("token_ids") is not None:
+        return _with_prompt(item, completion_id, store)
     choices = store.get(completion_id)
     if item.index >= len(choices):
         raise TokenizationError(f"completion {completion_id!r} has {len(choices)} choices, not an index {item.index}")
@@ -63,6 +70,24 @@ def _filled(item: Any, store: SampledStore) -> Any:
         for token_id, logprob in zip(sampled.token_ids, sampled.logprobs, strict=True)
     ]
     data = {**item.model_dump(), "logprobs": {"content": content}, "token_ids": sampled.token_ids}
+    if sampled.prompt_token_ids is not None:
+        data["prompt_token_ids"] = sampled.prompt_token_ids
     if sampled.policy_step is not None:
         data.setdefault("policy_step", sampled.policy_step)
     return Choice.model_validate(data)
+
+
+def _with_prompt(item: Choice, completion_id: str, store: SampledStore) -> Choice:
+    """A Choice that kept its token ids, with the prompt ids the store holds for exactly those ids."""
+    try:
+        choices = store.get(completion_id)
+    except TokenizationError:
+        return item  # evicted or sampled elsewhere: its context is re-rendered and counted as inexact
+    sampled = choices[item.index] if item.index < len(choices) else None
+    if (
+        sampled is None
+        or sampled.prompt_token_ids is None
+        or sampled.token_ids != (item.model_extra or {}).get("token_ids")
+    ):
+        return item
+    return Choice.model_validate({**item.model_dump(), "prompt_token_ids": sampled.prompt_token_ids})

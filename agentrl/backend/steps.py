@@ -68,6 +68,16 @@ async def grpo_step(
         name, step = session.model.name, session.step
         logger.warning("%s: step %d skipped, the step counter stays at %d: %s", name, step + 1, step, reason)
     metrics = {**step_metrics, **outcome.metrics, **screened.metrics()}
+    if (inexact := metrics.get("sampled_turns", 0) - metrics.get("context_exact_turns", 0)) > 0:
+        logger.warning(
+            "%s step %d: %d of %d trained turns carry no engine prompt ids (built by hand, or no longer in the "
+            "gateway's store) and were scored in the re-rendered conversation; TrainConfig(require_exact_context=True) "
+            "refuses them",
+            session.model.name,
+            session.step + 1,
+            inexact,
+            metrics["sampled_turns"],
+        )
     metrics.update(step_ledger(groups, dropped, outcome.counts, store.rollout_tokens))
     trained_on = StepInput(screened.trainable, config, outcome.conditions) if outcome.conditions is not None else None
     result = await session.commit(

@@ -57,7 +57,9 @@ def show(
         )
     audited = any("judge_flip_rate" in m for m in info.metrics)  # the judge audit's columns, when it ran
     judge_header = f" {'flips':>6} {'1st':>5} {'tau':>6}" if audited else ""
-    typer.echo(f"{'step':>5} {'split':<6} {'reward':>8} {'std':>7} {'tokens':>7} {'seconds':>8}{judge_header}")
+    typer.echo(
+        f"{'step':>5} {'split':<6} {'reward':>8} {'std':>7} {'tokens':>7} {'seconds':>8} {'exact ctx':>9}{judge_header}"
+    )
     for m in info.metrics:
         seconds = sum(v for k, v in m.items() if k.endswith("_s") and isinstance(v, float))
         judge = (
@@ -68,10 +70,12 @@ def show(
         )
         typer.echo(
             f"{m['step']:>5} {m['split']:<6} {fmt(m.get('reward_mean')):>8} {fmt(m.get('reward_std')):>7} "
-            f"{m.get('trained_tokens') or 0:>7.0f} {seconds:>8.1f}{judge}"
+            f"{m.get('trained_tokens') or 0:>7.0f} {seconds:>8.1f} {context_cell(m):>9}{judge}"
         )
     if ledgers := [m for m in info.metrics if "tokens_sampled" in m]:
         typer.echo(ledger_line(ledgers))
+    if counted := [m for m in info.metrics if "sampled_turns" in m]:
+        typer.echo(context_line(counted))
     typer.echo(f"reward plot: {(info.path / 'reward.png').resolve()}")
     if audited:
         typer.echo(f"judge audit plot: {(info.path / 'judge.png').resolve()}")
@@ -149,6 +153,23 @@ def ledger_line(steps: list[dict[str, Any]]) -> str:
     unaccounted = sum(m.get("tokens_unaccounted") or 0.0 for m in steps)
     line = f"token ledger, {len(steps)} steps: {total['tokens_sampled']:.0f} sampled = "
     return line + f"{total['tokens_trained']:.0f} trained + {discards} (unaccounted: {unaccounted:.0f})"
+
+
+def context_cell(metrics: dict[str, Any]) -> str:
+    """A train step's context-exact turns of its trained turns ("12/12"), "-" where the step recorded none."""
+    if "sampled_turns" not in metrics:
+        return "-"
+    return f"{metrics.get('context_exact_turns', 0):.0f}/{metrics['sampled_turns']:.0f}"
+
+
+def context_line(steps: list[dict[str, Any]]) -> str:
+    """The run's trained turns scored in exactly the token context the engine sampled them from (see
+    `agentrl.rl.engine_context`), and the steps that trained any turn in a re-rendered one."""
+    turns = sum(m["sampled_turns"] for m in steps)
+    exact = sum(m.get("context_exact_turns", 0) for m in steps)
+    inexact = [m["step"] for m in steps if m.get("context_exact_turns", 0) < m["sampled_turns"]]
+    line = f"context-exact turns, {len(steps)} steps: {exact:.0f} of {turns:.0f}"
+    return line + (f"; re-rendered context in steps {inexact}" if inexact else "")
 
 
 def general(value: float | None) -> str:

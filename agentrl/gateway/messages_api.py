@@ -110,9 +110,11 @@ def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
             raise _refuse(
                 f"tools[{index}] must be a custom tool with 'name' and 'input_schema' (server tools do not run here)"
             )
-        function = {"name": tool["name"], "parameters": tool["input_schema"]}
+        # Keys in the order vLLM renders them, so the prompt the engine renders is the one a re-rendering gives.
+        function: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description"):
             function["description"] = tool["description"]
+        function["parameters"] = tool["input_schema"]
         chat_tools.append({"type": "function", "function": function})
     return chat_tools
 

@@ -115,9 +115,11 @@ def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
             raise _refuse(f"tools[{index}] is of type {kind!r}: only function tools run on a local model")
-        function = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
+        # Keys in the order vLLM renders them, so the prompt the engine renders is the one a re-rendering gives.
+        function: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description"):
             function["description"] = tool["description"]
+        function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
         chat_tools.append({"type": "function", "function": function})
     return chat_tools
 

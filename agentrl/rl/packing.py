@@ -34,15 +34,19 @@ class TokenTrie:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def new_nodes(self, token_ids: Sequence[int]) -> int:
-        """How many nodes `add(token_ids)` would create (the tokens after its longest shared prefix)."""
-        parent = -1
-        for depth, token in enumerate(token_ids):
-            node = self._children.get((parent, token))
-            if node is None:
-                return len(token_ids) - depth
-            parent = node
-        return 0
+    def new_nodes(self, *sequences: Sequence[int]) -> int:
+        """How many nodes adding these sequences would create (each one's tokens after its longest prefix shared
+        with the trie or with the sequences before it)."""
+        pending: dict[tuple[int, int], int] = {}  # nodes the sequences before would create, numbered below the root
+        for token_ids in sequences:
+            parent = -1
+            for token in token_ids:
+                node = self._children.get((parent, token), pending.get((parent, token)))
+                if node is None:
+                    node = -2 - len(pending)
+                    pending[(parent, token)] = node
+                parent = node
+        return len(pending)
 
     def add(self, token_ids: Sequence[int]) -> None:
         parent, path = -1, []
@@ -60,23 +64,43 @@ class TokenTrie:
 
 
 def pack_rows(
-    sequences: Sequence[Sequence[int]], keys: Sequence[int], max_nodes: int
+    sequences: Sequence[Sequence[int]],
+    keys: Sequence[int],
+    max_nodes: int,
+    units: Sequence[int | None] | None = None,
 ) -> tuple[list[list[int]], list[int]]:
     """Sequence indices grouped into rows to pack, and each row's nodes. Sequences with the same key
     (a GRPO group, whose rollouts share a prompt) share a row, split where a row would pass
-    `max_nodes` nodes; a sequence longer than that gets a row of its own. Rows keep the sequences' order."""
+    `max_nodes` nodes. Consecutive sequences with the same `units` entry (the turns of one conversation, which
+    share its earlier context; None: a unit of its own) always share a row; a unit larger than `max_nodes` gets a row of its own.
+    Rows keep the sequences' order."""
     rows: list[tuple[list[int], TokenTrie]] = []
     open_rows: dict[int, tuple[list[int], TokenTrie]] = {}
-    for index, (token_ids, key) in enumerate(zip(sequences, keys, strict=True)):
+    for unit in _consecutive_runs(units if units is not None else [None] * len(sequences)):
+        token_ids = [sequences[i] for i in unit]
+        key = keys[unit[0]]
         row, trie = open_rows.get(key, ([], TokenTrie()))
-        if row and len(trie) + trie.new_nodes(token_ids) > max_nodes:
+        if row and len(trie) + trie.new_nodes(*token_ids) > max_nodes:
             row, trie = [], TokenTrie()
         if not row:
             rows.append((row, trie))
             open_rows[key] = (row, trie)
-        row.append(index)
-        trie.add(token_ids)
+        for index, ids in zip(unit, token_ids, strict=True):
+            row.append(index)
+            trie.add(ids)
     return [row for row, _ in rows], [len(trie) for _, trie in rows]
+
+
+def _consecutive_runs(labels: Sequence[int | None]) -> list[list[int]]:
+    """Indices grouped into runs of equal consecutive labels, None alone: [7, 7, 3, None, None] -> [[0, 1], [2],
+    [3], [4]]."""
+    runs: list[list[int]] = []
+    for index, label in enumerate(labels):
+        if runs and label is not None and labels[runs[-1][-1]] == label:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 The contract: assistant turns that the server sampled enter the sequence as exactly the token
 ids it sampled (never a re-tokenization of their text), with the sampler's logprobs, and they
-alone carry loss. Everything else (system, user, tool turns, the template's role markers) is
-rendered with the model's chat template and masked.
+alone carry loss. The context before each turn is the engine's own prompt ids where the turn
+carries them (`agentrl.rl.engine_context`, the GRPO path); this module renders the rest
+(demonstrations, Choices without prompt ids): system, user, tool turns and the template's role
+markers come from the model's chat template and are masked.
 
-How: each sampled turn is rendered as a unique placeholder string; the rendered conversation is
+How the rendering works: each sampled turn is rendered as a unique placeholder string; the rendered conversation is
 split at the placeholders; text pieces are tokenized, placeholders replaced by the sampled ids.
 If the sampled ids already end with the template's end-of-turn token, the template's copy of it
 is not added twice.
@@ -23,7 +25,6 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.errors import TokenizationError
-from agentrl.rl.ledger import trajectory_tokens
 from agentrl.trajectory import History, TrajectoryGroup
 
 _PLACEHOLDER = "<<agentrl-sampled-turn-{}>>"
@@ -43,10 +44,11 @@ class ChatTokenizer(Protocol):
 
 @dataclass(frozen=True)
 class SampledTokens:
-    """What the server sampled for one assistant turn."""
+    """What the server sampled for one assistant turn, and the prompt it sampled it from (None: unknown)."""
 
     token_ids: list[int]
     logprobs: list[float]
+    prompt_token_ids: list[int] | None = None
 
 
 def choice_token_ids(choice: Choice) -> list[int] | None:
@@ -66,6 +68,36 @@ def choice_token_ids(choice: Choice) -> list[int] | None:
         return None
 
 
+def choice_prompt_ids(choice: Choice) -> list[int] | None:
+    """The engine's prompt ids a Choice carries (`prompt_token_ids`, put there from the gateway's store); None
+    when it carries none."""
+    prompt_ids = (choice.model_extra or {}).get("prompt_token_ids")
+    if prompt_ids is not None and (not isinstance(prompt_ids, list) or not all(type(t) is int for t in prompt_ids)):
+        raise TokenizationError(
+            f"an assistant turn's prompt_token_ids must be a list of whole numbers: {prompt_ids!r:.80}"
+        )
+    return prompt_ids
+
+
+def served_tool_order(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Function tools as vLLM's chat route hands them to the template, whatever the client sent: its pydantic
+    models' fields in their order (`name`, `description`, `parameters`, each null where absent, then `strict`
+    where set) and no other key. A re-rendered system prompt then spells the schemas as the engine did."""
+    if not tools:
+        return tools
+    served = []
+    for tool in tools:
+        function = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(function, dict):
+            served.append(tool)  # not a function tool: vLLM would refuse it; render what was recorded
+            continue
+        rendered = {key: function.get(key) for key in ("name", "description", "parameters")}
+        rendered |= {key: function[key] for key in ("strict", "defer_loading") if function.get(key) is not None}
+        outer = {key: tool[key] for key in ("defer_loading",) if tool.get(key) is not None}
+        served.append({"type": "function", "function": rendered, **outer})
+    return served
+
+
 def labelled_histories(groups: Sequence[TrajectoryGroup]) -> Iterator[tuple[str, History]]:
     """Every conversation of a step, with where it is ("group 2, trajectory 5, additional history 1")."""
     for g, group in enumerate(groups):
@@ -79,7 +111,7 @@ def check_token_ids(histories: Iterable[tuple[str, History]], vocab_size: int) -
     on a GPU such an id is a device-side assert that breaks the shared trainer for every model."""
     for label, history in histories:
         for turn, choice in enumerate(history.choices()):
-            for token_id in choice_token_ids(choice) or ():
+            for token_id in [*(choice_token_ids(choice) or ()), *(choice_prompt_ids(choice) or ())]:
                 if not 0 <= token_id < vocab_size:
                     raise TokenizationError(
                         f"{label}, assistant turn {turn}: token id {token_id} is outside the model's vocabulary "
@@ -108,7 +140,7 @@ def sampled_tokens(choice: Choice) -> SampledTokens:
         )
     if len(token_ids) != len(logprobs):
         raise TokenizationError(f"an assistant turn has {len(token_ids)} token ids but {len(logprobs)} logprobs")
-    return SampledTokens(list(token_ids), logprobs)
+    return SampledTokens(list(token_ids), logprobs, choice_prompt_ids(choice))
 
 
 @dataclass(frozen=True)
@@ -120,6 +152,9 @@ class TokenizedSequence:
     sampler_logprobs_T: list[float]  # 0.0 where the mask is False
     advantage: float
     group_index: int
+    history_index: int | None = None
+    """Which conversation of the step it trains (None: one of its own): a conversation's turns may take several
+    sequences, which share their earlier context (packed into one row: `agentrl.rl.packing.pack_rows`)."""
 
     def __len__(self) -> int:
         return len(self.input_ids_T)
@@ -160,8 +195,9 @@ def _render_with_placeholders(
         if train_on_written_assistant and not isinstance(item, Choice) and item["role"] == "assistant":
             turns.append((len(messages) - 1, None))
     plain = [m if m["content"] is not None else {**m, "content": ""} for m in messages]
+    tools = served_tool_order(history.tools)
     sampled = [
-        sampled_tokens(choice) if choice is not None else demonstrated_tokens(plain, position, history.tools, tokenizer)
+        sampled_tokens(choice) if choice is not None else demonstrated_tokens(plain, position, tools, tokenizer)
         for position, choice in turns
     ]
     # Each trained turn is rendered as a placeholder; its ids replace it after tokenization.
@@ -170,7 +206,7 @@ def _render_with_placeholders(
         messages[position] = {"role": "assistant", "content": _PLACEHOLDER.format(number)}
     text = tokenizer.apply_chat_template(
         [m if m["content"] is not None else {**m, "content": ""} for m in messages],
-        tools=history.tools,
+        tools=tools,
         tokenize=False,
         add_generation_prompt=False,
     )
@@ -184,11 +220,14 @@ def tokenize_history(
     advantage: float = 0.0,
     group_index: int = 0,
     train_on_written_assistant: bool = False,
+    trained_turns: frozenset[int] | None = None,
 ) -> TokenizedSequence:
-    """One conversation -> tokens, loss mask and sampler logprobs (see the module docstring).
+    """One conversation re-rendered -> tokens, loss mask and sampler logprobs (see the module docstring).
 
     With `train_on_written_assistant` (supervised demonstrations), hand-written assistant messages
-    carry loss too, as the chat template renders them; otherwise they are context.
+    carry loss too, as the chat template renders them; otherwise they are context. `trained_turns`
+    (indices among the trained turns; None: all) limits the loss to those turns, the others staying
+    as context in their sampled ids.
     """
     text, sampled = _render_with_placeholders(history, tokenizer, train_on_written_assistant=train_on_written_assistant)
     special_ids = set(tokenizer.all_special_ids)
@@ -206,9 +245,10 @@ def tokenize_history(
         if duplicate_end and piece.startswith(duplicate_end):
             piece = piece[len(duplicate_end) :]
         prompt_ids = tokenizer.encode(piece, add_special_tokens=False)
+        trained = trained_turns is None or index in trained_turns
         input_ids += prompt_ids + turn.token_ids
-        loss_mask += [False] * len(prompt_ids) + [True] * len(turn.token_ids)
-        logprobs += [0.0] * len(prompt_ids) + turn.logprobs
+        loss_mask += [False] * len(prompt_ids) + [trained] * len(turn.token_ids)
+        logprobs += [0.0] * len(prompt_ids) + (turn.logprobs if trained else [0.0] * len(turn.logprobs))
         last = turn.token_ids[-1] if turn.token_ids else None
         duplicate_end = tokenizer.decode([last], skip_special_tokens=False) if last in special_ids else None
         cursor = at + len(placeholder)
@@ -220,44 +260,6 @@ def tokenize_history(
     loss_mask += [False] * len(tail_ids)
     logprobs += [0.0] * len(tail_ids)
     return TokenizedSequence(input_ids, loss_mask, logprobs, advantage, group_index)
-
-
-@dataclass(frozen=True)
-class TokenizedGroups:
-    """Training sequences for a step, and the trajectories skipped for lacking token data (and their
-    sampled tokens, where they carry any count of them: the ledger's `no_token_data`)."""
-
-    sequences: list[TokenizedSequence]
-    num_skipped_trajectories: int
-    num_skipped_tokens: int = 0
-
-
-def tokenize_groups(
-    groups: Sequence[TrajectoryGroup],
-    advantages_P_G: Sequence[Sequence[float]],
-    tokenizer: ChatTokenizer,
-    *,
-    allow_missing_logprobs: bool = False,
-) -> TokenizedGroups:
-    """Every history with a sampled turn, of every trajectory, tagged with its advantage and group."""
-    sequences: list[TokenizedSequence] = []
-    skipped = skipped_tokens = 0
-    for group_index, (group, advantages_G) in enumerate(zip(groups, advantages_P_G, strict=True)):
-        for member, (trajectory, advantage) in enumerate(zip(group.trajectories, advantages_G, strict=True)):
-            try:
-                tokenized = [
-                    tokenize_history(h, tokenizer, advantage=advantage, group_index=group_index)
-                    for h in trajectory.histories()
-                    if h.choices()
-                ]
-            except TokenizationError as error:
-                if not allow_missing_logprobs:
-                    raise TokenizationError(f"group {group_index}, trajectory {member}: {error}") from error
-                skipped += 1
-                skipped_tokens += trajectory_tokens(trajectory)
-                continue
-            sequences += tokenized
-    return TokenizedGroups(sequences, skipped, skipped_tokens)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from agentrl.endpoint import InferenceEndpoint
 from agentrl.http_client import endpoint_client
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.tracking import append_metrics, read_metrics
-from agentrl.rl.tokenize import tokenize_groups
+from agentrl.rl.engine_context import tokenize_groups
 from agentrl_environments.email_agent.tools import execute
 from tests.helpers import make_choice
 

@@ -13,6 +13,7 @@ from agentrl_environments.training import judge_for
 from agentrl_environments.twenty_forty_eight.env import PRESETS as GAME_PRESETS
 from agentrl_environments.twenty_forty_eight.env import rollout as game_rollout
 from agentrl_environments.twenty_forty_eight.env import scenarios as game_scenarios
+from tests.helpers import assert_context_exact
 
 
 async def test_2048_rollouts_play_real_games(served_model):
@@ -59,6 +60,15 @@ async def test_email_rollouts_call_tools_against_sqlite_and_train_sft(served_mod
         model=served_model.inference_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
     )
     assert completion.choices[0].message.content is not None
+
+    # Episodes of up to 6 turns from the warm-started agent: every turn trains in the prompt vLLM sampled it from.
+    episodes = await agentrl.gather_trajectories(
+        (email_rollout(served_model, q, env, max_turns=6, max_tokens=64) for q in questions[:2]), show_progress=False
+    )
+    backend = served_model._backend
+    assert assert_context_exact(episodes, backend.gateway.store, backend.trainer.tokenizer) == sum(
+        len(t.choices()) for t in episodes
+    )
 
 
 async def test_email_training_rewards_from_judges_on_the_local_server(served_model):

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from agentrl import TokenizationError, Trajectory, TrajectoryGroup
-from agentrl.rl.tokenize import collate, plan_micro_batches, tokenize_groups, tokenize_history
+from agentrl.rl.engine_context import tokenize_groups
+from agentrl.rl.tokenize import collate, plan_micro_batches, tokenize_history
 from tests.helpers import make_choice
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]

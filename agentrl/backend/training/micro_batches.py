@@ -60,7 +60,10 @@ def plan_step(
     packed = False
     if pack_groups is not False:
         tree_rows, tree_sizes = pack_rows(
-            [s.input_ids_T for s in sequences], [s.group_index for s in sequences], max_tokens
+            [s.input_ids_T for s in sequences],
+            [s.group_index for s in sequences],
+            max_tokens,
+            units=[s.history_index for s in sequences],
         )
         if pack_groups or sum(tree_sizes) <= (1 - PACKING_MIN_SAVING) * sum(sizes):
             rows, sizes, packed = tree_rows, tree_sizes, True

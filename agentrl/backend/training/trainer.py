@@ -37,9 +37,10 @@ from agentrl.backend.training.step_input import TrainingConditions
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
 from agentrl.rl.advantages import compute_group_advantages, scaled_by_mean_abs
+from agentrl.rl.engine_context import tokenize_groups
 from agentrl.rl.ledger import StepCounts, group_tokens
 from agentrl.rl.losses import loss_denominator
-from agentrl.rl.tokenize import TokenBatch, TokenizedSequence, collate, tokenize_groups, tokenize_history
+from agentrl.rl.tokenize import TokenBatch, TokenizedSequence, collate, tokenize_history
 from agentrl.timeline import span
 from agentrl.trajectory import History, TrajectoryGroup
 
@@ -68,9 +69,12 @@ class Trainer(AdapterHost):
             advantages.advantages_P_G,
             self.tokenizer,
             allow_missing_logprobs=config.allow_training_without_logprobs,
+            require_exact_context=config.require_exact_context,
         )
         sequences = scaled_by_mean_abs(tokenized.sequences, enabled=config.scale_advantages_by_mean_abs)
         metrics["num_skipped_trajectories"] = float(tokenized.num_skipped_trajectories)
+        metrics["sampled_turns"] = float(tokenized.num_turns)  # the turns this step trains ...
+        metrics["context_exact_turns"] = float(tokenized.num_exact_turns)  # ... in the engine's own context
         counts = StepCounts(
             zero_variance_groups=advantages.num_dropped_groups,
             skipped_trajectories=tokenized.num_skipped_trajectories,
@@ -85,11 +89,11 @@ class Trainer(AdapterHost):
         denominator = loss_denominator(
             config.loss_normalization,
             num_tokens=num_loss_tokens,
-            num_sequences=len(sequences),
+            num_sequences=tokenized.num_histories,
             constant=config.normalization_constant,
             num_zero_variance_tokens=counts.tokens_zero_variance,
         )
-        metrics["learning_rate"] = set_optimizer(adapter, config, num_sequences=len(sequences))
+        metrics["learning_rate"] = set_optimizer(adapter, config, num_sequences=tokenized.num_histories)
         train_started = time.perf_counter()
         sums_on_device, plan = self._within_memory(
             adapter,

@@ -12,8 +12,9 @@ import torch
 
 import agentrl
 from agentrl.backend.training.trainer import Trainer
+from agentrl.rl.engine_context import tokenize_groups
 from agentrl.rl.packing import pack, pack_rows
-from agentrl.rl.tokenize import TokenizedSequence, tokenize_groups
+from agentrl.rl.tokenize import TokenizedSequence
 from tests.helpers import make_choice, synthetic_groups
 
 # --- packing, by hand ---

@@ -223,7 +223,7 @@ def test_a_step_reports_the_sampler_trainer_gap_and_the_tokens_each_mismatch_mas
     sequences its bounds name (IcePop (0.5, 2.0): |offset| > ln 2; sequences: mean offset beyond ln 1.1)."""
     from agentrl.backend.training.grpo_loss import MISMATCH_THRESHOLD
     from agentrl.backend.training.trainer import Trainer
-    from agentrl.rl.tokenize import tokenize_groups
+    from agentrl.rl.engine_context import tokenize_groups
     from tests.helpers import make_choice, synthetic_groups
 
     trainer = Trainer(tiny_model_path, seed=0)
