@@ -11,7 +11,12 @@ turn after the first starts a new branch, the worst case for the engine-context 
   a context the engine never rendered);
 - after: each turn in its engine prompt (`agentrl.rl.engine_context`), the branches packed into one token tree.
 Also per conversation alone: the tree's tokens over its last turn's sequence (the 1.3x target). One warm-up step,
-then `--steps` timed steps each way. Writes benchmarks/results/engine_context.json and its table in the docs.
+then `--steps` timed steps each way.
+
+With `--server`, also two-turn tool conversations sampled from the real server (a LocalBackend): a call forced
+with `tool_choice="required"`, its result sent back parsed, a free answer. Per turn, the sampler/trainer gap
+|lp_sampler - lp_trainer| with the turn scored in its engine prompt and in the re-rendered conversation.
+Writes benchmarks/results/engine_context.json and its tables in the docs.
 """
 
 from __future__ import annotations
@@ -92,7 +97,9 @@ def tree_over_last_turn(tokenizer: Any, turns: int) -> float:
     ratios = []
     for trajectory in group(tokenizer, turns, 0, engine=True)[0].trajectories:
         sequences = history_sequences(trajectory, tokenizer).sequences
-        _, nodes = pack_rows([s.input_ids_T for s in sequences], [0] * len(sequences), 10**9, units=[0] * len(sequences))
+        _, nodes = pack_rows(
+            [s.input_ids_T for s in sequences], [0] * len(sequences), 10**9, units=[0] * len(sequences)
+        )
         ratios.append(nodes[0] / len(sequences[-1]))
     return max(ratios)
 
@@ -123,6 +130,111 @@ def measure(trainer: Trainer, turns: int, steps: int) -> dict[str, Any]:
     return summary
 
 
+async def two_turn_mismatch(conversations: int) -> dict[str, Any]:
+    """Per-turn sampler/trainer gaps of `conversations` two-turn tool conversations sampled from the server."""
+    import asyncio
+
+    from agentrl.backend.sampled_tokens import fill_sampled_tokens
+    from agentrl.rl.tokenize import TokenizedSequence, tokenize_history
+    from tests.helpers import loss_runs
+
+    add = {"type": "function", "function": {"name": "add", "description": "Add two integers."}}
+    add["function"]["parameters"] = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    }
+    model = agentrl.TrainableModel(name="engine-context", project="benchmarks", base_path=str(_runs_folder()))
+    backend = agentrl.LocalBackend()
+    await model.register(backend)
+    try:
+        client = model.openai_client()
+
+        async def conversation() -> agentrl.Trajectory:
+            trajectory = agentrl.Trajectory(
+                messages_and_choices=[
+                    {"role": "system", "content": "Use the add tool."},
+                    {"role": "user", "content": "What is 2 + 3?"},
+                ],
+                tools=[add],
+            )
+            first = await client.chat.completions.create(
+                model=model.inference_name, messages=trajectory.messages(), tools=[add], tool_choice="required",
+                max_tokens=48, temperature=1.0,
+            )  # fmt: skip
+            trajectory.messages_and_choices.append(first.choices[0])
+            calls = first.choices[0].message.tool_calls or []
+            trajectory.messages_and_choices += [{"role": "tool", "tool_call_id": c.id, "content": "5"} for c in calls]
+            if not calls:
+                trajectory.messages_and_choices.append({"role": "user", "content": "Say the sum."})
+            second = await client.chat.completions.create(
+                model=model.inference_name, messages=trajectory.messages(), tools=[add], max_tokens=24, temperature=1.0
+            )
+            trajectory.messages_and_choices.append(second.choices[0])
+            return trajectory
+
+        sampled = await asyncio.gather(*(conversation() for _ in range(conversations)))
+        (group,) = fill_sampled_tokens([agentrl.TrajectoryGroup(sampled)], backend.gateway.store)
+        trainer = backend.trainer
+        gaps: dict[str, list[list[float]]] = {
+            f"{way} turn {t}": [] for way in ("engine", "re-rendered") for t in (1, 2)
+        }
+        for trajectory in group.trajectories:
+            ways = {
+                "engine": history_sequences(trajectory, trainer.tokenizer).sequences,
+                "re-rendered": [tokenize_history(trajectory, trainer.tokenizer)],
+            }
+            for way, sequences in ways.items():
+                turns = [(s, run) for s in sequences for run in loss_runs(s)]
+                for number, (s, (start, end)) in enumerate(turns, 1):
+                    mask = [False] * start + [True] * (end - start)
+                    alone = TokenizedSequence(s.input_ids_T[:end], mask, s.sampler_logprobs_T[:end], 0.0, 0)
+                    (trained,) = trainer.logprobs_of("default", [alone])
+                    gaps[f"{way} turn {number}"].append(
+                        [abs(a - b) for a, b in zip(s.sampler_logprobs_T[start:end], trained, strict=True)]
+                    )
+        calls = sum(bool(t.choices()[0].message.tool_calls) for t in group.trajectories)
+        summary: dict[str, Any] = {"conversations": conversations, "parsed_calls": calls}
+        for key, per_turn in gaps.items():
+            flat = [g for turn in per_turn for g in turn]
+            summary[key] = {"mismatch_abs_mean": statistics.mean(flat), "mismatch_abs_max": max(flat)}
+        return summary
+    finally:
+        await backend.close()
+
+
+def _runs_folder() -> Any:
+    import tempfile
+    from pathlib import Path
+
+    return Path(tempfile.mkdtemp(prefix="agentrl-engine-context-"))
+
+
+def mismatch_table(results: dict[str, Any]) -> str:
+    lines = [
+        "| machine | conversations (calls parsed) | turn 1, forced call: engine / re-rendered | "
+        "turn 2, free answer: engine / re-rendered |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in results.values():
+
+        def cell(turn: int, r: dict[str, Any] = r) -> str:
+            engine, rendered = r[f"engine turn {turn}"], r[f"re-rendered turn {turn}"]
+            return (
+                f"{engine['mismatch_abs_mean']:.3f} (max {engine['mismatch_abs_max']:.2f}) / "
+                f"{rendered['mismatch_abs_mean']:.3f} (max {rendered['mismatch_abs_max']:.2f})"
+            )
+
+        lines.append(
+            f"| {r['machine']}, {r['date']} | {r['conversations']} ({r['parsed_calls']}) | {cell(1)} | {cell(2)} |"
+        )
+    return (
+        "Two-turn tool conversations sampled from the server (packaged model, base adapter): the mean and largest "
+        "|lp_sampler - lp_trainer| per trained token, each turn scored in its engine prompt and in the re-rendered "
+        "conversation. The forced call is sampled under vLLM's grammar, whose mask vLLM applies before it computes "
+        "the logprobs it returns:\n\n" + "\n".join(lines) + "\n"
+    )
+
+
 def table(results: dict[str, Any]) -> str:
     lines = [
         "| turns k | machine | context-exact turns, before -> after | tokens computed, before -> after | "
@@ -150,9 +262,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--steps", type=int, default=2, help="timed steps each way, after one warm-up")
+    parser.add_argument("--server", action="store_true", help="also the two-turn gaps from the real server")
+    parser.add_argument("--conversations", type=int, default=16, help="with --server: conversations sampled")
     parser.add_argument("--table-only", action="store_true")
     args = parser.parse_args()
-    results: dict[str, Any] = json.loads(ENGINE_RESULTS.read_text()) if ENGINE_RESULTS.exists() else {}
+    saved: dict[str, Any] = json.loads(ENGINE_RESULTS.read_text()) if ENGINE_RESULTS.exists() else {}
+    results, mismatch = saved.get("steps", {}), saved.get("two_turn_mismatch", {})
+    if args.server and not args.table_only:
+        import asyncio
+
+        measured = asyncio.run(two_turn_mismatch(args.conversations))
+        measured.update(machine=machine_label(), date=str(datetime.date.today()))
+        mismatch[precision_label()] = measured
+        write_json_atomic(ENGINE_RESULTS, {"steps": results, "two_turn_mismatch": mismatch})
+        print(json.dumps(measured, indent=1), flush=True)
     if not args.table_only:
         torch.manual_seed(0)
         trainer = Trainer(resolve_base_model("smollm2-135m-instruct"), seed=0)
@@ -161,9 +284,9 @@ def main() -> None:
             result = measure(trainer, turns, args.steps)
             result.update(machine=machine_label(), date=str(datetime.date.today()))
             results[f"k={turns} | {precision_label()}"] = result
-            write_json_atomic(ENGINE_RESULTS, results)
+            write_json_atomic(ENGINE_RESULTS, {"steps": results, "two_turn_mismatch": mismatch})
             print(json.dumps(result, indent=1), flush=True)
-    text = table(results)
+    text = table(results) + ("\n" + mismatch_table(mismatch) if mismatch else "")
     print(text)
     replace_section(START, END, f"{START}\n{text}{END}")
 

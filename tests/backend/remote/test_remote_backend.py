@@ -260,6 +260,8 @@ async def test_a_session_url_on_the_service_records_a_rollout_that_trains_there(
     trained, dropped = agentrl.TrajectoryGroup(trajectories[:2]), agentrl.TrajectoryGroup(trajectories[2:])
     result = await model.train([trained], agentrl.TrainConfig(learning_rate=1e-5), dropped=[dropped])
     assert not result.skipped and result.step == step + 1 and result.metrics["trained_tokens"] > 0
+    # Every turn (Responses, then chat) trained in the prompt the service's engine sampled it from.
+    assert result.metrics["context_exact_turns"] == result.metrics["sampled_turns"] == 4
     # The group the caller dropped crossed the wire: its tokens, read from the service's gateway, are the stale row.
     assert result.metrics["tokens_discarded_stale"] > 0 and result.metrics["tokens_unaccounted"] == 0
 
