@@ -33,7 +33,7 @@ from agentrl.base_models import cache_dir
 from agentrl.files import write_json_atomic
 from agentrl.plugins import load_environment
 from agentrl.records.run_folder import RunFolder, parse_record_stem
-from agentrl.records.tracking import load_trajectories
+from agentrl.records.tracking import load_trajectories, read_metrics
 from agentrl.trajectory import Trajectory
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name
@@ -190,11 +190,24 @@ async def measure(name: str, spec: LearningRun, root: Path, trained_judge: str |
         "training_reward": spec.training_reward,
         "scores": scores,
         "steps": summary.end_step - summary.start_step,
+        **trained_context(run_dir),
         "wall_s": summary.seconds,
         "run_dir": str(run_dir),
         **({"judge": options["judge"]} if spec.trained_judge else {}),
         "machine": machine(),
         "date": datetime.date.today().isoformat(),
+    }
+
+
+def trained_context(run_dir: Path) -> dict[str, float | None]:
+    """Over the run's GRPO steps: the trained turns scored in their engine prompt, of all trained turns, and the
+    mean sampler/trainer gap per trained token (steps recorded before either metric existed count nothing)."""
+    steps = [m for m in read_metrics(run_dir) if m.get("split") == "train" and "mismatch_abs_mean" in m]
+    counted = [m for m in steps if "sampled_turns" in m]
+    return {
+        "sampled_turns": sum(m["sampled_turns"] for m in counted),
+        "context_exact_turns": sum(m.get("context_exact_turns", 0) for m in counted),
+        "mismatch_abs_mean": statistics.mean(m["mismatch_abs_mean"] for m in steps) if steps else None,
     }
 
 
