@@ -114,11 +114,14 @@ async def test_four_clients_train_on_exactly_the_sampled_tokens(served_model):
                 kept = gateway.store.get(completion_id)[choice.index]
                 assert sampled_tokens(choice).token_ids == kept.token_ids, label  # exact, not re-tokenized
                 assert sampled_tokens(choice).logprobs == kept.logprobs, label
+                assert sampled_tokens(choice).prompt_token_ids == kept.prompt_token_ids, label  # the engine's context
     step = await served_model.get_step()
     groups = [agentrl.TrajectoryGroup(group) for group in trajectories.values()]
     result = await served_model.train(groups, agentrl.TrainConfig(learning_rate=1e-4))
     assert result.step == step + 1 and not result.skipped
-    assert result.metrics["num_sequences"] == 8 and result.metrics["trained_tokens"] > 0
+    # A second turn whose prompt re-renders the first differently is a branch of its conversation: 8 to 16 sequences.
+    assert 8 <= result.metrics["num_sequences"] <= 16 and result.metrics["trained_tokens"] > 0
+    assert result.metrics["context_exact_turns"] == result.metrics["sampled_turns"] == 16
 
 
 async def test_a_streamed_completion_is_kept_and_trains_by_its_id(served_model):
