@@ -283,6 +283,14 @@ class ServerConfig(_Frozen):
     """How long a rollout's request may wait for an answer before it fails (a hung server fails then, once)."""
     tool_call_parser: str = "hermes"
     """vLLM tool-call parser; "hermes" reads <tool_call>{json}</tool_call>, which the packaged template asks for."""
+    tool_call_grammar: Literal["parameter", "function", "auto"] = "parameter"
+    """How far vLLM's grammar constrains tool calls (its `--tool-strict-level`). "parameter" (agentrl's default): in
+    every request with tools, for `tool_choice` "auto" too, text stays free until the model opens a call, and the
+    call is then a valid one: an offered tool's name and arguments valid against its schema. On the packaged model,
+    forced calls went from 0.12-0.15 of attempts with valid arguments to 31 of 32 (the other cut off by max_tokens).
+    "function": the call's envelope and name only, arguments free unless a tool says `strict`. "auto" (vLLM's own
+    default, the opt-out): only a required or named `tool_choice` is constrained. The trainer scores a constrained
+    turn as the engine's logprobs are taken, before the grammar's mask (docs/tools.md)."""
     replicas: int = Field(default=1, gt=0)
     """vLLM servers of the model behind the gateway. On a CPU each gets its own share of the cores; on
     GPUs each gets its own `tensor_parallel_size x data_parallel_size` devices."""

@@ -202,6 +202,10 @@ async def two_turn_mismatch(conversations: int) -> dict[str, Any]:
         await backend.close()
 
 
+MODEL_LOGPROBS = "the model's, before the mask (agentrl)"
+MASKED_LOGPROBS = "after the mask (vLLM's own; its default strict level)"
+
+
 def _runs_folder() -> Any:
     import tempfile
     from pathlib import Path
@@ -211,9 +215,9 @@ def _runs_folder() -> Any:
 
 def mismatch_table(results: dict[str, Any]) -> str:
     lines = [
-        "| machine | conversations (calls parsed) | turn 1, forced call: engine / re-rendered | "
-        "turn 2, free answer: engine / re-rendered |",
-        "| --- | --- | --- | --- |",
+        "| machine | logprobs under the grammar | conversations (calls parsed) | "
+        "turn 1, forced call: engine / re-rendered | turn 2, free answer: engine / re-rendered |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for r in results.values():
 
@@ -225,13 +229,14 @@ def mismatch_table(results: dict[str, Any]) -> str:
             )
 
         lines.append(
-            f"| {r['machine']}, {r['date']} | {r['conversations']} ({r['parsed_calls']}) | {cell(1)} | {cell(2)} |"
+            f"| {r['machine']}, {r['date']} | {r.get('logprobs', MASKED_LOGPROBS)} | {r['conversations']} "
+            f"({r['parsed_calls']}) | {cell(1)} | {cell(2)} |"
         )
     return (
         "Two-turn tool conversations sampled from the server (packaged model, base adapter): the mean and largest "
         "|lp_sampler - lp_trainer| per trained token, each turn scored in its engine prompt and in the re-rendered "
-        "conversation. The forced call is sampled under vLLM's grammar, whose mask vLLM applies before it computes "
-        "the logprobs it returns:\n\n" + "\n".join(lines) + "\n"
+        "conversation. The forced call is sampled under vLLM's grammar; vLLM computes the logprobs it returns after "
+        "the grammar's mask, agentrl's servers before it (agentrl_vllm.grammar_logprobs):\n\n" + "\n".join(lines) + "\n"
     )
 
 
@@ -260,7 +265,7 @@ def table(results: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--turns", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--turns", type=int, nargs="*", default=[1, 2, 4, 8], help="none: only --server")
     parser.add_argument("--steps", type=int, default=2, help="timed steps each way, after one warm-up")
     parser.add_argument("--server", action="store_true", help="also the two-turn gaps from the real server")
     parser.add_argument("--conversations", type=int, default=16, help="with --server: conversations sampled")
@@ -272,11 +277,11 @@ def main() -> None:
         import asyncio
 
         measured = asyncio.run(two_turn_mismatch(args.conversations))
-        measured.update(machine=machine_label(), date=str(datetime.date.today()))
-        mismatch[precision_label()] = measured
+        measured.update(machine=machine_label(), date=str(datetime.date.today()), logprobs=MODEL_LOGPROBS)
+        mismatch[f"{precision_label()} | {MODEL_LOGPROBS}"] = measured
         write_json_atomic(ENGINE_RESULTS, {"steps": results, "two_turn_mismatch": mismatch})
         print(json.dumps(measured, indent=1), flush=True)
-    if not args.table_only:
+    if args.turns and not args.table_only:
         torch.manual_seed(0)
         trainer = Trainer(resolve_base_model("smollm2-135m-instruct"), seed=0)
         trainer.add_adapter("bench", agentrl.LoRAConfig())

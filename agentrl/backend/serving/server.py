@@ -32,6 +32,7 @@ from agentrl.backend.serving.zygote import ZygoteServer, fork_server, zygote_soc
 from agentrl.config import ServerConfig
 from agentrl.errors import ServerError
 from agentrl_vllm.engine_fork import ENV as FORK_ENGINE_ENV
+from agentrl_vllm.grammar_logprobs import ENV as MODEL_LOGPROBS_ENV
 from agentrl_vllm.logprob_ranks import ENV as EAGER_RANKS_ENV
 from agentrl_vllm.server_guard import SERVER_KEY_ENV
 
@@ -126,6 +127,8 @@ def server_command(
         command += ["--block-size", str(CPU_BLOCK_SIZE)]
     if not _has_flag(config.extra_args, "--structured-outputs-config"):
         command += ["--structured-outputs-config", STRUCTURED_OUTPUTS]
+    if not _has_flag(config.extra_args, "--tool-strict-level"):
+        command += ["--tool-strict-level", config.tool_call_grammar]
     return command + list(config.extra_args)
 
 
@@ -150,6 +153,7 @@ def server_env(config: ServerConfig, *, gpu: bool, api_key: str) -> dict[str, st
     env = without_secrets(dict(os.environ))
     env[SERVER_KEY_ENV] = api_key
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    env[MODEL_LOGPROBS_ENV] = "1"  # agentrl_vllm.grammar_logprobs: logprobs as the trainer computes them, unmasked
     if gpu:
         env["VLLM_SERVER_DEV_MODE"] = "1"
     else:

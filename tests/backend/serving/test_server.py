@@ -62,10 +62,17 @@ def test_gpu_command_and_env_enable_sleep_mode_and_runtime_lora():
         assert json.loads(command[command.index("--structured-outputs-config") + 1])["disable_any_whitespace"]
     own = config.model_copy(update={"extra_args": ("--structured-outputs-config.backend=xgrammar",)})
     assert "--structured-outputs-config" not in server_command("/m", "base", 1, own, max_lora_rank=16, gpu=True)
+    # Tool calls under a grammar that admits only valid calls, "auto" included; the opt-out and a user's flag win.
+    assert cpu[cpu.index("--tool-strict-level") + 1] == gpu[gpu.index("--tool-strict-level") + 1] == "parameter"
+    opted_out = server_command("/m", "b", 1, ServerConfig(tool_call_grammar="auto"), max_lora_rank=16, gpu=False)
+    assert opted_out[opted_out.index("--tool-strict-level") + 1] == "auto"
+    own = config.model_copy(update={"extra_args": ("--tool-strict-level=function",)})
+    assert "--tool-strict-level" not in server_command("/m", "base", 1, own, max_lora_rank=16, gpu=True)[:-1]
     assert cpu[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert server_env(config, gpu=True, api_key="k")["VLLM_SERVER_DEV_MODE"] == "1"
     env = server_env(config, gpu=False, api_key="k")
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["AGENTRL_VLLM_MODEL_LOGPROBS"] == "1"  # agentrl_vllm.grammar_logprobs
     # One CPU replica of one rank runs its model in the engine process, on all usable cores; replicas and
     # ranks keep vLLM's worker processes, which pin each to its cores.
     # With no worker to pin, its engine process is forked from the API server (agentrl_vllm.engine_fork).
