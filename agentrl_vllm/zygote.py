@@ -28,8 +28,9 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from typing import Any, NoReturn
+
+from agentrl_vllm.api_server import VLLM_MODULE, serve_then_exit
 
 PRELOAD = (
     "vllm.entrypoints.openai.api_server",
@@ -114,7 +115,7 @@ def become_server(request: dict[str, Any]) -> None:
     show_command(request["argv"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = ["vllm.entrypoints.openai.api_server", *request["argv"]]
+    sys.argv = [VLLM_MODULE, *request["argv"]]
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads:  # OpenMP read the zygote's environment when torch loaded; the server's count wins
         import torch
@@ -125,24 +126,7 @@ def become_server(request: dict[str, Any]) -> None:
 def run_server(request: dict[str, Any]) -> NoReturn:
     """In the forked child: become the server `request` describes and exit with its code, whatever
     happens (it must never return into the zygote's loop)."""
-    code = 1
-    try:
-        become_server(request)
-        from vllm.entrypoints.launchers.api_server.entry import main
-
-        main()  # type: ignore[no-untyped-call]
-        code = 0
-    except SystemExit as error:
-        code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
-    except BaseException:  # noqa: BLE001 -- into the log (the zygote's before the log is open); never re-raised
-        traceback.print_exc()
-    finally:
-        try:
-            atexit._run_exitfuncs()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+    serve_then_exit(lambda: become_server(request))
 
 
 class Zygote:

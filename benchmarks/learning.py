@@ -103,6 +103,17 @@ RUNS = {
         {"reward": "ruler", "test_questions": 54},
         trained_judge=True,
     ),
+    "tool-use": LearningRun(
+        "tools",
+        "shaped (held out: strict)",
+        {
+            "strict success": metric("success"),
+            "a tool called": metric("tool_called"),
+            "valid calls / attempted (rollouts with a call)": metric("valid_call_rate"),
+            "calls per rollout": metric("attempted_calls"),
+        },
+        {"reward": "shaped"},
+    ),
     "rubric-ruler-generic": LearningRun(
         "rubric",
         "RULER, default rubric (base model)",

@@ -108,6 +108,7 @@ def print_step(result: agentrl.TrainResult) -> None:
         f"kl(sampler||trainer) {m.get('kl_sampler_trainer', 0):.4f}, "
         f"staleness {m['staleness_mean']:.2f} (max {m['staleness_max']:.0f}, dropped {m['num_groups_stale_dropped']:.0f}),"
         f" idle trainer {m['trainer_idle_frac']:.0%} sampler {m['sampler_idle_frac']:.0%}, {m['steps_per_hour']:.0f} steps/h"
+        + (f", unparsed tool calls {m['tool_call_parse_failures']:.0f}" if "tool_call_parse_failures" in m else "")
         + (f" (skipped: {result.skip_reason})" if result.skipped else "")
     )
 

@@ -90,7 +90,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("gateway", ("agentrl.gateway",)),
-    ("data", ("agentrl.messages", "agentrl.trajectory")),
+    ("data", ("agentrl.messages", "agentrl.trajectory", "agentrl.tool_calls")),
     ("pure RL", ("agentrl.rl",)),
     ("records", ("agentrl.records",)),
     (

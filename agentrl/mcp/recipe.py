@@ -87,11 +87,16 @@ class MCPRLReport:
     ruler_after: Score | None = None
     check_before: Score | None = None
     check_after: Score | None = None
+    calls_before: Score | None = None
+    """Tool calls a held-out rollout made (parsed ones), before and after."""
+    calls_after: Score | None = None
 
     def summary(self) -> str:
         lines = [f"held-out RULER, before vs after side by side: {self.ruler_before} -> {self.ruler_after}"]
         if self.check_before is not None:
             lines.append(f"held-out check: {self.check_before} -> {self.check_after}")
+        if self.calls_before is not None:
+            lines.append(f"held-out tool calls a rollout: {self.calls_before} -> {self.calls_after}")
         return "\n".join(lines)
 
 
@@ -230,6 +235,8 @@ async def train_mcp_rl(
         judged = [{t.metadata["arm"]: t.reward for t in g.trajectories} for g in pairs if len(g.trajectories) == 2]
         report.ruler_before = Score.of([arms["before"] for arms in judged])
         report.ruler_after = Score.of([arms["after"] for arms in judged])
+        report.calls_before = Score.of([t.metrics["tool_calls"] for t in before])
+        report.calls_after = Score.of([t.metrics["tool_calls"] for t in after])
         if check is not None:
             report.check_before = Score.of([t.metrics["check"] for t in before])
             report.check_after = Score.of([t.metrics["check"] for t in after])

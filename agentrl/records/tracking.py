@@ -27,6 +27,7 @@ from openai.types.chat.chat_completion import Choice
 from agentrl.files import append_line, read_lines, write_text_atomic, write_text_new
 from agentrl.records.judge_warning import audit_warning
 from agentrl.records.run_folder import RunFolder, parse_record_stem
+from agentrl.tool_calls import assistant_content, tool_call_parse_failures, unparsed_tool_calls
 from agentrl.trajectory import Trajectory, TrajectoryGroup, reward_stats
 
 logger = logging.getLogger(__name__)
@@ -96,11 +97,11 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 .msg { margin: 0.3em 0; padding: 0.3em 0.6em; border-radius: 4px; white-space: pre-wrap; }
 .system { background: #f3f3f3; } .user { background: #e8f0fe; } .assistant { background: #e6f4ea; }
 .tool { background: #fef7e0; } .call { font-family: monospace; color: #8a3b00; }
-.reward { font-weight: bold; } .metrics { color: #555; font-size: 0.9em; }
+.failed { color: #b00020; } .reward { font-weight: bold; } .metrics { color: #555; font-size: 0.9em; }
 """
 
 
-def _message_html(item: dict[str, Any] | Choice) -> str:
+def _message_html(item: dict[str, Any] | Choice, *, tools_offered: bool) -> str:
     if isinstance(item, Choice):
         role, content = "assistant", item.message.content or ""
         calls = [(c.function.name, c.function.arguments) for c in item.message.tool_calls or [] if c.type == "function"]
@@ -111,12 +112,16 @@ def _message_html(item: dict[str, Any] | Choice) -> str:
         content = json.dumps(content)
     parts = [f'<div class="msg {html.escape(role)}"><b>{html.escape(role)}</b>: {html.escape(content)}']
     parts += [f'<div class="call">→ {html.escape(name)}({html.escape(args)})</div>' for name, args in calls]
+    if tools_offered and (failures := unparsed_tool_calls(assistant_content(item))):
+        parts.append(f'<div class="call failed">✗ {failures} tool call(s) the server could not parse</div>')
     return "".join(parts) + "</div>"
 
 
 def transcript_html(groups: list[TrajectoryGroup], title: str) -> str:
     """A self-contained page showing every trajectory, grouped by scenario."""
     body = [f"<h1>{html.escape(title)}</h1>"]
+    if failures := tool_call_parse_failures(groups):
+        body.append(f'<p class="failed">tool_call_parse_failures: {failures} (marked ✗ below)</p>')
     for g_index, group in enumerate(groups):
         mean, std = reward_stats(group.rewards)
         body.append(f'<div class="group"><h2>group {g_index}: reward {mean:.3f} ± {std:.3f}</h2>')
@@ -129,7 +134,7 @@ def transcript_html(groups: list[TrajectoryGroup], title: str) -> str:
             for history_index, history in enumerate(t.histories()):
                 if history_index:
                     body.append(f"<i>additional history {history_index}</i>")
-                body += [_message_html(m) for m in history.messages_and_choices]
+                body += [_message_html(m, tools_offered=bool(history.tools)) for m in history.messages_and_choices]
             body += [f'<div class="metrics">log: {html.escape(line)}</div>' for line in t.logs]
             body.append("</div>")
         body += [
@@ -322,11 +327,14 @@ def with_art_names(metrics: dict[str, float], groups: list[TrajectoryGroup]) -> 
 
 def step_line(metrics: dict[str, float], groups: list[TrajectoryGroup], skipped: bool | None) -> dict[str, float]:
     """A step's metrics line: the trainer's metrics with ART's names, the trajectories' own metrics averaged (e.g.
-    independent_reward beside a judge's reward), and whether the step was skipped (None: not a train step)."""
+    independent_reward beside a judge's reward), tool-call text the server could not parse where tools were
+    offered (`tool_call_parse_failures`, a count), and whether the step was skipped (None: not a train step)."""
     summed = dict(metrics)
     if groups:
         for key, value in summarize([t for g in groups for t in g.trajectories]).items():
             summed.setdefault(key, value)
+    if (failures := tool_call_parse_failures(groups)) is not None:
+        summed.setdefault("tool_call_parse_failures", failures)
     named = with_art_names(summed, groups)
     return named if skipped is None else {"skipped": skipped, **named}
 

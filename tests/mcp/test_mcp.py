@@ -218,6 +218,8 @@ async def test_mcp_rl_writes_tasks_and_trains_two_steps_on_the_email_inbox_over_
     assert report.check_before is not None and report.check_before.n == 2 and report.check_after.n == 2
     assert 0.0 <= report.check_before.mean <= 1.0 and 0.0 <= report.check_after.mean <= 1.0
     assert report.ruler_before is not None and report.ruler_before.n == report.ruler_after.n == 2
+    assert report.calls_before is not None and report.calls_before.n == report.calls_after.n == 2
+    assert "held-out tool calls a rollout:" in report.summary()
     written = [json.loads(line) for line in (served_model.run_dir / "mcp_train_tasks.jsonl").read_text().splitlines()]
     assert [w["task"] for w in written] == [t.task for t in report.train_tasks]
     print(report.summary())

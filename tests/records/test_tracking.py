@@ -174,3 +174,23 @@ def test_records_are_never_replaced_on_a_file_system_without_hard_links(tmp_path
     assert write_text_new(names(), "first") == tmp_path / "r1.txt"
     assert write_text_new(names(), "second") == tmp_path / "r2.txt"
     assert (tmp_path / "r1.txt").read_text() == "first" and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_tool_call_text_the_server_could_not_parse_is_counted_and_marked():
+    from agentrl.records.tracking import step_line
+    from tests.helpers import make_choice
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    cut_off = make_choice([1, 2], content='<tool_call>\n{"name": "add", "argu')  # max_tokens ran out inside a call
+    written = {"role": "assistant", "content": "<tool_call>oops</tool_call> and <tool_call>again"}
+    answered = make_choice([3], content="The sum is 5.")
+    with_tools = Trajectory(
+        messages_and_choices=[{"role": "user", "content": "2 + 3?"}, cut_off, written, answered], tools=tools
+    )
+    assert step_line({"loss": 0.1}, [TrajectoryGroup([with_tools])], skipped=False)["tool_call_parse_failures"] == 3
+    page = transcript_html([TrajectoryGroup([with_tools])], "t")
+    assert "tool_call_parse_failures: 3" in page and page.count("tool call(s) the server could not parse") == 2
+    # No tools offered: no such metric (a model that writes the tag unprompted has no call to fail).
+    without_tools = with_tools.model_copy(update={"tools": None})
+    assert "tool_call_parse_failures" not in step_line({}, [TrajectoryGroup([without_tools])], skipped=None)
+    assert "could not parse" not in transcript_html([TrajectoryGroup([without_tools])], "t")

