@@ -95,7 +95,7 @@ def show_command(argv: list[str]) -> None:
         import setproctitle
     except ImportError:  # optional for vLLM too; the server then shows as the zygote
         return
-    setproctitle.setproctitle(" ".join([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *argv]))
+    setproctitle.setproctitle(" ".join([sys.executable, "-m", "agentrl_vllm.api_server", *argv]))
 
 
 def become_server(request: dict[str, Any]) -> None:

@@ -237,7 +237,7 @@ def vllm_server_group(port: int) -> list[psutil.Process]:
     a server started afresh and one forked by the suite's zygote (agentrl_vllm.zygote titles it so) alike."""
     for proc in psutil.process_iter(["pid", "cmdline"]):
         words = " ".join(proc.info["cmdline"] or []).split()
-        if "vllm.entrypoints.openai.api_server" in words and "--port" in words:
+        if "agentrl_vllm.api_server" in words and "--port" in words:
             if words[words.index("--port") + 1] == str(port):
                 return group_processes(proc.pid)
     return []

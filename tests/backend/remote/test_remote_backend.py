@@ -203,7 +203,7 @@ def vllm_processes(service: Service) -> list:
     import psutil
 
     children = psutil.Process(service.process.pid).children(recursive=True)
-    return [p for p in children if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
+    return [p for p in children if "agentrl_vllm.api_server" in " ".join(p.cmdline())]
 
 
 @pytest.fixture
