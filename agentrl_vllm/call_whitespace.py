@@ -21,19 +21,22 @@ ENV = "AGENTRL_VLLM_CALL_WHITESPACE"
 logger = logging.getLogger(__name__)
 
 
-def cap_whitespace(node: Any, limit: int) -> None:
+def cap_whitespace(tag: Any, limit: int) -> None:
     """Set `max_whitespace_cnt` to `limit` on every JSON-schema part of a structural tag that leaves it unset."""
     from pydantic import BaseModel
     from xgrammar.structural_tag import JSONSchemaFormat
 
-    if isinstance(node, JSONSchemaFormat) and node.max_whitespace_cnt is None:
-        node.max_whitespace_cnt = limit
-    if isinstance(node, BaseModel):
-        for name in type(node).model_fields:
-            cap_whitespace(getattr(node, name), limit)
-    elif isinstance(node, (list, tuple)):
-        for item in node:
-            cap_whitespace(item, limit)
+    def visit(node: Any) -> None:
+        if isinstance(node, JSONSchemaFormat) and node.max_whitespace_cnt is None:
+            node.max_whitespace_cnt = limit
+        if isinstance(node, BaseModel):
+            for name in type(node).model_fields:
+                visit(getattr(node, name))
+        elif isinstance(node, (list, tuple)):
+            for item in node:
+                visit(item)
+
+    visit(tag)
 
 
 def _capped(build: Any, limit: int) -> Any:

@@ -9,8 +9,9 @@ agent does; RL then works on what the demonstrations leave (two-step questions, 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import agentrl
 from agentrl.tool_calls import unparsed_tool_calls
@@ -106,12 +107,12 @@ async def rollout(
 def score(trajectory: agentrl.Trajectory, question: Question, reward: str) -> agentrl.Trajectory:
     """Reward and metrics from what the trajectory records (`episode_of`), for this rollout or any agent's."""
     episode = episode_of(trajectory, question)
-    success = succeeded(episode, question)
-    trajectory.reward = float(success) if reward == "strict" else shaped_reward(episode, question)
+    success, shaped = succeeded(episode, question), shaped_reward(episode, question)
+    trajectory.reward = float(success) if reward == "strict" else shaped
     trajectory.metadata["question_id"] = question.question_id
     trajectory.metrics.update(
         success=success,
-        shaped_reward=shaped_reward(episode, question),
+        shaped_reward=shaped,
         tool_called=episode.attempted_calls > 0,
         attempted_calls=episode.attempted_calls,
         valid_calls=episode.valid_calls,
@@ -143,9 +144,20 @@ def demonstration(question: Question) -> agentrl.History:
     return agentrl.History(messages_and_choices=messages, tools=TOOLS)
 
 
-async def evaluate(model: agentrl.Model, test: list[Question], preset: Preset) -> list[agentrl.Trajectory]:
+class AgentRollout(Protocol):
+    """A rollout of the task: this module's `rollout`, or another agent's with the same keywords
+    (`frameworks.program_rollout`)."""
+
+    def __call__(
+        self, model: Any, question: Question, *, max_turns: int, max_tokens: int, reward: str
+    ) -> Awaitable[agentrl.Trajectory]: ...
+
+
+async def evaluate(
+    model: agentrl.Model, test: list[Question], preset: Preset, agent: AgentRollout = rollout
+) -> list[agentrl.Trajectory]:
     """One attempt per held-out question, strict reward, at most `EVAL_CONCURRENCY` at once."""
-    limited = agentrl.limit_concurrency(EVAL_CONCURRENCY)(rollout)
+    limited = agentrl.limit_concurrency(EVAL_CONCURRENCY)(agent)
     return await agentrl.gather_trajectories(
         (limited(model, q, max_turns=preset.max_turns, max_tokens=preset.max_tokens, reward="strict") for q in test),
         max_exception_rate=0.1,

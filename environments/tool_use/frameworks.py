@@ -6,39 +6,50 @@ Each rollout opens a session on the gateway (`model.session()`), starts the agen
 (`agents/openai_agents_program.py` or `agents/langgraph_program.py`) with the session's URL and key as
 OPENAI_BASE_URL and OPENAI_API_KEY, and waits for it. Every completion the program asked for is the session's
 trajectory, turn by turn on the engine's exact tokens; the task's strict or shaped reward is read from it
-(`env.score`), whatever the program printed. Training is the same loop as `agentrl train tools`: demonstrations
-first (the packaged model opens no call on its own in "auto"), then RL, held-out evaluation before and after.
+(`env.score`), whatever the program printed. Training is `agentrl train tools`'s own (`train.train_agent`):
+demonstrations first (the packaged model opens no call on its own in "auto"), then RL, held-out evaluation
+before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import sys
 
 import agentrl
 
-from ..training import RunSummary, train_and_evaluate, with_overrides
+from ..training import RunSummary
 from .env import PRESETS, REWARDS, score
-from .task import Question, questions
-from .train import held_out_questions, warm_start
+from .task import Question
+from .train import train_agent
 
 PROGRAMS = {
     "openai-agents": "agentrl_environments.tool_use.agents.openai_agents_program",
     "langgraph": "agentrl_environments.tool_use.agents.langgraph_program",
 }
 PROGRAM_TIMEOUT_S = 600.0
+PROGRAMS_AT_ONCE = 16
+"""Programs running at once, in training and evaluation alike: each is a Python process of its own."""
 
 
+@agentrl.limit_concurrency(PROGRAMS_AT_ONCE)
 async def program_rollout(
-    model: agentrl.TrainableModel, question: Question, agent: str, *, reward: str = "shaped"
+    model: agentrl.TrainableModel,
+    question: Question,
+    *,
+    agent: str,
+    max_turns: int = 4,
+    max_tokens: int = 64,
+    reward: str = "shaped",
 ) -> agentrl.Trajectory:
     """One run of the `agent` program on `question`, in its own process, recorded by a rollout session."""
     split, index = question.question_id.rsplit("-", 1)
     async with model.session() as session:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", PROGRAMS[agent], session.model, split, index,
+            sys.executable, "-m", PROGRAMS[agent], session.model, split, index, str(max_turns), str(max_tokens),
             env={**os.environ, "OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
@@ -46,6 +57,7 @@ async def program_rollout(
             _, errors = await asyncio.wait_for(process.communicate(), PROGRAM_TIMEOUT_S)
         except TimeoutError:
             process.kill()
+            await process.wait()
             raise
         if process.returncode != 0:
             raise RuntimeError(f"the {agent} program exited with {process.returncode}: {errors.decode()[-2000:]}")
@@ -61,30 +73,14 @@ async def run(
     reward: str = "shaped",
 ) -> RunSummary:
     """Train the `agent` program on the tool-use task as `agentrl train tools` trains its own rollout."""
-    preset = with_overrides(PRESETS[preset_name], steps, None)
-    train, test = questions("train", preset.train_questions), held_out_questions(preset)
-    model = agentrl.TrainableModel(
-        name=name or f"tool-use-{agent}", project="tool-use", base_model=preset.base_model, base_path=base_path
-    )
-    limited = agentrl.limit_concurrency(16)(program_rollout)  # each program is a Python process of its own
-
-    async def evaluate(m: agentrl.Model) -> list[agentrl.Trajectory]:
-        assert isinstance(m, agentrl.TrainableModel)
-        return await agentrl.gather_trajectories(
-            (limited(m, q, agent, reward="strict") for q in test), max_exception_rate=0.1, desc=f"eval {agent}"
-        )
-
-    return await train_and_evaluate(
-        model,
-        scenarios=train[preset.sft_examples :],
-        groups_per_step=preset.groups_per_step,
-        make_group=lambda m, q: agentrl.TrajectoryGroup(
-            limited(m, q, agent, reward=reward) for _ in range(preset.group_size)
-        ),
-        evaluate=evaluate,
-        steps=preset.steps,
-        config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
-        warm_start=(lambda m: warm_start(m, train, preset.sft_examples)) if preset.sft_examples else None,
+    return await train_agent(
+        functools.partial(program_rollout, agent=agent),
+        preset_name=preset_name,
+        steps=steps,
+        base_model=None,
+        name=name or f"tool-use-{agent}",
+        base_path=base_path,
+        reward=reward,
     )
 
 

@@ -12,10 +12,9 @@ import json
 import math
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from openai.types.chat.chat_completion import Choice
 
 import agentrl
 from agentrl.tool_calls import unparsed_tool_calls
@@ -123,6 +122,37 @@ def questions(split: str, count: int, *, seed: int = 0) -> list[Question]:
     return [_question(rng, KINDS[i % len(KINDS)], f"{split}-{i}") for i in range(count)]
 
 
+def question_at(split: str, index: int) -> Question:
+    """The `index`-th question of `split`, as `questions` gives it (a question's draw does not depend on the count)."""
+    return questions(split, index + 1)[index]
+
+
+def python_tools(question: Question) -> list[Callable[..., str]]:
+    """The tools as typed Python functions bound to `question`'s price list, for agent frameworks that build a
+    tool's schema from its function (`TOOLS`' descriptions as docstrings; results as `execute` gives them)."""
+
+    def run(name: str, **arguments: object) -> str:
+        return execute(name, json.dumps(arguments), question.prices).content
+
+    def add(a: int, b: int) -> str:
+        return run("add", a=a, b=b)
+
+    def multiply(a: int, b: int) -> str:
+        return run("multiply", a=a, b=b)
+
+    def lookup_price(item: str) -> str:
+        return run("lookup_price", item=item)
+
+    def convert_units(value: float, from_unit: str, to_unit: str) -> str:
+        return run("convert_units", value=value, from_unit=from_unit, to_unit=to_unit)
+
+    functions: list[Callable[..., str]] = [add, multiply, lookup_price, convert_units]
+    descriptions = {t["function"]["name"]: t["function"]["description"] for t in TOOLS}
+    for function in functions:
+        function.__doc__ = descriptions[function.__name__]
+    return functions
+
+
 def run_tool(name: str, arguments: Arguments, prices: dict[str, int]) -> int | float:
     """A valid call's result; `KeyError` for an item not in the shop or a conversion it cannot do."""
     if name == "add":
@@ -196,17 +226,15 @@ def episode_of(trajectory: agentrl.Trajectory, question: Question) -> Episode:
     """The episode a trajectory records, read from its messages (the calls are run again: tools are pure): every
     call the model opened, those that ran and what they returned, and its first turn without a call, the answer."""
     episode = Episode()
-    for item in trajectory.messages_and_choices:
-        if isinstance(item, Choice):
-            content = item.message.content
-            calls = [
-                (c.function.name, c.function.arguments) for c in item.message.tool_calls or [] if c.type == "function"
-            ]
-        elif item.get("role") == "assistant":
-            content = item.get("content") if isinstance(item.get("content"), str) else None
-            calls = [(c["function"]["name"], c["function"]["arguments"]) for c in item.get("tool_calls") or []]
-        else:
+    for message in trajectory.messages():
+        if message["role"] != "assistant":
             continue
+        content = message.get("content") if isinstance(message.get("content"), str) else None
+        calls = [
+            (c["function"]["name"], c["function"]["arguments"])
+            for c in message.get("tool_calls") or []
+            if c.get("type") == "function"
+        ]
         episode.turns += 1
         unparsed = unparsed_tool_calls(content)
         episode.attempted_calls += len(calls) + unparsed

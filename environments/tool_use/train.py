@@ -12,7 +12,7 @@ from __future__ import annotations
 import agentrl
 
 from ..training import RunSummary, evaluate_base_and_checkpoint, train_and_evaluate, with_overrides
-from .env import PRESETS, REWARDS, Preset, demonstration, evaluate, rollout
+from .env import PRESETS, REWARDS, AgentRollout, Preset, demonstration, evaluate, rollout
 from .task import Question, questions
 
 
@@ -37,6 +37,31 @@ async def run(
     reward: str = "shaped",
     max_steps_off_policy: int | None = None,
 ) -> RunSummary:
+    """Train this environment's own rollout (`env.rollout`)."""
+    return await train_agent(
+        rollout,
+        preset_name=preset_name,
+        steps=steps,
+        base_model=base_model,
+        name=name,
+        base_path=base_path,
+        reward=reward,
+        max_steps_off_policy=max_steps_off_policy,
+    )
+
+
+async def train_agent(
+    agent: AgentRollout,
+    *,
+    preset_name: str,
+    steps: int | None,
+    base_model: str | None,
+    name: str,
+    base_path: str,
+    reward: str,
+    max_steps_off_policy: int | None = None,
+) -> RunSummary:
+    """Warm start on demonstrations, then RL on `agent`'s rollouts, held-out strict success before and after."""
     if reward not in REWARDS:
         raise ValueError(f"unknown reward {reward!r}; choose one of: {', '.join(REWARDS)}")
     preset = with_overrides(PRESETS[preset_name], steps, base_model)
@@ -45,7 +70,7 @@ async def run(
 
     def make_group(model: agentrl.TrainableModel, question: Question) -> agentrl.TrajectoryGroup:
         return agentrl.TrajectoryGroup(
-            rollout(model, question, max_turns=preset.max_turns, max_tokens=preset.max_tokens, reward=reward)
+            agent(model, question, max_turns=preset.max_turns, max_tokens=preset.max_tokens, reward=reward)
             for _ in range(preset.group_size)
         )
 
@@ -55,7 +80,7 @@ async def run(
         scenarios=train[preset.sft_examples :],
         groups_per_step=preset.groups_per_step,
         make_group=make_group,
-        evaluate=lambda m: evaluate(m, test, preset),
+        evaluate=lambda m: evaluate(m, test, preset, agent),
         steps=preset.steps,
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
         warm_start=(lambda m: warm_start(m, train, preset.sft_examples)) if preset.sft_examples else None,

@@ -18,7 +18,7 @@ from tests.helpers import assert_trains_on_exact_tokens
 async def test_a_framework_agent_in_its_own_process_is_scored_and_trains_one_step(served_model, agent):
     pytest.importorskip("agents" if agent == "openai-agents" else "langgraph")
     question = questions("test", 3)[2]
-    trajectories = await asyncio.gather(*(program_rollout(served_model, question, agent) for _ in range(2)))
+    trajectories = await asyncio.gather(*(program_rollout(served_model, question, agent=agent) for _ in range(2)))
     for trajectory in trajectories:
         messages = trajectory.messages()
         assert messages[:2] == [
