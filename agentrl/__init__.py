@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # the names `_LAZY` loads on first use, for type checkers (ex
     from agentrl.judges import JudgeExample as JudgeExample
     from agentrl.judges import JudgeLimiter as JudgeLimiter
     from agentrl.judges import RubricTask as RubricTask
+    from agentrl.judges import VerdictExample as VerdictExample
     from agentrl.judges import check_judge as check_judge
     from agentrl.judges import judge_rubrics as judge_rubrics
     from agentrl.judges import load_rubric_tasks as load_rubric_tasks
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # the names `_LAZY` loads on first use, for type checkers (ex
     from agentrl.judges import ruler_score_group as ruler_score_group
     from agentrl.judges import train_judge as train_judge
     from agentrl.judges import train_judge_rl as train_judge_rl
+    from agentrl.judges import train_verdict_judge as train_verdict_judge
     from agentrl.judges.ruler import ruler as ruler  # the function, not its module
 
 try:
@@ -153,6 +155,8 @@ __all__ = [
     "ruler_score_group",
     "train_judge",
     "train_judge_rl",
+    "train_verdict_judge",
+    "VerdictExample",
     "LocalBackend",
 ]
 _LAZY = {name: _LAZY_MODULES.get(name, "agentrl.judges") for name in __all__ if name not in globals()}

@@ -209,18 +209,22 @@ def table(results: dict[str, Any]) -> str:
 
 DIAGNOSIS_START, DIAGNOSIS_END = "<!-- benchmark:judge_diagnosis:start -->", "<!-- benchmark:judge_diagnosis:end -->"
 HEADLINE_START, HEADLINE_END = "<!-- benchmark:judge_headline:start -->", "<!-- benchmark:judge_headline:end -->"
-POLICY_ROWS = {  # learning.json's runs on one task: trained another way, and by RULER with a judge trained here
+POLICY_ROWS = {  # learning.json's runs on one task: the ceiling (trained on the check itself), and by RULER with a
+    # judge trained here
     "larger-number": ("larger-number", "larger-number-ruler-trained-judge", "reward"),
-    "rubric": ("rubric-rubric", "rubric-ruler-trained-judge", "code-checked pass rate"),
+    "rubric": ("rubric-checked", "rubric-ruler-trained-judge", "code-checked pass rate"),
     "email": ("email-match", "email-ruler-trained-judge", "correct, RL only (from the warm start)"),
 }
 
 
-def _difference(score: dict[str, Any]) -> str:
+def _gain(score: dict[str, Any]) -> tuple[float, float]:
+    """The held-out difference and its SE: paired where the items were, else unpaired."""
     paired = score.get("paired_n", 0) > 1
-    mean, se = (
-        (score["paired_difference"], score["paired_se"]) if paired else (score["difference"], score["difference_se"])
-    )
+    return (score["paired_difference"], score["paired_se"]) if paired else (score["difference"], score["difference_se"])
+
+
+def _difference(score: dict[str, Any]) -> str:
+    mean, se = _gain(score)
     return f"{score['before']:.2f} -> {score['after']:.2f} ({mean:+.3f} ± {se:.3f})"
 
 
@@ -244,8 +248,9 @@ def headline(results: dict[str, Any], learning: dict[str, Any]) -> str:
     judge never saw beside the gain from training on that check."""
     lines = [
         "| label source | judge's held-out pairwise accuracy: untrained -> trained [95%] | rank flips | "
-        "policy trained another way: held-out check | policy trained by RULER with this judge: held-out check | machine |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "ceiling: policy trained on the check itself, held-out check | policy trained by RULER with this judge: "
+        "held-out check | share of the ceiling's gain | machine |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for result in results.values():
         if result.get("readout") != "probabilities" or len(result["rows"]) < 2:
@@ -253,17 +258,17 @@ def headline(results: dict[str, Any], learning: dict[str, Any]) -> str:
         first, last = result["rows"][0], result["rows"][-1]
         accuracy = last["pairwise_accuracy"]
         checked, judged, score = POLICY_ROWS.get(result["data"], ("", "", ""))
+        scores = [learning[name]["scores"].get(score) if name in learning else None for name in (checked, judged)]
         policy = [
-            f"{learning[name]['training_reward']}: {_difference(learning[name]['scores'][score])}"
-            if name in learning and score in learning[name]["scores"]
-            else "-"
-            for name in (checked, judged)
+            f"{learning[name]['training_reward']}: {_difference(found)}" if found else "-"
+            for name, found in zip((checked, judged), scores)
         ]
+        share = f"{_gain(scores[1])[0] / _gain(scores[0])[0]:.0%}" if scores[0] and scores[1] else "-"
         lines.append(
             f"| {result['data']} ({result['train_examples']} train, {result['held_out_examples']} held-out examples) | "
             f"{first['pairwise_accuracy']['value']:.2f} -> {accuracy['value']:.2f} "
             f"[{accuracy['low']:.2f}, {accuracy['high']:.2f}] | {last['order_rank_flip_rate']:.2f} | {policy[0]} | "
-            f"{policy[1]} | {result['machine']}, {result['date']} |"
+            f"{policy[1]} | {share} | {result['machine']}, {result['date']} |"
         )
     return "\n".join(lines)
 

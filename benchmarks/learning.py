@@ -35,6 +35,7 @@ from agentrl.plugins import load_environment
 from agentrl.records.run_folder import RunFolder, parse_record_stem
 from agentrl.records.tracking import load_trajectories, read_metrics
 from agentrl.trajectory import Trajectory
+from benchmarks import rubric_signal
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name
 
@@ -59,8 +60,9 @@ class LearningRun:
     training_reward: str
     scores: dict[str, Score]
     options: dict[str, Any] = field(default_factory=dict)
-    trained_judge: bool = False
-    """Judged by a judge trained with agentrl (`--trained-judge RUN_FOLDER`), served beside the policy."""
+    trained_judge: str | None = None
+    """Judged by a judge trained with agentrl, served beside the policy: "ruler" (`--trained-judge RUN_FOLDER`)
+    or "rubric" (a rubric judge trained on its verdicts, `--trained-rubric-judge RUN_FOLDER`)."""
 
 
 RUNS = {
@@ -70,12 +72,18 @@ RUNS = {
         "RULER (trained judge, read from probabilities; check hidden)",
         {"reward": reward},
         {"reward": "ruler"},
-        trained_judge=True,
+        trained_judge="ruler",
     ),
     "2048": LearningRun("2048", "game score", {"reward": reward}, {"test_games": 100}),
     "email-match": LearningRun("email", "match (verifiable)", {"correct": metric("correct")}, {"reward": "match"}),
     "email-ruler": LearningRun(
         "email", "RULER (base-model judge)", {"correct": metric("correct")}, {"reward": "ruler"}
+    ),
+    "rubric-checked": LearningRun(
+        "rubric",
+        "code checks (the ceiling for the judged rows)",
+        {"judge pass rate, reworded rubrics": reward, "code-checked pass rate": metric("independent_reward")},
+        {"reward": "checked"},
     ),
     "rubric-rubric": LearningRun(
         "rubric",
@@ -89,19 +97,26 @@ RUNS = {
         {"judge pass rate, reworded rubrics": reward, "code-checked pass rate": metric("independent_reward")},
         {"reward": "ruler"},
     ),
+    "rubric-rubric-trained-judge": LearningRun(
+        "rubric",
+        "rubric judge (trained on its verdicts, read from probabilities)",
+        {"judge pass rate, reworded rubrics": reward, "code-checked pass rate": metric("independent_reward")},
+        {"reward": "rubric"},
+        trained_judge="rubric",
+    ),
     "rubric-ruler-trained-judge": LearningRun(
         "rubric",
         "RULER with the rubrics (trained judge, read from probabilities)",
         {"judge pass rate, reworded rubrics": reward, "code-checked pass rate": metric("independent_reward")},
         {"reward": "ruler"},
-        trained_judge=True,
+        trained_judge="ruler",
     ),
     "email-ruler-trained-judge": LearningRun(  # half the held-out questions: a float32 CPU's hour has three evaluations
         "email",
         "RULER (trained judge, read from probabilities)",
         {"correct": metric("correct")},
         {"reward": "ruler", "test_questions": 54},
-        trained_judge=True,
+        trained_judge="ruler",
     ),
     "tool-use": LearningRun(
         "tools",
@@ -177,14 +192,17 @@ def held_out(run_dir: Path, step: int) -> list[Trajectory]:
     return [t for g in load_trajectories(RunFolder(run_dir).trajectories("val", step)) for t in g.trajectories]
 
 
-async def measure(name: str, spec: LearningRun, root: Path, trained_judge: str | None) -> dict[str, Any]:
+async def measure(name: str, spec: LearningRun, root: Path, trained_judges: dict[str, str | None]) -> dict[str, Any]:
     """Train `spec` on a fresh run under `root`; its held-out scores at the first and last step."""
     commands = load_environment(spec.env)
     options = dict(spec.options)
     if spec.trained_judge:
+        trained_judge = trained_judges[spec.trained_judge]
         if trained_judge is None:
+            option = "--trained-judge" if spec.trained_judge == "ruler" else "--trained-rubric-judge"
+            kind = "" if spec.trained_judge == "ruler" else " --kind rubric"
             raise SystemExit(
-                f"{name} is judged by a trained judge: give --trained-judge RUN_FOLDER (agentrl judge train)"
+                f"{name} is judged by a trained judge: give {option} RUN_FOLDER (agentrl judge train{kind})"
             )
         options["judge"] = f"run:{Path(trained_judge).resolve()}"
     summary = await commands.run("cpu", None, None, name=name, base_path=str(root), **options)
@@ -200,6 +218,7 @@ async def measure(name: str, spec: LearningRun, root: Path, trained_judge: str |
         "env": spec.env,
         "training_reward": spec.training_reward,
         "scores": scores,
+        **({"signal": rubric_signal.signal(run_dir)} if spec.env == "rubric" else {}),
         "steps": summary.end_step - summary.start_step,
         **trained_context(run_dir),
         "wall_s": summary.seconds,
@@ -262,15 +281,23 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", choices=sorted(RUNS), help="runs to (re)do; default: all")
     parser.add_argument("--table-only", action="store_true", help="rewrite the docs table from the saved results")
     parser.add_argument(
-        "--trained-judge", default=None, help="a judge run folder (agentrl judge train) for the *-trained-judge runs"
+        "--trained-judge",
+        default=None,
+        help="a RULER judge's run folder (agentrl judge train) for *-ruler-trained-judge",
+    )
+    parser.add_argument(
+        "--trained-rubric-judge",
+        default=None,
+        help="a rubric judge's run folder (agentrl judge train --kind rubric) for rubric-rubric-trained-judge",
     )
     args = parser.parse_args()
     results: dict[str, Any] = json.loads(LEARNING_RESULTS.read_text()) if LEARNING_RESULTS.exists() else {}
     if not args.table_only:
         root = cache_dir() / "learning-runs" / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        for name in args.only or [n for n, run in RUNS.items() if args.trained_judge or not run.trained_judge]:
+        judges = {"ruler": args.trained_judge, "rubric": args.trained_rubric_judge}
+        for name in args.only or [n for n, run in RUNS.items() if not run.trained_judge or judges[run.trained_judge]]:
             print(f"\n=== {name} (runs under {root}) ===")
-            results[name] = asyncio.run(measure(name, RUNS[name], root, args.trained_judge))
+            results[name] = asyncio.run(measure(name, RUNS[name], root, judges))
             write_json_atomic(LEARNING_RESULTS, results)  # each finished run is kept, whatever follows
     text = table(results)
     print(text)

@@ -69,16 +69,14 @@ def judge_option(
 ) -> JudgeModel | None:
     """The command line's --judge: a litellm model id as given, `run:NAME` a judge trained with
     `agentrl judge train` (a `TrainableModel` that `train_and_evaluate` registers beside the policy),
-    None the base model. A trained judge learned RULER's task, so it judges RULER rewards only (`ruler`),
-    read the way it was trained to answer (`readout`, else a ConfigurationError naming the fix)."""
+    None the base model. A trained judge judges what it learned: RULER's task for a RULER reward (`ruler`),
+    a rubric's Yes or No (`--kind rubric`) for the rubric reward; read the way it was trained to answer
+    (`readout`); anything else is a ConfigurationError naming the fix."""
     if judge is None or not judge.startswith(RUN_PREFIX):
         return judge
-    if not ruler:
-        raise ValueError(
-            f"--judge {judge}: a judge trained with `agentrl judge train` learned RULER's task (ranking a group); "
-            "use it with a RULER reward (--reward ruler)"
-        )
-    return trained_judge(judge, base_path=base_path, base_model=base_model, readout=readout)
+    return trained_judge(
+        judge, base_path=base_path, base_model=base_model, readout=readout, kind="ruler" if ruler else "rubric"
+    )
 
 
 def judge_for(model: agentrl.TrainableModel, judge: JudgeModel | None) -> JudgeModel:

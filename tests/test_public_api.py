@@ -61,6 +61,8 @@ EXPECTED = {
     "check_judge",
     "train_judge",
     "train_judge_rl",
+    "train_verdict_judge",
+    "VerdictExample",
     "judge_rubrics",
     "load_rubric_tasks",
     "rubric_rollout",

@@ -172,7 +172,14 @@ def judge_examples(
 @judge_app.command("train")
 def judge_train(
     name: str = typer.Argument(..., help="the judge's run name (under PROJECT, 'judges'); an existing run trains on"),
-    examples: str = typer.Option(..., help="JSONL of labelled judge examples (agentrl.judges.examples.JudgeExample)"),
+    examples: str = typer.Option(
+        ...,
+        help="JSONL of labelled examples: judge examples (agentrl.judges.examples.JudgeExample) for --kind ruler, "
+        "verdict examples (agentrl.judges.verdict_training.VerdictExample) for --kind rubric",
+    ),
+    kind: str = typer.Option(
+        "ruler", help="ruler (rank a group: --reward ruler) or rubric (one rubric's Yes or No: --reward rubric)"
+    ),
     held_out: str | None = typer.Option(None, help="JSONL of held-out examples: the judge is checked before and after"),
     project: str = typer.Option("judges", help="the judge run's project"),
     base_model: str = typer.Option(
@@ -191,23 +198,20 @@ def judge_train(
     readout: str = READOUT_OPTION,
     base_path: str = typer.Option(DEFAULT_BASE_PATH, help="root folder of runs"),
 ) -> None:
-    """Train a RULER judge on labelled examples (SFT, then optionally RL on agreement), on a local backend,
-    checking it on held-out examples before and after; judge with it by `--judge run:NAME`."""
+    """Train a RULER judge (or, with --kind rubric, a rubric judge) on labelled examples (SFT, then optionally
+    RL on agreement), on a local backend, checking it on held-out examples before and after; judge with it by
+    `--judge run:NAME`."""
     from agentrl.judges.examples import load_examples
-    from agentrl.judges.readout import READOUTS, refuse_json_settings
+    from agentrl.judges.verdict_training import load_verdict_examples
 
-    if readout not in READOUTS:
-        raise typer.BadParameter(f"--readout must be one of: {', '.join(READOUTS)}")
-    try:
-        refuse_json_settings(readout, **{"--orders": orders, "--max-tokens": max_tokens})
-    except ConfigurationError as error:
-        raise typer.BadParameter(str(error)) from error
+    _check_train_options(kind, readout, rl_steps, orders=orders, max_tokens=max_tokens)
     for path in [examples, held_out]:
         if path is not None and not Path(path).is_file():
-            raise typer.BadParameter(f"no examples file at {path} (JSONL, one judge example a line)")
+            raise typer.BadParameter(f"no examples file at {path} (JSONL, one example a line)")
+    load = load_verdict_examples if kind == "rubric" else load_examples
     try:
-        train_examples = load_examples(examples)
-        check_examples = load_examples(held_out) if held_out is not None else []
+        train_examples: list[Any] = load(examples)
+        check_examples: list[Any] = load(held_out) if held_out is not None else []
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
     if not train_examples:
@@ -231,8 +235,28 @@ def judge_train(
                 rl_learning_rate=rl_learning_rate,
                 max_tokens=max_tokens,
                 readout=readout,
+                kind=kind,
             )
         )
+    except ConfigurationError as error:
+        raise typer.BadParameter(str(error)) from error
+
+
+def _check_train_options(kind: str, readout: str, rl_steps: int, **json_settings: int | None) -> None:
+    """`judge train`'s options that cannot go together, refused with the fix."""
+    from agentrl.judges.readout import READOUTS, refuse_json_settings
+
+    if readout not in READOUTS:
+        raise typer.BadParameter(f"--readout must be one of: {', '.join(READOUTS)}")
+    if kind not in ("ruler", "rubric"):
+        raise typer.BadParameter(f"--kind must be ruler or rubric, got {kind!r}")
+    if kind == "rubric" and (readout != "probabilities" or rl_steps):
+        raise typer.BadParameter(
+            "a rubric judge is trained by SFT on its one-token verdict and read from probabilities: "
+            "leave --readout and --rl-steps unset with --kind rubric"
+        )
+    try:
+        refuse_json_settings(readout, **{f"--{k.replace('_', '-')}": v for k, v in json_settings.items()})
     except ConfigurationError as error:
         raise typer.BadParameter(str(error)) from error
 
@@ -249,6 +273,7 @@ async def _train_judge(
     import agentrl
     from agentrl.judges.check import check_judge
     from agentrl.judges.training import JUDGE_PROJECT, RUN_PREFIX, train_judge, train_judge_rl
+    from agentrl.judges.verdict_training import train_verdict_judge, verdict_accuracy
 
     judge = agentrl.TrainableModel(name=name, project=project, base_model=base_model, base_path=base_path)
     backend = agentrl.LocalBackend()
@@ -260,7 +285,14 @@ async def _train_judge(
     }
 
     async def held_out(when: str) -> None:
-        if check_examples:
+        if check_examples and settings["kind"] == "rubric":
+            found = await verdict_accuracy(judge, check_examples)
+            typer.echo(
+                f"held-out {when} (step {await judge.get_step()}): verdict accuracy {found['accuracy']:.2f} over "
+                f"{found['n']:.0f} (passing {found['accuracy_passing']:.2f}, failing {found['accuracy_failing']:.2f}; "
+                f"mean P(Yes) {found['p_yes_passing']:.2f} passing, {found['p_yes_failing']:.2f} failing)"
+            )
+        elif check_examples:
             report = await check_judge([e.group() for e in check_examples], judge, **check)
             accuracy = report.pairwise_accuracy
             typer.echo(
@@ -274,8 +306,12 @@ async def _train_judge(
         await held_out("before")
         if settings["epochs"]:
             config = agentrl.SFTConfig(epochs=settings["epochs"], learning_rate=settings["learning_rate"])
-            result = await train_judge(
-                judge, train_examples, config, orders=settings["orders"], readout=settings["readout"]
+            result = (
+                await train_verdict_judge(judge, train_examples, config)
+                if settings["kind"] == "rubric"
+                else await train_judge(
+                    judge, train_examples, config, orders=settings["orders"], readout=settings["readout"]
+                )
             )
             typer.echo(f"SFT -> step {result.step}, loss {result.metrics.get('sft_loss', float('nan')):.4f}")
         if settings["rl_steps"]:
@@ -296,6 +332,7 @@ async def _train_judge(
         await backend.close()
     spec = name if project == JUDGE_PROJECT else f"{project}/{name}"
     typer.echo(
-        f"judge run: {judge.run_dir.resolve()}\njudge with it: agentrl train ... --reward ruler --judge {RUN_PREFIX}{spec}"
+        f"judge run: {judge.run_dir.resolve()}\njudge with it: agentrl train ... --reward {settings['kind']} "
+        f"--judge {RUN_PREFIX}{spec}"
         + (f" --judge-readout {settings['readout']}" if settings["readout"] != "probabilities" else "")
     )

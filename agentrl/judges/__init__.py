@@ -8,6 +8,7 @@ from agentrl.judges.examples import JudgeExample
 from agentrl.judges.rubric import RubricJudgement, RubricTask, judge_rubrics, load_rubric_tasks, rubric_rollout
 from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler, ruler_score_group
 from agentrl.judges.training import train_judge, train_judge_rl
+from agentrl.judges.verdict_training import VerdictExample, train_verdict_judge
 
 __all__ = [
     "DEFAULT_RUBRIC",
@@ -18,6 +19,7 @@ __all__ = [
     "RubricJudgement",
     "RubricTask",
     "RulerResult",
+    "VerdictExample",
     "check_judge",
     "judge_rubrics",
     "load_rubric_tasks",
@@ -26,4 +28,5 @@ __all__ = [
     "ruler_score_group",
     "train_judge",
     "train_judge_rl",
+    "train_verdict_judge",
 ]

@@ -38,12 +38,13 @@ def better_answer(example: JudgeExample, first: int, second: int) -> str:
     return ANSWERS[0] if example.labels[first] > example.labels[second] else ANSWERS[1]
 
 
-async def decision_choices(judge: TrainableModel) -> dict[str, Choice]:
-    """Each answer token as the judge's server samples it (decoding forced to that answer, one token), so a
+async def decision_choices(judge: TrainableModel, answers: tuple[str, ...] = ANSWERS) -> dict[str, Choice]:
+    """Each of `answers` (A and B; Yes and No for a rubric judge) as the judge's server samples it (decoding
+    forced to that answer, one token), so a
     demonstration carries exactly the token id the judge emits, and the loss falls on it alone. A ConfigurationError
     when an answer is not one token of the judge's tokenizer (its probability could not be read from one token)."""
     found = {}
-    for answer in ANSWERS:
+    for answer in answers:
         completion = await judge.openai_client().chat.completions.create(
             model=judge.inference_name,
             messages=[{"role": "user", "content": f"Answer {answer}."}],

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from agentrl.errors import ConfigurationError
 from agentrl.files import write_text_atomic
@@ -50,25 +50,37 @@ JUDGE_PROJECT = "judges"
 RUN_PREFIX = "run:"
 """`--judge run:NAME` (or run:PROJECT/NAME): a judge trained with agentrl."""
 READOUT_RECORD = "judge.json"
-"""In a judge's run folder: how it was trained to answer ({"readout": ...}), so it is read the same way."""
+"""In a judge's run folder: how it was trained to answer ({"readout": ..., "kind": ...}), so it is read the same way."""
+JudgeKind = Literal["ruler", "rubric"]
+"""What a trained judge learned: RULER's task (ranking a group, `--reward ruler`) or a rubric judge's
+(one rubric's Yes or No about one response, `--reward rubric`; `agentrl.judges.verdict_training`)."""
 
 
-def record_readout(judge: TrainableModel, readout: Readout) -> None:
-    """Note in the judge's run folder how it is trained to answer; a judge trained both ways is refused."""
+def record_readout(judge: TrainableModel, readout: Readout, kind: JudgeKind = "ruler") -> None:
+    """Note in the judge's run folder how it is trained to answer and what it judges; a judge trained two ways
+    is refused."""
     path = judge.run_dir / READOUT_RECORD
-    before = recorded_readout(judge.run_dir) if path.exists() else readout
-    if before != readout:
+    before = (recorded_readout(judge.run_dir), recorded_kind(judge.run_dir)) if path.exists() else (readout, kind)
+    if before != (readout, kind):
         raise ConfigurationError(
-            f"judge {judge.project}/{judge.name} was trained to answer with readout={before!r}; train it on "
-            f"with readout={before!r}, or train a new judge (another name) with readout={readout!r}"
+            f"judge {judge.project}/{judge.name} was trained as a {before[1]} judge answering with readout="
+            f"{before[0]!r}; train it on that way, or train a new judge (another name) as a {kind} judge with "
+            f"readout={readout!r}"
         )
-    write_text_atomic(path, json.dumps({"readout": readout}) + "\n")
+    write_text_atomic(path, json.dumps({"readout": readout, "kind": kind}) + "\n")
 
 
 def recorded_readout(run_path: Path) -> Readout:
     """How the judge in `run_path` was trained to answer ("json" for judges from before agentrl recorded it)."""
     path = run_path / READOUT_RECORD
     return check_readout(json.loads(path.read_text())["readout"]) if path.exists() else "json"
+
+
+def recorded_kind(run_path: Path) -> JudgeKind:
+    """What the judge in `run_path` learned to judge ("ruler" for judges from before agentrl recorded it)."""
+    path = run_path / READOUT_RECORD
+    kind = json.loads(path.read_text()).get("kind", "ruler") if path.exists() else "ruler"
+    return cast(JudgeKind, kind)
 
 
 def judgement_history(example: JudgeExample, order: list[int]) -> History:
@@ -271,13 +283,24 @@ def check_same_readout(info: RunInfo, readout: Readout) -> None:
         )
 
 
+def check_same_kind(info: RunInfo, kind: JudgeKind) -> None:
+    """A judge judges the task it learned; ConfigurationError naming the reward that fits it otherwise."""
+    trained = recorded_kind(info.path)
+    if trained != kind:
+        raise ConfigurationError(
+            f"judge run {info.label} was trained as a {trained} judge and is asked to judge as a {kind} judge: "
+            f"use it with --reward {trained}, or train a {kind} judge (agentrl judge train NAME --kind {kind})"
+        )
+
+
 def trained_judge(
-    spec: str, *, base_path: str | Path, base_model: str, readout: Readout | None = None
+    spec: str, *, base_path: str | Path, base_model: str, readout: Readout | None = None, kind: JudgeKind = "ruler"
 ) -> TrainableModel:
     """The judge `--judge run:NAME` names (run:PROJECT/NAME; project "judges" by default): its run as a
     `TrainableModel` with the adapter's own shape. Register it on the policy's backend, where it is
     served at its latest checkpoint; nothing trains it there, so its judgements stay those it was checked at.
-    Given `readout`, a judge trained to answer another way is refused (`check_same_readout`)."""
+    Given `readout`, a judge trained to answer another way is refused (`check_same_readout`), and one trained
+    for another `kind` of judgement always (`check_same_kind`)."""
     from agentrl.config import LoRAConfig
     from agentrl.model import TrainableModel
 
@@ -285,6 +308,7 @@ def trained_judge(
     check_same_base_model(info, adapter, base_model)
     if readout is not None:
         check_same_readout(info, readout)
+    check_same_kind(info, kind)
     lora = LoRAConfig(
         rank=int(adapter["r"]),
         alpha=int(adapter["lora_alpha"]),

@@ -35,17 +35,21 @@ class Preset:
     group_size: int
     learning_rate: float
     test_tasks: int
+    test_samples: int = 1
+    """Answers per held-out task: their mean per task makes the paired difference's noise smaller."""
+    temperature: float = 1.0
 
 
 PRESETS = {
     "cpu": Preset(
         "smollm2-135m-instruct",
         max_tokens=96,
-        steps=8,
-        groups_per_step=4,
-        group_size=4,
-        learning_rate=2e-4,
+        steps=40,
+        groups_per_step=8,
+        group_size=4,  # RULER reads a group of n by its n(n-1) ordered pairs: 4 keeps a judged step near a checked one
+        learning_rate=5e-4,
         test_tasks=40,
+        test_samples=3,
     ),
     "gpu": Preset(
         "Qwen/Qwen2.5-3B-Instruct",
@@ -73,9 +77,13 @@ async def rollout(
     wording: str = "train",
     max_tokens: int = 96,
     temperature: float = 1.0,
+    reward_from_checks: bool = False,
+    readout: Readout = "json",
 ) -> agentrl.Trajectory:
     """Answer `task`; with `judge`, reward = its pass rate on the rubrics (`wording` "eval": the reworded
-    ones). A judge that cannot answer raises JudgeError: the sample is skipped and counted, never scored."""
+    ones). A judge that cannot answer raises JudgeError: the sample is skipped and counted, never scored.
+    `reward_from_checks`: reward = the code-checked pass rate instead (the ceiling a judge is measured against).
+    `readout="probabilities"`: each rubric asked alone, the pass rate the mean P(Yes) (a trained rubric judge's way)."""
     trajectory = agentrl.Trajectory(
         messages_and_choices=[{"role": "user", "content": task.prompt}], metadata={"task_id": task.task_id}
     )
@@ -91,14 +99,24 @@ async def rollout(
     checked = checked_pass_rate(task, response)
     if checked is not None:
         trajectory.metrics["independent_reward"] = checked
+    if reward_from_checks:
+        if checked is None:
+            raise agentrl.ConfigurationError(
+                f"task {task.task_id} has no code checks: reward 'checked' needs a check on some rubric of every task"
+            )
+        trajectory.reward = checked
+        return trajectory
     if judge is None:  # RULER scores the group later; until then no reward exists
         return trajectory
     rubrics = task.eval_rubrics if wording == "eval" and task.eval_rubrics else task.rubrics
-    judgement = await agentrl.judge_rubrics(task.prompt, response, rubrics, judge, extra_litellm_params=JUDGE_PARAMS)
-    audit = await audit_rubrics(
-        task.prompt, response, judgement, judge, DEFAULT_AUDIT, extra_litellm_params=JUDGE_PARAMS
-    )  # a quarter of the answers judged again with the rubrics reordered: measured, never rewarded
-    trajectory.metrics.update(audit)
+    judgement = await agentrl.judge_rubrics(
+        task.prompt, response, rubrics, judge, extra_litellm_params=JUDGE_PARAMS, readout=readout
+    )
+    if readout == "json":  # a quarter of the answers judged again with the rubrics reordered: measured, never
+        audit = await audit_rubrics(  # rewarded (read from probabilities, each rubric is asked alone: no order)
+            task.prompt, response, judgement, judge, DEFAULT_AUDIT, extra_litellm_params=JUDGE_PARAMS
+        )
+        trajectory.metrics.update(audit)
     trajectory.reward = judgement.pass_rate
     trajectory.metrics["pass_rate"] = judgement.pass_rate
     for index, verdict in enumerate(judgement.verdicts, start=1):
@@ -148,9 +166,13 @@ def ruler_rewards(
 async def evaluate(
     model: agentrl.Model, tasks: list[InstructionTask], judge: JudgeModel, preset: Preset
 ) -> list[agentrl.Trajectory]:
-    """One answer per held-out task, graded with the reworded rubrics where the tasks have them."""
+    """`preset.test_samples` answers per held-out task, graded with the reworded rubrics where the tasks have them."""
     return await agentrl.gather_trajectories(
-        (rollout(model, t, judge=judge, wording="eval", max_tokens=preset.max_tokens) for t in tasks),
+        (
+            rollout(model, t, judge=judge, wording="eval", max_tokens=preset.max_tokens, temperature=preset.temperature)
+            for t in tasks
+            for _ in range(preset.test_samples)
+        ),
         max_exception_rate=0.5,  # a small judge fails some calls; counted, not scored (more than half: raise)
         desc=f"eval {model.inference_name}",
     )

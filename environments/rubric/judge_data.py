@@ -6,20 +6,25 @@ The packaged base model answers every task `--answers` times (temperature 1, as 
 each answer's label is its code-checked pass rate, the check the judge never sees. A task whose
 answers all pass alike teaches no ordering and is left out. The judge is asked with the task's
 rubrics, as `--reward ruler` asks it. Writes data/judge_train.jsonl (from the train tasks) and
-data/judge_test.jsonl (from the held-out tasks, to check a judge with `--held-out`).
+data/judge_test.jsonl (from the held-out tasks, to check a judge with `--held-out`), and from the same
+answers the rubric judge's data (`agentrl judge train --kind rubric`): data/verdict_{train,test}.jsonl, one
+line per answer and code-checkable rubric, labelled by that rubric's check (balanced: as many passing as failing). `--verdicts-only` rewrites
+those two from the judge files already there, sampling nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import tempfile
 
 import agentrl
-from agentrl.judges.examples import JudgeExample, examples_from_groups, write_examples
+from agentrl.judges.examples import JudgeExample, examples_from_groups, load_examples, write_examples
+from agentrl.judges.verdict_training import VerdictExample, write_verdict_examples
 
 from .env import load_tasks, rollout, task_rubric
-from .tasks import DATA, InstructionTask
+from .tasks import DATA, InstructionTask, passes
 
 
 async def labelled_examples(
@@ -39,6 +44,57 @@ async def labelled_examples(
     return examples
 
 
+def verdict_examples(examples: list[JudgeExample], tasks: list[InstructionTask]) -> list[VerdictExample]:
+    """Each answer of each judge example, once per code-checkable rubric of its task (the training wording),
+    labelled by that rubric's check."""
+    by_id = {t.task_id: t for t in tasks}
+    verdicts = []
+    for example in examples:
+        task = by_id[example.source.rsplit(" ", 1)[-1]]
+        for number, messages in enumerate(example.message_lists):
+            response = str(messages[-1].get("content") or "")
+            for rubric, check in zip(task.rubrics, task.checks or []):
+                if check is not None:
+                    verdicts.append(
+                        VerdictExample(
+                            prompt=task.prompt,
+                            response=response,
+                            rubric=rubric,
+                            passed=passes(check, response),
+                            source=f"{example.source} answer {number + 1}",
+                        )
+                    )
+    return verdicts
+
+
+VERDICTS_PER_LABEL = {"train": 400, "test": 150}
+"""Verdicts kept per label (passing, failing) and split: balanced, so a judge that always answers one way
+scores 0.5, and small enough for one SFT epoch in minutes on a CPU."""
+
+
+def balanced(verdicts: list[VerdictExample], per_label: int, seed: int = 0) -> list[VerdictExample]:
+    """`per_label` passing and as many failing verdicts (fewer where fewer exist), drawn with `seed`, in file order."""
+    rng = random.Random(seed)
+    kept: set[int] = set()
+    for label in (True, False):
+        indices = [k for k, v in enumerate(verdicts) if v.passed == label]
+        kept.update(rng.sample(indices, min(per_label, len(indices))))
+    return [v for k, v in enumerate(verdicts) if k in kept]
+
+
+def write_verdicts() -> dict[str, int]:
+    """data/verdict_{split}.jsonl from data/judge_{split}.jsonl, balanced (`VERDICTS_PER_LABEL`)."""
+    written = {}
+    for split in ("train", "test"):
+        every = verdict_examples(load_examples(DATA / f"judge_{split}.jsonl"), load_tasks(split=split))
+        verdicts = balanced(every, VERDICTS_PER_LABEL[split])
+        write_verdict_examples(DATA / f"verdict_{split}.jsonl", verdicts)
+        written[split] = len(verdicts)
+        passed = sum(v.passed for v in verdicts)
+        print(f"{split}: {len(verdicts)} verdicts ({passed} passing) -> {DATA / f'verdict_{split}.jsonl'}")
+    return written
+
+
 async def make(answers: int, max_tokens: int) -> dict[str, int]:
     written = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,6 +111,7 @@ async def make(answers: int, max_tokens: int) -> dict[str, int]:
                 print(f"{split}: {len(examples)} examples from {len(tasks)} tasks -> {DATA / f'judge_{split}.jsonl'}")
         finally:
             await backend.close()
+    write_verdicts()
     return written
 
 
@@ -62,8 +119,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--answers", type=int, default=4, help="sampled answers per task")
     parser.add_argument("--max-tokens", type=int, default=96, help="as the CPU preset trains")
+    parser.add_argument("--verdicts-only", action="store_true", help="rewrite the verdict files only, sampling nothing")
     args = parser.parse_args()
-    asyncio.run(make(args.answers, args.max_tokens))
+    if args.verdicts_only:
+        write_verdicts()
+    else:
+        asyncio.run(make(args.answers, args.max_tokens))
 
 
 if __name__ == "__main__":

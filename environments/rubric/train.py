@@ -1,10 +1,11 @@
 """Train instruction following with a judge as the only reward.
 
-.venv/bin/agentrl train rubric [--preset cpu|gpu] [--steps N] [--reward rubric|ruler|ruler-generic] [--judge MODEL] [--tasks FILE]
+.venv/bin/agentrl train rubric [--preset cpu|gpu] [--steps N] [--reward rubric|ruler|ruler-generic|checked] [--judge MODEL] [--tasks FILE]
 
 Rewards: `rubric` (one judge call per answer checks all its rubrics; reward = pass rate), `ruler`
 (RULER ranks each group, given the task's rubrics as its rubric), `ruler-generic` (RULER with its
-default rubric: the judge sees only the task). The judge is a litellm model id, or by default the
+default rubric: the judge sees only the task), `checked` (the code-checked pass rate itself: no judge in
+training, the ceiling the judged rewards are measured against; every task needs a code check). The judge is a litellm model id, or by default the
 untrained base model on the run's own server. Held-out evaluation grades each answer with the
 rubrics reworded (`eval_rubrics`, where the task file has them), so the policy is not graded by the
 exact prompt it trained against; the code-checked pass rate (`independent_reward`) is reported beside it.
@@ -28,7 +29,8 @@ from ..training import (
 from .env import PRESETS, evaluate, load_tasks, rollout, ruler_rewards
 from .tasks import InstructionTask
 
-REWARDS = ("rubric", "ruler", "ruler-generic")
+REWARDS = ("rubric", "ruler", "ruler-generic", "checked")
+JUDGED_REWARDS = REWARDS[:3]
 
 
 def splits(tasks_file: str | None) -> tuple[list[InstructionTask], list[InstructionTask]]:
@@ -62,11 +64,17 @@ async def run(
     train, test = splits(tasks)
     test = test[: test_tasks or preset.test_tasks]
     by_id = {t.task_id: t for t in train}
+    unchecked = [t.task_id for t in train if reward == "checked" and not any(t.checks or [])]
+    if unchecked:
+        raise agentrl.ConfigurationError(
+            f"--reward checked: {len(unchecked)} training task(s) have no code check ({', '.join(unchecked[:3])}...); "
+            "give every task a `checks` entry or train with --reward rubric or ruler"
+        )
     model = agentrl.TrainableModel(name=name, project="rubric", base_model=preset.base_model, base_path=base_path)
     judge_model = judge_option(
         judge, base_path=base_path, base_model=preset.base_model, ruler=reward != "rubric", readout=judge_readout
     )
-    # A trained judge ranks groups only; held-out answers are then graded as in every other run (the base model).
+    # A trained judge rewards training only; held-out answers are graded as in every other run (the base model).
     grader = None if isinstance(judge_model, agentrl.TrainableModel) else judge_model
 
     async def held_out(m: agentrl.Model) -> list[agentrl.Trajectory]:
@@ -75,7 +83,16 @@ async def run(
     def make_group(model: agentrl.TrainableModel, task: InstructionTask) -> agentrl.TrajectoryGroup:
         rubric_judge = judge_for(model, judge_model) if reward == "rubric" else None
         return agentrl.TrajectoryGroup(
-            rollout(model, task, judge=rubric_judge, max_tokens=preset.max_tokens) for _ in range(preset.group_size)
+            rollout(
+                model,
+                task,
+                judge=rubric_judge,
+                max_tokens=preset.max_tokens,
+                temperature=preset.temperature,
+                reward_from_checks=reward == "checked",
+                readout=judge_readout,
+            )
+            for _ in range(preset.group_size)
         )
 
     print(
@@ -91,7 +108,7 @@ async def run(
         config=agentrl.TrainConfig(learning_rate=preset.learning_rate),
         max_exception_rate=0.25,  # a small judge fails some calls: those samples are skipped and counted
         after_each=None
-        if reward == "rubric"
+        if reward in ("rubric", "checked")
         else ruler_rewards(model, judge_model, by_id, with_rubrics=reward == "ruler", readout=judge_readout),
         max_steps_off_policy=max_steps_off_policy,
         judge=judge_model,
@@ -108,6 +125,11 @@ async def evaluate_run(
 
 
 COMMANDS = agentrl.EnvironmentCommands(
-    run=run, evaluate_run=evaluate_run, default_name="rubric", rewards=REWARDS, judged_rewards=REWARDS, takes_tasks=True
+    run=run,
+    evaluate_run=evaluate_run,
+    default_name="rubric",
+    rewards=REWARDS,
+    judged_rewards=JUDGED_REWARDS,
+    takes_tasks=True,
 )
 """What `agentrl train|eval` finds through this package's "agentrl.environments" entry point."""

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -12,7 +13,7 @@ from agentrl.records.tracking import read_metrics, write_trajectories
 from agentrl_environments.rubric.env import evaluate, load_tasks, rollout, ruler_rewards
 from agentrl_environments.rubric.generate import generate
 from agentrl_environments.rubric.tasks import Check, InstructionTask, checked_pass_rate, passes, sentences
-from agentrl_environments.rubric.train import PRESETS, splits
+from agentrl_environments.rubric.train import PRESETS, run, splits
 from agentrl_environments.training import judge_for
 from tests.fake_openai import FakeOpenAI
 from tests.helpers import flat
@@ -76,6 +77,16 @@ def test_cli_options_for_tasks_and_judges_are_checked(tmp_path):
     assert result.exit_code != 0 and "rubric, ruler, ruler-generic" in flat(result.output)
 
 
+async def test_the_checked_reward_needs_a_code_check_on_every_task(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    rows = [{"task_id": f"m{i}", "prompt": f"Say hi to person {i}.", "rubrics": ["Says hi."]} for i in range(10)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(agentrl.ConfigurationError, match=r"--reward checked: 8 training task\(s\) have no code check"):
+        await run(reward="checked", tasks=str(path), base_path=str(tmp_path))
+    result = CliRunner().invoke(app, ["train", "rubric", "--reward", "checked", "--judge", "openai/o4-mini"])
+    assert result.exit_code != 0 and "--judge needs --reward rubric or --reward ruler" in flat(result.output)
+
+
 def test_judge_check_command_on_a_recorded_run_with_a_priced_api_stand_in(tmp_path, monkeypatch):
     """`agentrl judge check` end to end; the judge is a local server speaking OpenAI's protocol."""
     from tests.helpers import graded_groups
@@ -111,8 +122,12 @@ async def test_rubric_environment_trains_on_judge_rewards_and_the_judge_is_check
         rollout(served_model, tasks[0], judge=judge, max_tokens=48) for _ in range(3)
     )
     ruler_group = agentrl.TrajectoryGroup(rollout(served_model, tasks[1], max_tokens=48) for _ in range(3))
-    (judged_by_rubric,), (judged_by_ruler,) = await asyncio.gather(  # both at once: the server batches them
+    checked_group = agentrl.TrajectoryGroup(
+        rollout(served_model, tasks[1], max_tokens=48, reward_from_checks=True) for _ in range(3)
+    )
+    (judged_by_rubric,), (judged_by_ruler,), (checked,) = await asyncio.gather(  # at once: the server batches
         agentrl.gather_trajectory_groups([rubric_group], max_exception_rate=0.67, show_progress=False),
+        agentrl.gather_trajectory_groups([checked_group], show_progress=False),
         agentrl.gather_trajectory_groups(
             [ruler_group],
             after_each=ruler_rewards(served_model, None, {t.task_id: t for t in tasks}, with_rubrics=True),
@@ -127,11 +142,17 @@ async def test_rubric_environment_trains_on_judge_rewards_and_the_judge_is_check
     for t in judged_by_ruler.trajectories:
         assert t.reward == t.metrics["ruler_score"]
         assert t.metrics["independent_reward"] == checked_pass_rate(tasks[1], t.messages()[-1]["content"] or "")
+    for t in checked.trajectories:  # the ceiling's reward: the code checks themselves, no judge asked
+        assert t.reward == t.metrics["independent_reward"] == checked_pass_rate(tasks[1], t.messages()[-1]["content"])
+        assert "pass_rate" not in t.metrics
     await served_model.train([judged_by_rubric, judged_by_ruler], agentrl.TrainConfig(learning_rate=1e-4))
     record = [r for r in read_metrics(served_model.run_dir) if r["split"] == "train"][-1]  # trained or skipped
     assert "independent_reward" in record  # beside the judge's reward, for reward.png's hacking flag
-    held_out = await evaluate(served_model, load_tasks(split="test")[:2], judge, PRESETS["cpu"])
+    held_out = await evaluate(
+        served_model, load_tasks(split="test")[:2], judge, replace(PRESETS["cpu"], test_samples=2)
+    )
     assert held_out and all("pass_rate" in t.metrics for t in held_out)
+    assert len(held_out) <= 4 and {t.metadata["task_id"] for t in held_out} <= {"tips-077", "reminder-289"}
     report = await agentrl.check_judge(
         [judged_by_ruler], judge, permutations=1, repeats=1, extra_litellm_params={"max_tokens": 1024}
     )

@@ -143,7 +143,7 @@ def test_a_trained_judge_is_named_by_its_run_and_refused_where_it_cannot_judge(t
     with pytest.raises(agentrl.ConfigurationError, match="trained on base model 'smollm2-135m-instruct'.*Qwen"):
         trained_judge("run:fair", base_path=tmp_path, base_model="Qwen/Qwen2.5-3B-Instruct")
     assert judge_option("openai/o4-mini", base_path=str(tmp_path), base_model="m", ruler=False) == "openai/o4-mini"
-    with pytest.raises(ValueError, match="use it with a RULER reward"):
+    with pytest.raises(agentrl.ConfigurationError, match="trained as a ruler judge.*use it with --reward ruler"):
         judge_option("run:fair", base_path=str(tmp_path), base_model="smollm2-135m-instruct", ruler=False)
 
 

@@ -1,0 +1,107 @@
+"""A rubric judge you train: one rubric's verdict on one response, labelled by a check, taught by SFT on
+the one Yes/No token that `judge_rubrics(..., readout="probabilities")` reads (`rubric.verdict_prompt`).
+
+Data: JSONL, one `VerdictExample` a line (task prompt, response, rubric, whether the check passed), e.g.
+every code-checkable rubric of a task's sampled answers. `agentrl judge train NAME --kind rubric` trains
+on it; `--reward rubric --judge run:NAME` then judges with it, read from probabilities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentrl.errors import ConfigurationError
+from agentrl.files import write_text_atomic
+from agentrl.judges.decision_training import decision_choices
+from agentrl.judges.readout import decision_call
+from agentrl.judges.rubric import VERDICTS, verdict_prompt
+from agentrl.judges.training import record_readout
+from agentrl.trajectory import History
+
+if TYPE_CHECKING:
+    from agentrl.config import SFTConfig
+    from agentrl.model import TrainableModel, TrainResult
+
+
+class VerdictExample(BaseModel):
+    """One labelled verdict: a task, one response to it, one rubric, and whether the response passes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1)
+    response: str
+    rubric: str = Field(min_length=1)
+    passed: bool
+    source: str = ""
+    """Where it came from (task, answer), for the record."""
+
+    def messages(self) -> list[dict[str, str]]:
+        return verdict_prompt(self.prompt, self.response, self.rubric)
+
+
+def write_verdict_examples(path: str | Path, examples: list[VerdictExample]) -> Path:
+    """Write verdict examples as JSONL, atomically."""
+    path = Path(path)
+    write_text_atomic(path, "".join(e.model_dump_json() + "\n" for e in examples))
+    return path
+
+
+def load_verdict_examples(path: str | Path) -> list[VerdictExample]:
+    """Read a JSONL of verdict examples; a bad line raises `ConfigurationError` naming its file and line."""
+    examples = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                examples.append(VerdictExample.model_validate_json(line))
+            except ValidationError as error:
+                raise ConfigurationError(f"{path}:{number}: not a verdict example: {error}") from error
+    return examples
+
+
+async def train_verdict_judge(
+    judge: TrainableModel, examples: list[VerdictExample], config: SFTConfig | None = None, *, seed: int = 0
+) -> TrainResult:
+    """SFT a registered judge model on `examples`: each verdict prompt answered by exactly the Yes or No token
+    the judge's server emits (`decision_choices`), the loss on that token alone, shuffled with `seed`."""
+    from agentrl.config import SFTConfig
+
+    if not examples:
+        raise ConfigurationError(
+            "no verdict examples: give a JSONL of VerdictExample lines (prompt, response, rubric, passed)"
+        )
+    record_readout(judge, "probabilities", kind="rubric")
+    choices = await decision_choices(judge, VERDICTS)
+    histories = [
+        History(messages_and_choices=[*e.messages(), choices[VERDICTS[0] if e.passed else VERDICTS[1]]])
+        for e in examples
+    ]
+    random.Random(seed).shuffle(histories)
+    return await judge.train_sft(histories, config or SFTConfig())
+
+
+async def verdict_accuracy(judge: TrainableModel, examples: list[VerdictExample]) -> dict[str, float]:
+    """The judge's verdicts on `examples`, read from probabilities: accuracy, accuracy on the passing and on the
+    failing ones (a judge that always says Yes scores 1 and 0 there), and the mean P(Yes) of each."""
+    calls = await asyncio.gather(*(decision_call(judge, e.messages(), VERDICTS) for e in examples))
+    p_yes = [call.probabilities[VERDICTS[0]] for call in calls]
+    right = [float((p >= 0.5) == e.passed) for p, e in zip(p_yes, examples)]
+    passing = [k for k, e in enumerate(examples) if e.passed]
+    failing = [k for k, e in enumerate(examples) if not e.passed]
+
+    def mean_of(values: list[float], indices: list[int]) -> float:
+        return statistics.fmean(values[k] for k in indices) if indices else float("nan")
+
+    return {
+        "accuracy": statistics.fmean(right),
+        "accuracy_passing": mean_of(right, passing),
+        "accuracy_failing": mean_of(right, failing),
+        "p_yes_passing": mean_of(p_yes, passing),
+        "p_yes_failing": mean_of(p_yes, failing),
+        "n": float(len(examples)),
+    }

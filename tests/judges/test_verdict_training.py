@@ -1,0 +1,88 @@
+"""A rubric judge trained on its one-token verdicts: the shipped data (each code-checkable rubric of the base
+model's answers, labelled by its check), the command's refusals, and on the real server a verdict judge trained
+beside the policy, then rewarding a rubric rollout read from probabilities."""
+
+import json
+
+import pytest
+
+import agentrl
+from agentrl.cli import app
+from agentrl.judges.verdict_training import (
+    VerdictExample,
+    load_verdict_examples,
+    train_verdict_judge,
+    verdict_accuracy,
+    write_verdict_examples,
+)
+from agentrl_environments.rubric.env import load_tasks, rollout
+from agentrl_environments.rubric.tasks import DATA, passes
+from agentrl_environments.training import judge_for, judge_option
+from tests.helpers import flat, runner
+
+
+def test_the_shipped_verdicts_are_each_rubrics_code_check_on_the_judge_datas_answers():
+    tasks = {t.task_id: t for split in ("train", "test") for t in load_tasks(split=split)}
+    for split in ("train", "test"):
+        verdicts = load_verdict_examples(DATA / f"verdict_{split}.jsonl")
+        assert len(verdicts) >= 300 and sum(v.passed for v in verdicts) * 2 == len(verdicts)  # balanced
+        for verdict in verdicts[::20]:
+            task = tasks[verdict.source.split(" answer ")[0].rsplit(" ", 1)[-1]]
+            check = task.checks[task.rubrics.index(verdict.rubric)]
+            assert check is not None and passes(check, verdict.response) == verdict.passed
+    trained = {v.source.split(" answer ")[0] for v in load_verdict_examples(DATA / "verdict_train.jsonl")}
+    assert all(" train " in source for source in trained)
+
+
+def test_verdict_files_name_a_bad_line_and_the_train_command_refuses_what_a_rubric_judge_cannot_do(tmp_path):
+    good = VerdictExample(prompt="Say hi.", response="Hi!", rubric="Says hi.", passed=True)
+    path = write_verdict_examples(tmp_path / "v.jsonl", [good, good])
+    assert load_verdict_examples(path) == [good, good]
+    path.write_text(good.model_dump_json() + "\n" + json.dumps({"prompt": "p"}) + "\n")
+    with pytest.raises(agentrl.ConfigurationError, match="v.jsonl:2: not a verdict example"):
+        load_verdict_examples(path)
+    path = write_verdict_examples(tmp_path / "v.jsonl", [good])
+    for extra, says in [
+        (["--rl-steps", "2"], "leave --readout and --rl-steps unset with --kind rubric"),
+        (["--readout", "json"], "leave --readout and --rl-steps unset with --kind rubric"),
+        (["--kind", "pairs"], "--kind must be ruler or rubric"),
+    ]:
+        kind = [] if "--kind" in extra else ["--kind", "rubric"]
+        result = runner.invoke(app, ["judge", "train", "j", "--examples", str(path), *kind, *extra])
+        assert result.exit_code != 0 and says in flat(result.output), result.output
+    ruler_data = DATA / "judge_train.jsonl"  # RULER's examples are not verdicts
+    result = runner.invoke(app, ["judge", "train", "j", "--examples", str(ruler_data), "--kind", "rubric"])
+    assert result.exit_code != 0 and "not a verdict example" in flat(result.output)
+
+
+@pytest.mark.slow
+async def test_a_rubric_judge_trained_on_its_verdicts_rewards_a_rubric_rollout(served_model):
+    judge = agentrl.TrainableModel(name="verdict-judge", project="tests", base_path=str(served_model.base_path))
+    await judge.register(served_model.backend)
+    verdicts = load_verdict_examples(DATA / "verdict_train.jsonl")
+    passing, failing = [v for v in verdicts if v.passed][:32], [v for v in verdicts if not v.passed][:32]
+    held_out = load_verdict_examples(DATA / "verdict_test.jsonl")[:24]
+    before = await verdict_accuracy(judge, held_out)
+    result = await train_verdict_judge(judge, passing + failing, agentrl.SFTConfig(epochs=1, learning_rate=2e-3))
+    assert result.step == 1
+    assert result.metrics["trained_tokens"] == result.metrics["num_sequences"] == 64, "one loss token: the verdict"
+    after = await verdict_accuracy(judge, held_out)
+    print(
+        f"\nverdict judge (64 verdicts, 8 SFT steps): held-out accuracy {before['accuracy']:.2f} -> {after['accuracy']:.2f}"
+    )
+    assert after["n"] == 24 and 0.0 <= after["p_yes_failing"] <= 1.0 and after != before  # the adapter changed
+
+    # `--reward rubric --judge run:tests/verdict-judge` names it; a RULER reward is refused, naming the fix.
+    spec = {"base_path": str(served_model.base_path), "base_model": served_model.base_model}
+    with pytest.raises(agentrl.ConfigurationError, match="trained as a rubric judge.*--reward rubric"):
+        judge_option("run:tests/verdict-judge", ruler=True, **spec)
+    named = judge_option("run:tests/verdict-judge", ruler=False, **spec)
+    assert isinstance(named, agentrl.TrainableModel)
+    await named.register(served_model.backend)
+    task = load_tasks(split="train")[0]
+    trajectory = await rollout(
+        served_model, task, judge=judge_for(served_model, named), max_tokens=48, readout="probabilities"
+    )
+    assert trajectory.reward == trajectory.metrics["pass_rate"] and 0.0 <= trajectory.reward <= 1.0
+    assert len([line for line in trajectory.logs if "read from probabilities" in line]) == len(task.rubrics)
+    assert "judge_audited" not in trajectory.metrics  # each rubric asked alone: no order to audit
