@@ -125,7 +125,7 @@ async def test_rubric_environment_trains_on_judge_rewards_and_the_judge_is_check
     checked_group = agentrl.TrajectoryGroup(
         rollout(served_model, tasks[1], max_tokens=48, reward_from_checks=True) for _ in range(3)
     )
-    (judged_by_rubric,), (judged_by_ruler,), (checked,) = await asyncio.gather(  # at once: the server batches
+    (judged_by_rubric,), (checked,), (judged_by_ruler,) = await asyncio.gather(  # at once: the server batches
         agentrl.gather_trajectory_groups([rubric_group], max_exception_rate=0.67, show_progress=False),
         agentrl.gather_trajectory_groups([checked_group], show_progress=False),
         agentrl.gather_trajectory_groups(

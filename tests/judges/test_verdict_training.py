@@ -65,7 +65,8 @@ async def test_a_rubric_judge_trained_on_its_verdicts_rewards_a_rubric_rollout(s
     before = await verdict_accuracy(judge, held_out)
     result = await train_verdict_judge(judge, passing + failing, agentrl.SFTConfig(epochs=1, learning_rate=2e-3))
     assert result.step == 1
-    assert result.metrics["trained_tokens"] == result.metrics["num_sequences"] == 64, "one loss token: the verdict"
+    # the result carries the last SFT step's metrics: 8 verdicts of the batch, one loss token each
+    assert result.metrics["trained_tokens"] == result.metrics["num_sequences"] == 8, "one loss token: the verdict"
     after = await verdict_accuracy(judge, held_out)
     print(
         f"\nverdict judge (64 verdicts, 8 SFT steps): held-out accuracy {before['accuracy']:.2f} -> {after['accuracy']:.2f}"
