@@ -10,6 +10,12 @@ data/judge_test.jsonl (from the held-out tasks, to check a judge with `--held-ou
 answers the rubric judge's data (`agentrl judge train --kind rubric`): data/verdict_{train,test}.jsonl, one
 line per answer and code-checkable rubric, labelled by that rubric's check (balanced: as many passing as failing). `--verdicts-only` rewrites
 those two from the judge files already there, sampling nothing.
+
+`--from-run RUN_FOLDER` builds the same files from a training run's recorded answers instead of the base
+model's (a policy's answers as training moves them, labelled by the same checks): the recorded train groups
+give data/judge_policy_train.jsonl and data/verdict_policy_train.jsonl, the recorded held-out answers (other
+tasks) data/judge_policy_test.jsonl and data/verdict_policy_test.jsonl. A judge trained on the base model's
+answers never saw the short or reformatted answers a policy drifts to, and a policy finds them.
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ import argparse
 import asyncio
 import random
 import tempfile
+from pathlib import Path
 
 import agentrl
 from agentrl.judges.examples import JudgeExample, examples_from_groups, load_examples, write_examples
 from agentrl.judges.verdict_training import VerdictExample, write_verdict_examples
+from agentrl.records.run_folder import RunFolder
+from agentrl.records.tracking import load_trajectories
 
 from .env import load_tasks, rollout, task_rubric
-from .tasks import DATA, InstructionTask, passes
+from .tasks import DATA, InstructionTask, checked_pass_rate, passes
 
 
 async def labelled_examples(
@@ -95,6 +104,86 @@ def write_verdicts() -> dict[str, int]:
     return written
 
 
+RUN_SPLITS = {"train": "train", "test": "val"}
+"""Which recorded trajectories of a run give each split's data: its training groups, its held-out answers."""
+
+
+def answers_from_run(run_dir: Path, split: str) -> list[tuple[InstructionTask, str, list[agentrl.Trajectory]]]:
+    """The answers `run_dir` recorded (`RUN_SPLITS[split]`), grouped by step and task (a held-out task's
+    answers are recorded one a group), with their task and a source naming both."""
+    tasks = {t.task_id: t for t in load_tasks(split=split) if t.checks}
+    files = RunFolder(run_dir).trajectory_files(RUN_SPLITS[split])
+    if not files:
+        raise agentrl.ConfigurationError(
+            f"{run_dir} has no recorded {RUN_SPLITS[split]} trajectories: name a rubric run's folder "
+            "(benchmarks.learning prints it under 'runs under')"
+        )
+    grouped: dict[tuple[str, str], list[agentrl.Trajectory]] = {}
+    for file in files:
+        for group in load_trajectories(file):
+            for trajectory in group.trajectories:
+                task_id = str(trajectory.metadata.get("task_id"))
+                if task_id in tasks:
+                    grouped.setdefault((file.stem, task_id), []).append(trajectory)
+    return [(tasks[task_id], f"rubric {split} {stem} {task_id}", ts) for (stem, task_id), ts in grouped.items()]
+
+
+def balanced_within_steps(verdicts: list[VerdictExample], per_label: int, seed: int = 0) -> list[VerdictExample]:
+    """As `balanced`, but as many passing as failing verdicts from each recorded step, so that what a step's
+    answers look like (early and long, late and short) says nothing about the label: only the check does."""
+    rng = random.Random(seed)
+    by_step: dict[str, list[int]] = {}
+    for k, v in enumerate(verdicts):
+        by_step.setdefault(v.source.split(" ")[2], []).append(k)
+    pairs: list[tuple[int, int]] = []
+    for indices in by_step.values():
+        passing = [k for k in indices if verdicts[k].passed]
+        failing = [k for k in indices if not verdicts[k].passed]
+        rng.shuffle(passing)
+        rng.shuffle(failing)
+        pairs += zip(passing, failing)
+    kept = {k for pair in rng.sample(pairs, min(per_label, len(pairs))) for k in pair}
+    return [v for k, v in enumerate(verdicts) if k in kept]
+
+
+def answer_of(trajectory: agentrl.Trajectory) -> str:
+    return str(trajectory.messages()[-1].get("content") or "")
+
+
+def write_from_run(run_dir: Path, out_dir: Path = DATA) -> dict[str, int]:
+    """judge_policy_{split}.jsonl (RULER's examples: groups whose answers pass differently) and
+    verdict_policy_{split}.jsonl (every answer and checkable rubric, balanced) in `out_dir` from a run's answers."""
+    written = {}
+    for split in ("train", "test"):
+        examples, verdicts = [], []
+        for task, source, trajectories in answers_from_run(run_dir, split):
+            for trajectory in trajectories:  # the checks, whatever reward the run trained on
+                trajectory.metrics["independent_reward"] = checked_pass_rate(task, answer_of(trajectory)) or 0.0
+            group = agentrl.TrajectoryGroup(trajectories)
+            examples += examples_from_groups([group], rubric=task_rubric(task), source=source)
+            verdicts += [
+                VerdictExample(
+                    prompt=task.prompt,
+                    response=answer_of(t),
+                    rubric=rubric,
+                    passed=passes(check, answer_of(t)),
+                    source=f"{source} answer {number + 1}",
+                )
+                for number, t in enumerate(trajectories)
+                for rubric, check in zip(task.rubrics, task.checks or [])
+                if check is not None
+            ]
+        write_examples(out_dir / f"judge_policy_{split}.jsonl", examples)
+        kept = balanced_within_steps(verdicts, VERDICTS_PER_LABEL[split])
+        write_verdict_examples(out_dir / f"verdict_policy_{split}.jsonl", kept)
+        written[split] = len(kept)
+        print(
+            f"{split}: {len(examples)} RULER examples, {len(kept)} of {len(verdicts)} verdicts "
+            f"({sum(v.passed for v in kept)} passing) from {run_dir} -> {out_dir}/*_policy_{split}.jsonl"
+        )
+    return written
+
+
 async def make(answers: int, max_tokens: int) -> dict[str, int]:
     written = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,8 +209,11 @@ def main() -> None:
     parser.add_argument("--answers", type=int, default=4, help="sampled answers per task")
     parser.add_argument("--max-tokens", type=int, default=96, help="as the CPU preset trains")
     parser.add_argument("--verdicts-only", action="store_true", help="rewrite the verdict files only, sampling nothing")
+    parser.add_argument("--from-run", type=Path, help="a rubric run's folder: the *_policy_* files from its answers")
     args = parser.parse_args()
-    if args.verdicts_only:
+    if args.from_run:
+        write_from_run(args.from_run)
+    elif args.verdicts_only:
         write_verdicts()
     else:
         asyncio.run(make(args.answers, args.max_tokens))

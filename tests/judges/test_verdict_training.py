@@ -8,6 +8,7 @@ import pytest
 
 import agentrl
 from agentrl.cli import app
+from agentrl.judges.examples import load_examples
 from agentrl.judges.verdict_training import (
     VerdictExample,
     load_verdict_examples,
@@ -15,7 +16,9 @@ from agentrl.judges.verdict_training import (
     verdict_accuracy,
     write_verdict_examples,
 )
+from agentrl.records.tracking import write_trajectories
 from agentrl_environments.rubric.env import load_tasks, rollout
+from agentrl_environments.rubric.judge_data import write_from_run
 from agentrl_environments.rubric.tasks import DATA, passes
 from agentrl_environments.training import judge_for, judge_option
 from tests.helpers import flat, runner
@@ -87,3 +90,41 @@ async def test_a_rubric_judge_trained_on_its_verdicts_rewards_a_rubric_rollout(s
     assert trajectory.reward == trajectory.metrics["pass_rate"] and 0.0 <= trajectory.reward <= 1.0
     assert len([line for line in trajectory.logs if "read from probabilities" in line]) == len(task.rubrics)
     assert "judge_audited" not in trajectory.metrics  # each rubric asked alone: no order to audit
+
+
+def test_policy_judge_data_comes_from_a_runs_recorded_answers_balanced_within_each_step(tmp_path):
+    """`judge_data --from-run`: a run's training groups and held-out answers (recorded one a group) become RULER
+    examples and verdicts labelled by the checks, not by the run's reward, with as many passing as failing
+    verdicts from each step; a folder with no records is refused, naming what to pass."""
+    train_task = next(t for t in load_tasks(split="train") if t.task_id == "refund-236")
+    test_task = next(t for t in load_tasks(split="test") if t.task_id == "tips-077")
+
+    def answered(task, text, reward):  # the run's reward is wrong on purpose: the checks label the data
+        messages = [{"role": "user", "content": task.prompt}, {"role": "assistant", "content": text}]
+        return agentrl.Trajectory(messages_and_choices=messages, reward=reward, metadata={"task_id": task.task_id})
+
+    good, bad = "The blender can go back until October 15. Dev", "Sorry, no."
+    run = tmp_path / "run"
+    for step in (1, 2):
+        group = agentrl.TrajectoryGroup([answered(train_task, good, 0.0), answered(train_task, bad, 1.0)])
+        write_trajectories(run, step, "train", [group])
+    bullets = "- one\n- two\n- three\n- four"
+    write_trajectories(
+        run, 0, "val", [agentrl.TrajectoryGroup([answered(test_task, a, 0.0)]) for a in (bullets, "- one")]
+    )
+    written = write_from_run(run, tmp_path)
+    examples = load_examples(tmp_path / "judge_policy_train.jsonl")
+    assert [e.labels for e in examples] == [[1.0, 0.25], [1.0, 0.25]]  # max_words passes for both
+    assert examples[0].source == "rubric train train-0001 refund-236" and "refund deadline" in examples[0].rubric
+    test_examples = load_examples(tmp_path / "judge_policy_test.jsonl")
+    assert [e.labels for e in test_examples] == [[1.0, 0.0]]  # the two held-out answers, grouped by step and task
+    verdicts = load_verdict_examples(tmp_path / "verdict_policy_train.jsonl")
+    for step in ("train-0001", "train-0002"):
+        of_step = [v for v in verdicts if f" {step} " in v.source]
+        assert sum(v.passed for v in of_step) * 2 == len(of_step) == 6  # 3 failing checks a step, 3 of 5 passing
+    for verdict in verdicts:
+        check = train_task.checks[train_task.rubrics.index(verdict.rubric)]
+        assert passes(check, verdict.response) == verdict.passed
+    assert written == {"train": 12, "test": 2}
+    with pytest.raises(agentrl.ConfigurationError, match="no recorded train trajectories.*runs under"):
+        write_from_run(tmp_path / "empty", tmp_path)
