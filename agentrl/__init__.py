@@ -19,6 +19,7 @@ from agentrl.config import (
     TrainConfig,
 )
 from agentrl.dataset import DatasetBatch, iterate_dataset
+from agentrl.distribution import DISTRIBUTION as _DISTRIBUTION
 from agentrl.errors import (
     AgentRLError,
     BackendBrokenError,
@@ -65,7 +66,7 @@ if TYPE_CHECKING:  # the names `_LAZY` loads on first use, for type checkers (ex
     from agentrl.judges.ruler import ruler as ruler  # the function, not its module
 
 try:
-    __version__ = _metadata.version("agentrl")
+    __version__ = _metadata.version(_DISTRIBUTION)
 except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 

@@ -17,6 +17,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
+from agentrl.distribution import install_extra
 from agentrl.errors import AgentRLError
 
 P = ParamSpec("P")
@@ -32,7 +33,7 @@ def enable_weave(project: str) -> None:
     try:
         import weave
     except ImportError as error:
-        raise AgentRLError("Weave tracing needs weave: pip install 'agentrl[wandb]'") from error
+        raise AgentRLError(f"Weave tracing needs weave: {install_extra('wandb')}") from error
     _client = weave.init(project)
 
 

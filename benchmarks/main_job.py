@@ -1,6 +1,8 @@
 """The README's main job, timed: `agentrl train larger-number` from a fresh run folder, its held-out reward before and
 after, and this machine's kind. Each run adds an entry to benchmarks/results/main_job.json; the README's headline
-(the latest run per machine kind), the history table on the benchmarks page and the plot are rendered from it.
+(the latest run per machine kind), the history table on the benchmarks page and the plot are rendered from it. A run
+this script ran also gives the front page its figure: the run's own reward plot (docs/images/main-job-reward.png,
+its sha256 recorded in the entry) and one held-out question before and after, from the run's trajectory files.
 
     .venv/bin/python -m benchmarks.main_job [--setup-s SECONDS] [--note TEXT]   # run the job, record it, render
     .venv/bin/python -m benchmarks.main_job --log JOB.LOG --job-s S [--setup-s S]  # record a job run elsewhere
@@ -13,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +33,9 @@ from benchmarks.step_breakdown import cpu_name, precision_label
 
 RESULTS = ROOT / "benchmarks" / "results" / "main_job.json"
 PLOT = ROOT / "benchmarks" / "results" / "main_job.png"
+FIGURE = ROOT / "docs" / "images" / "main-job-reward.png"
+"""The front page's plot: the latest figure run's own reward.png (README.md and docs/index.md show it)."""
+TRANSCRIPT = ("<!-- benchmark:main_job_transcript:start -->", "<!-- benchmark:main_job_transcript:end -->")
 HEADLINE = ("<!-- benchmark:main_job:start -->", "<!-- benchmark:main_job:end -->")
 HISTORY = ("<!-- benchmark:main_job_history:start -->", "<!-- benchmark:main_job_history:end -->")
 HELD_OUT = re.compile(r"^held-out at step (\d+): reward_mean ([0-9.]+)", re.MULTILINE)
@@ -47,8 +55,8 @@ def commit() -> str:
     return out.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
-def run_job() -> tuple[str, float]:
-    """The job in a fresh temporary run folder; its output and wall time."""
+def run_job() -> tuple[str, float, dict[str, Any]]:
+    """The job in a fresh temporary run folder; its output, wall time and front-page figure (`figure_of`)."""
     with tempfile.TemporaryDirectory(prefix="agentrl-main-job-") as runs:
         started = time.perf_counter()
         done = subprocess.run(
@@ -57,10 +65,79 @@ def run_job() -> tuple[str, float]:
             text=True,
         )
         elapsed = time.perf_counter() - started
-    sys.stdout.write(done.stdout[-2000:])
-    if done.returncode != 0:
-        raise SystemExit(f"the main job failed ({done.returncode}): {done.stderr[-2000:]}")
-    return done.stdout, elapsed
+        sys.stdout.write(done.stdout[-2000:])
+        if done.returncode != 0:
+            raise SystemExit(f"the main job failed ({done.returncode}): {done.stderr[-2000:]}")
+        (plot_file,) = Path(runs).rglob("reward.png")
+        return done.stdout, elapsed, figure_of(plot_file.parent)
+
+
+def figure_of(run_dir: Path) -> dict[str, Any]:
+    """The run's reward plot copied to `FIGURE` (its sha256 kept), and a held-out question before and after
+    training: the first whose reward rose, else the first, as the run's first and last val files recorded it."""
+    from agentrl.records.run_folder import RunFolder
+    from agentrl.records.tracking import load_trajectories
+
+    staged = FIGURE.with_name(FIGURE.name + ".tmp")
+    shutil.copyfile(run_dir / "reward.png", staged)
+    os.replace(staged, FIGURE)  # atomically: the page never shows half a file
+    first, *_, last = RunFolder(run_dir).trajectory_files("val")
+
+    def answers(path: Path) -> dict[str, tuple[str, float]]:
+        found = {}
+        for group in load_trajectories(path):
+            for t in group.trajectories:
+                messages = t.messages()
+                question = next(str(m["content"]) for m in messages if m["role"] == "user")
+                found.setdefault(question, (str(messages[-1].get("content") or "").strip(), t.reward))
+        return found
+
+    before, after = answers(first), answers(last)
+    shared = [q for q in before if q in after]
+    question = next((q for q in shared if after[q][1] > before[q][1]), shared[0])
+    step = lambda path: int(path.stem.split("-")[1])  # noqa: E731  val-0017 -> 17
+    return {
+        "reward_plot_sha256": hashlib.sha256(FIGURE.read_bytes()).hexdigest(),
+        "question": question,
+        "before": {
+            "step": step(first),
+            "file": first.name,
+            "answer": before[question][0],
+            "reward": before[question][1],
+        },
+        "after": {"step": step(last), "file": last.name, "answer": after[question][0], "reward": after[question][1]},
+    }
+
+
+def figure_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest run that recorded a front-page figure: the plot and transcript on the front page are its."""
+    return next((r for r in reversed(runs) if "figure" in r), None)
+
+
+def transcript(run: dict[str, Any]) -> str:
+    """README's before/after block for `run`'s figure, with where it came from."""
+    figure = run["figure"]
+    before, after = figure["before"], figure["after"]
+    width = max(len(f"assistant, step {s['step']}:") for s in (before, after)) + 2
+    lines = [f"{'user:':<{width}}{figure['question']}"]
+    for side in (before, after):
+        lines.append(
+            f"{'assistant, step ' + str(side['step']) + ':':<{width}}{side['answer']}    reward {side['reward']:.1f}"
+        )
+    return "\n".join(
+        [
+            TRANSCRIPT[0],
+            f"The plot is that run's own `reward.png` ({run['kind']} {run['cpu']}, {run.get('commit') or 'n/a'}, "
+            f"{run['date']}: held-out {run['heldout_before']:.3f} -> {run['heldout_after']:.3f}). One held-out "
+            f"question from its trajectory files (`trajectories/{before['file']}` before training, "
+            f"`{after['file']}` after; the HTML transcripts show the same):",
+            "",
+            "```text",
+            *lines,
+            "```",
+            TRANSCRIPT[1],
+        ]
+    )
 
 
 def minutes(seconds: float | None) -> str:
@@ -132,6 +209,8 @@ def plot(runs: list[dict[str, Any]]) -> None:
 
 def render(runs: list[dict[str, Any]]) -> None:
     replace_section(*HEADLINE, headline(runs))
+    if (run := figure_run(runs)) is not None:
+        replace_section(*TRANSCRIPT, transcript(run))
     replace_section(*HISTORY, history(runs))
     plot(runs)
 
@@ -150,9 +229,9 @@ def main() -> None:
         if args.log is not None:
             if args.job_s is None:
                 parser.error("--log needs --job-s")
-            log, job_s = args.log.read_text(), args.job_s
+            log, job_s, figure = args.log.read_text(), args.job_s, None
         else:
-            log, job_s = run_job()
+            log, job_s, figure = run_job()
         before, after = held_out(log)
         run = {
             "kind": precision_label(),
@@ -167,6 +246,8 @@ def main() -> None:
         }
         if args.note:
             run["note"] = args.note
+        if figure is not None:
+            run["figure"] = figure
         results["runs"].append(run)
         write_json_atomic(RESULTS, results)
     render(results["runs"])

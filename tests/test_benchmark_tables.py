@@ -98,3 +98,16 @@ def test_the_history_plots_read_every_recorded_run():
     trl = history.trl_ratios()
     assert {(e["date"], e["speedup_median"]) for e in latest.values()} <= {(d, r) for d, _, r in trl}
     assert {kind for _, kind, _ in [*adapter, *trl]} <= {"bf16", "float32", "kind not recorded"}
+
+
+def test_the_front_page_figure_and_transcript_are_the_recorded_main_job_runs():
+    """README's plot and before/after answers come from one recorded run: the image's bytes are the run's own
+    reward.png (its sha256 in main_job.json) and the transcript is rendered from that entry."""
+    import hashlib
+
+    run = main_job.figure_run(json.loads((RESULTS / "main_job.json").read_text())["runs"])
+    assert run is not None, "no main-job run recorded a figure: .venv/bin/python -m benchmarks.main_job"
+    assert hashlib.sha256(main_job.FIGURE.read_bytes()).hexdigest() == run["figure"]["reward_plot_sha256"]
+    assert main_job.transcript(run) in README
+    assert "](docs/images/main-job-reward.png)" in README
+    assert "](images/main-job-reward.png)" in (ROOT / "docs" / "index.md").read_text()

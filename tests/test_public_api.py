@@ -162,7 +162,7 @@ def test_the_client_imports_without_the_training_backend_and_a_backend_piece_nam
         "    try:\n"
         "        use()\n"
         "    except BackendNotInstalledError as error:\n"
-        "        assert \"pip install 'agentrl[cpu]'\" in str(error) and \"'torch' is not installed\" in str(error), error\n"
+        "        assert \"pip install 'agent-grpo[cpu]'\" in str(error) and \"'torch' is not installed\" in str(error), error\n"
         "    else:\n"
         "        raise AssertionError('LocalBackend loaded without torch')\n"
     )
@@ -178,7 +178,7 @@ def test_the_command_line_without_the_training_backend_names_the_extra_and_docto
     )
     served = subprocess.run([sys.executable, "-c", run, "backend", "serve"], capture_output=True, text=True)
     assert served.returncode == 1
-    assert "pip install 'agentrl[cpu]'" in served.stderr and "Traceback" not in served.stderr
+    assert "pip install 'agent-grpo[cpu]'" in served.stderr and "Traceback" not in served.stderr
     doctor = subprocess.run([sys.executable, "-c", run, "doctor"], capture_output=True, text=True)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "client install" in doctor.stdout

@@ -75,7 +75,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """`LocalBackend` on first use: it needs the training backend (`agentrl[cpu]`), which ART's client API does not."""
+    """`LocalBackend` on first use: it needs the training backend (the `cpu` extra), which ART's client API does not."""
     if name in ("LocalBackend", "LocalTrainResult"):
         from . import local
 

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from agentrl.distribution import install_extra
 from agentrl.errors import ConfigurationError
 from agentrl.records.checkpoints import CHECKPOINT_FILES, INFO_FILE, CheckpointStore
 
@@ -53,7 +54,7 @@ class _Location:
         try:
             import boto3
         except ImportError as error:
-            raise ConfigurationError("s3:// storage needs boto3: pip install 'agentrl[s3]'") from error
+            raise ConfigurationError(f"s3:// storage needs boto3: {install_extra('s3')}") from error
         self.client = boto3.client("s3")
 
     def keys(self, prefix: str) -> Iterator[str]:

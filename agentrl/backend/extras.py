@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from agentrl.distribution import install_extra
+
 BACKEND_PACKAGES = frozenset({"torch", "transformers", "peft", "gguf", "vllm"})
-"""What `agentrl[cpu]` / `agentrl[gpu]` add to a client install (types, gather, judges, RemoteBackend)."""
+"""What the `cpu` / `gpu` extras add to a client install (types, gather, judges, RemoteBackend)."""
 
 
 class BackendNotInstalledError(ImportError):
@@ -24,6 +26,6 @@ def missing_backend_extra(what: str) -> Iterator[None]:
             raise
         raise BackendNotInstalledError(
             f"{what} trains and serves models on this machine, which needs the training backend, and {package!r} "
-            "is not installed: pip install 'agentrl[cpu]' on a CPU machine or 'agentrl[gpu]' on an NVIDIA GPU "
+            f"is not installed: {install_extra('cpu')} on a CPU machine or {install_extra('gpu')} on an NVIDIA GPU "
             "(a client of a RemoteBackend needs neither)"
         ) from error

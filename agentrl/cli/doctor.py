@@ -9,6 +9,7 @@ from types import ModuleType
 import typer
 
 from agentrl.cli.app import app
+from agentrl.distribution import DISTRIBUTION, install_extra
 
 
 @app.command()
@@ -24,12 +25,21 @@ def doctor() -> None:
         problems += not ok
         typer.echo(f"[{'ok' if ok else 'FIX'}] {good if ok else fix}")
 
+    import agentrl
+
+    check(
+        _installed(metadata, DISTRIBUTION) and not _installed(metadata, "agentrl"),
+        f"{DISTRIBUTION} {agentrl.__version__} installed (imported as agentrl)",
+        f"the distribution named `agentrl` is installed beside or instead of {DISTRIBUTION}: it is another project "
+        f"on the package index, or this one under its old name: pip uninstall -y agentrl, then install {DISTRIBUTION}",
+    )
+
     try:
         import torch
     except ModuleNotFoundError:
         typer.echo(
             "[ok] client install: types, rollouts, judges and RemoteBackend work; nothing trains or serves here "
-            "(for that: pip install 'agentrl[cpu]', or 'agentrl[gpu]' on an NVIDIA GPU)"
+            f"(for that: {install_extra('cpu')}, or {install_extra('gpu')} on an NVIDIA GPU)"
         )
         return
 

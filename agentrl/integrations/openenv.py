@@ -1,5 +1,5 @@
 """OpenEnv environments as agentrl rollouts: `reset` gives the scenario, the model's replies become
-`step` actions, the environment's rewards become the trajectory's reward. Needs `agentrl[openenv]`.
+`step` actions, the environment's rewards become the trajectory's reward. Needs the `openenv` extra.
 
 Two ways an environment takes actions: text (each reply becomes an action through `action`, by
 default `{"message": reply}`), or MCP tools (`use_tools=True`: the environment's tools, from its
@@ -22,6 +22,7 @@ import httpx
 import openai
 
 from agentrl.backend.processes import free_port
+from agentrl.distribution import install_extra
 from agentrl.errors import ConfigurationError, ServerError
 from agentrl.mcp.servers import openai_tool
 from agentrl.model import Model
@@ -33,7 +34,7 @@ try:
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation, ListToolsObservation
     from websockets.exceptions import ConnectionClosed
 except ImportError as error:  # pragma: no cover - the extra is missing
-    raise ImportError("agentrl.integrations.openenv needs OpenEnv: pip install 'agentrl[openenv]'") from error
+    raise ImportError(f"agentrl.integrations.openenv needs OpenEnv: {install_extra('openenv')}") from error
 
 TEXT_KEYS = ("prompt", "message", "text", "question", "instruction", "echoed_message")
 HIDDEN_KEYS = {"done", "reward", "metadata"}

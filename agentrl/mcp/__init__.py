@@ -1,5 +1,5 @@
 """Tools from MCP servers: connect (stdio or streamable HTTP), offer their tools to the model, run
-its tool calls, and train on any server with MCP-RL. Needs the `mcp` extra: pip install 'agentrl[mcp]'."""
+its tool calls, and train on any server with MCP-RL. Needs the `mcp` extra (`pip install 'agent-grpo[mcp]'`)."""
 
 from agentrl.errors import ToolServerError
 from agentrl.mcp.agent import COMPLETE_TASK_TOOL, run_agent

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.distribution import install_extra
 from agentrl.errors import ConfigurationError, ToolServerError
 
 try:
@@ -30,7 +31,7 @@ try:
     from mcp.shared.exceptions import MCPError
     from mcp_types import REQUEST_TIMEOUT, CallToolResult, EmbeddedResource, ImageContent, TextContent
 except ImportError as error:  # pragma: no cover - the extra is missing
-    raise ImportError("agentrl.mcp needs the official MCP SDK: pip install 'agentrl[mcp]' (mcp>=2.3)") from error
+    raise ImportError(f"agentrl.mcp needs the official MCP SDK: {install_extra('mcp')} (mcp>=2.3)") from error
 
 logger = logging.getLogger(__name__)
 READ_RESOURCE_TOOL = "read_resource"

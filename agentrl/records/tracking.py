@@ -90,14 +90,19 @@ def load_trajectories(path: Path) -> list[TrajectoryGroup]:
     return groups_from_rows(read_lines(path))
 
 
+TRANSCRIPT_CLASS = "agentrl-transcript"
+"""The element a transcript's content and every rule of its style are scoped to: shown inside another page (a
+notebook's output, the docs site), it restyles nothing outside itself."""
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
-.group { border: 1px solid #ccc; border-radius: 6px; margin: 1.5em 0; padding: 0.5em 1em; }
-.trajectory { border-top: 1px dashed #bbb; padding: 0.5em 0; }
-.msg { margin: 0.3em 0; padding: 0.3em 0.6em; border-radius: 4px; white-space: pre-wrap; }
-.system { background: #f3f3f3; } .user { background: #e8f0fe; } .assistant { background: #e6f4ea; }
-.tool { background: #fef7e0; } .call { font-family: monospace; color: #8a3b00; }
-.failed { color: #b00020; } .reward { font-weight: bold; } .metrics { color: #555; font-size: 0.9em; }
+.agentrl-transcript { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+.agentrl-transcript .group { border: 1px solid #ccc; border-radius: 6px; margin: 1.5em 0; padding: 0.5em 1em; }
+.agentrl-transcript .trajectory { border-top: 1px dashed #bbb; padding: 0.5em 0; }
+.agentrl-transcript .msg { margin: 0.3em 0; padding: 0.3em 0.6em; border-radius: 4px; white-space: pre-wrap; overflow-wrap: anywhere; }
+.agentrl-transcript .system { background: #f3f3f3; } .agentrl-transcript .user { background: #e8f0fe; }
+.agentrl-transcript .assistant { background: #e6f4ea; } .agentrl-transcript .tool { background: #fef7e0; }
+.agentrl-transcript .call { font-family: monospace; color: #8a3b00; overflow-wrap: anywhere; }
+.agentrl-transcript .failed { color: #b00020; } .agentrl-transcript .reward { font-weight: bold; }
+.agentrl-transcript .metrics { color: #555; font-size: 0.9em; overflow-wrap: anywhere; }
 """
 
 
@@ -118,7 +123,8 @@ def _message_html(item: dict[str, Any] | Choice, *, tools_offered: bool) -> str:
 
 
 def transcript_html(groups: list[TrajectoryGroup], title: str) -> str:
-    """A self-contained page showing every trajectory, grouped by scenario."""
+    """A self-contained page showing every trajectory, grouped by scenario; its style touches only its own
+    content (`TRANSCRIPT_CLASS`), so a notebook can display it inline."""
     body = [f"<h1>{html.escape(title)}</h1>"]
     if failures := tool_call_parse_failures(groups):
         body.append(f'<p class="failed">tool_call_parse_failures: {failures} (marked ✗ below)</p>')
@@ -142,7 +148,10 @@ def transcript_html(groups: list[TrajectoryGroup], title: str) -> str:
             for e in group.exceptions
         ]
         body.append("</div>")
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>{''.join(body)}</body></html>"
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_STYLE}</style>"
+        f"</head><body><div class='{TRANSCRIPT_CLASS}'>{''.join(body)}</div></body></html>"
+    )
 
 
 def write_transcript(run_dir: Path, step: int, split: str, groups: list[TrajectoryGroup], copy: int = 1) -> Path:

