@@ -111,6 +111,13 @@ RUNS = {
         {"reward": "ruler"},
         trained_judge="ruler",
     ),
+    "rubric-ruler-policy-judge": LearningRun(  # its judge trained on a policy's own answers (judge_data --from-run)
+        "rubric",
+        "RULER with the rubrics (judge trained on a policy's answers, read from probabilities)",
+        {"judge pass rate, reworded rubrics": reward, "code-checked pass rate": metric("independent_reward")},
+        {"reward": "ruler"},
+        trained_judge="ruler",
+    ),
     "email-ruler-trained-judge": LearningRun(  # half the held-out questions: a float32 CPU's hour has three evaluations
         "email",
         "RULER (trained judge, read from probabilities)",
