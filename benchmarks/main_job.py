@@ -75,7 +75,7 @@ def run_job() -> tuple[str, float, dict[str, Any]]:
 def figure_of(run_dir: Path) -> dict[str, Any]:
     """The run's reward plot copied to `FIGURE` (its sha256 kept), and a held-out question before and after
     training: the first whose reward rose, else the first, as the run's first and last val files recorded it."""
-    from agentrl.records.run_folder import RunFolder
+    from agentrl.records.run_folder import RunFolder, parse_record_stem
     from agentrl.records.tracking import load_trajectories
 
     staged = FIGURE.with_name(FIGURE.name + ".tmp")
@@ -95,17 +95,16 @@ def figure_of(run_dir: Path) -> dict[str, Any]:
     before, after = answers(first), answers(last)
     shared = [q for q in before if q in after]
     question = next((q for q in shared if after[q][1] > before[q][1]), shared[0])
-    step = lambda path: int(path.stem.split("-")[1])  # noqa: E731  val-0017 -> 17
+
+    def side(path: Path, found: dict[str, tuple[str, float]]) -> dict[str, Any]:
+        answer, reward = found[question]
+        return {"step": parse_record_stem(path.stem)[1], "file": path.name, "answer": answer, "reward": reward}
+
     return {
         "reward_plot_sha256": hashlib.sha256(FIGURE.read_bytes()).hexdigest(),
         "question": question,
-        "before": {
-            "step": step(first),
-            "file": first.name,
-            "answer": before[question][0],
-            "reward": before[question][1],
-        },
-        "after": {"step": step(last), "file": last.name, "answer": after[question][0], "reward": after[question][1]},
+        "before": side(first, before),
+        "after": side(last, after),
     }
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -302,7 +304,7 @@ def installed_names(text: str) -> list[str]:
             name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", token)
             if not name or not re.fullmatch(r"[A-Za-z0-9._-]+(\[[\w,-]+\])?([=<>~!]=?[\w.*+]+)?", token):
                 break  # prose after the command ("(the CPU build)", "on a CPU machine")
-            names.append(re.sub(r"[-_.]+", "-", name.group(0)).lower())
+            names.append(canonicalize_name(name.group(0)))
     return names
 
 
@@ -318,7 +320,7 @@ def our_and_declared_names() -> set[str]:
         *project["dependencies"],
         *(r for extra in project["optional-dependencies"].values() for r in extra),
     ]
-    declared = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", r).group(0)).lower() for r in requirements}  # type: ignore[union-attr]
+    declared = {canonicalize_name(Requirement(r).name) for r in requirements}
     assert project["name"] == DISTRIBUTION
     return {DISTRIBUTION, *declared, *(m.distribution for m in PACKAGED_MODELS.values()), *CHECK_TOOLS}
 
