@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 from agentrl.backend.remote.client import RemoteBackend
 from agentrl.backend.training.rank_hosts import JoinPoint
 from agentrl.call_helpers import limit_concurrency, retry
-from agentrl.capture import capture_trajectory, current_trajectory
+from agentrl.capture import capture_trajectory, current_trajectory, no_capture
 from agentrl.config import (
     CISPOLoss,
     DROLoss,
@@ -134,6 +134,7 @@ __all__ = [
     "TrajectoryGroup",
     "capture_trajectory",
     "current_trajectory",
+    "no_capture",
     "DatasetBatch",
     "iterate_dataset",
     "limit_concurrency",

@@ -96,6 +96,17 @@ def capture_trajectory(
         _current.reset(token)
 
 
+@contextlib.contextmanager
+def no_capture() -> Iterator[None]:
+    """Record none of this block's calls, even inside a capture (a judge's or a tool's own model calls); a capture
+    opened inside the block records as usual."""
+    token = _current.set(_Capture(Trajectory(), None, open=False))
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
 def current_trajectory() -> Trajectory | None:
     """The trajectory being captured in this task or thread, or None outside `capture_trajectory`."""
     capture = _current.get()

@@ -113,6 +113,12 @@ class TrainConfig(BaseModel):
     learning_rate_sequence_power: float = 0.0
     """ART's `num_trajectories_learning_rate_multiplier_power`: the step's learning rate is multiplied by
     (sequences it trains) ** power, so a step over more trajectories moves further (0 = off)."""
+    optimizer_step_per: Literal["step", "sequence"] = "step"
+    """"step": one AdamW step over all the step's sequences, their loss averaged over all their tokens.
+    "sequence": one AdamW step per training sequence in turn (ART's LocalBackend, which `agentrl.art` asks for):
+    each sequence's loss averaged over its own tokens (a short answer weighs as much as a long one), the KL shaping
+    centred per sequence, the mean |advantage| taken per sequence, and the learning rate not scaled by
+    `learning_rate_sequence_power` (one sequence a step). Single trainer rank only."""
 
     # advantages
     scale_advantages_by_std: bool = True
@@ -181,6 +187,10 @@ class TrainConfig(BaseModel):
     (always when they dropped all of them); below it the step trains and reports the failures."""
     allow_training_without_logprobs: bool = False
     """Skip (and count) trajectories whose assistant turns lack sampled token ids, instead of failing."""
+    nonfinite_logprobs_as_missing: bool = False
+    """A sampled token whose sampler logprob is NaN or infinite trains as if the sampler were the trainer (ratio 1),
+    as ART does, instead of aborting the step (`TrainingError`, nothing applied: agentrl's default, which shows a
+    broken sampler at once). `agentrl.art` turns it on."""
     require_exact_context: bool = False
     """Raise `TokenizationError` for a sampled turn whose engine prompt ids are unknown (a Choice built by hand,
     or a completion the gateway no longer keeps) instead of training it in the re-rendered conversation. Off:
@@ -245,6 +255,9 @@ class SFTConfig(BaseModel):
     """Demonstrations per optimizer step."""
     micro_batch_tokens: int | None = Field(default=None, gt=0)
     """Tokens per forward/backward pass (padded); None: the trainer's default for its device (see TrainConfig)."""
+    assistant_turns: Literal["all", "last"] = "all"
+    """Which assistant turns of each demonstration carry loss: all of them, or only the last (the earlier ones
+    stay as context; ART 0.5.20+'s `TrainSFTConfig.assistant_turns`)."""
     shared_prefix: bool | None = None
     """Compute the tokens that a batch's demonstrations start with alike (a system prompt, tool schemas)
     once, as `TrainConfig.shared_prefix` does for a group. None: on where that computes at least 10% fewer tokens."""

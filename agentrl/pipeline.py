@@ -8,7 +8,7 @@ sampled turn records the adapter step that produced it (`policy_step`, stamped b
 the loss uses the sampler's own logprobs as the old policy, so an off-policy turn is importance-
 corrected; `TrainConfig(truncated_importance_sampling=2.0)` bounds that correction, the setting we
 recommend for `max_steps_off_policy > 0`. A group whose oldest turn is more than
-`max_steps_off_policy` steps behind the step it would train is dropped and counted, never trained.
+`max_steps_off_policy` steps behind the step it would train is dropped and counted, never trained (with `drop_stale=False` it trains, its staleness recorded).
 With `max_steps_off_policy=0` the loop is the synchronous one: each step's groups start after the
 previous step, and train together. It is agentrl's one training loop: the environments' entry points,
 MCP-RL and judge RL all run on it.
@@ -78,6 +78,7 @@ async def train_pipelined(
     after_each: AfterEach | None = None,
     max_exception_rate: float | None = 0.1,
     on_step: OnStep | None = None,
+    drop_stale: bool = True,
 ) -> list[TrainResult]:
     """Train `steps` steps of `model` (registered) with sampling and training overlapped; returns each step's result.
     With `steps=None` it trains until `make_groups` gives no groups (a lazily read, perhaps endless, source).
@@ -104,7 +105,7 @@ async def train_pipelined(
         if backend and (fix := backend.pipelined_spin_fix()):
             warn_spinning_beside_the_server(fix, trainer_on_one_thread=trainer_on_one_thread)
         return await _overlapped(
-            model, make_groups, steps, max_steps_off_policy, config, after_each, max_exception_rate, on_step
+            model, make_groups, steps, max_steps_off_policy, config, after_each, max_exception_rate, on_step, drop_stale
         )
 
 
@@ -117,6 +118,7 @@ async def _overlapped(
     after_each: AfterEach | None,
     max_exception_rate: float | None,
     on_step: OnStep | None,
+    drop_stale: bool = True,
 ) -> list[TrainResult]:
     """`train_pipelined`'s loop, its arguments checked: each step takes what has finished sampling while
     later steps' groups sample on."""
@@ -124,6 +126,7 @@ async def _overlapped(
     sampler = _Sampler(
         model, make_groups, await model.get_step(), steps, max_steps_off_policy, after_each, max_exception_rate
     )
+    sampler.drop_stale = drop_stale
     results: list[TrainResult] = []
     try:
         cycle_started, sampler_busy_at_cycle_start = time.time(), sampling.busy_s()
@@ -188,6 +191,7 @@ class _Sampler:
         self.sizes: list[int] = []  # groups per loop step whose groups were started, as make_groups gave them
         self.judge_dropped: list[TrajectoryGroup] = []
         self.bars: dict[int, _StepBar] = {}  # by loop step, while its groups sample
+        self.drop_stale = True  # False: a group trains however stale (ART's PipelineTrainer(max_steps_off_policy=None))
 
     async def launch(self, done: int) -> None:
         """Start the groups of every loop step that may sample now: up to `max_steps_off_policy` ahead, and no
@@ -250,7 +254,7 @@ class _Sampler:
                 await self.arrived.wait()
                 continue
             finished = self.ready.pop(0)
-            if self.model.step - finished.oldest_step > self.max_steps_off_policy:
+            if self.drop_stale and self.model.step - finished.oldest_step > self.max_steps_off_policy:
                 stale.append(finished.group)
             else:
                 taken.append(finished)

@@ -26,13 +26,12 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from openai.types.chat.chat_completion import Choice
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, field_validator, model_validator
 
 from agentrl.errors import RewardError
 from agentrl.messages import CheckedList, MessageOrChoice, choice_to_message
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-Scalar = str | int | float | bool | None
 
 
 POLICY_VERSIONS = frozenset({"initial_policy_version", "final_policy_version"})
@@ -76,8 +75,9 @@ class Trajectory(History):
     """Scalar reward; GRPO compares it with the other trajectories of the same group."""
     metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
     """Numbers to average and plot (e.g. max tile, turns); never used as the reward itself."""
-    metadata: dict[str, Scalar] = Field(default_factory=dict)
-    """Scalars that identify the rollout (scenario id, seed); logged, not averaged."""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """What identifies the rollout (scenario id, seed; lists and dicts too, anything JSON holds); logged, not
+    averaged."""
     logs: list[str] = Field(default_factory=list)
     """Free-text notes (judge explanations, errors the agent recovered from)."""
     additional_histories: list[History] = Field(default_factory=list)
@@ -253,8 +253,8 @@ class TrajectoryGroup(BaseModel):
     """The rollouts that finished."""
     exceptions: list[RolloutException] = Field(default_factory=list)
     """What the failed rollouts raised."""
-    metadata: dict[str, Scalar] = Field(default_factory=dict)
-    """Scalars about the scenario (its id, split)."""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """What identifies the scenario (its id, split; anything JSON holds)."""
     metrics: dict[str, FiniteFloat] = Field(default_factory=dict)
     """Numbers about the group as a whole (a judge's cost, its agreement); saved with the group."""
     logs: list[str] = Field(default_factory=list)

@@ -43,6 +43,7 @@ EXPECTED = {
     "TrajectoryGroup",
     "capture_trajectory",
     "current_trajectory",
+    "no_capture",
     "DatasetBatch",
     "iterate_dataset",
     "limit_concurrency",

@@ -1,4 +1,4 @@
-"""ART's public API (OpenPipe ART 0.5.18, and the older forms scripts still use) on top of agentrl:
+"""ART's public API (OpenPipe ART 0.5.23 and 0.5.18, and the older forms scripts still use) on top of agentrl:
 code written for ART runs after changing only its imports.
 
     import agentrl.art as art                          # was: import art
@@ -7,7 +7,7 @@ code written for ART runs after changing only its imports.
     from agentrl.art.utils import iterate_dataset      # was: from art.utils import iterate_dataset
 
 Every name maps onto agentrl's own API with ART's parameters, defaults and return shapes (docs/coming-from-art.md).
-Training trains as ART does (CISPO by default); a setting agentrl cannot honour
+Training trains as ART's LocalBackend does (CISPO, an AdamW step per trajectory); a setting agentrl cannot honour
 raises a `ConfigurationError` naming it and what to do instead, and the backends agentrl does not
 run (Serverless, Megatron, Tinker, Unsloth) import but raise when used. Written from ART's public
 interface, not from its code.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentrl.model import Backend, TrainResult
-from agentrl.trajectory import History, Trajectory, TrajectoryGroup
+from agentrl.trajectory import History, TrajectoryGroup
 
 from . import dev
 from .gather import (
@@ -30,10 +30,35 @@ from .gather import (
     trajectory_group_batches,
     yield_trajectory,
 )
+from .metrics import (
+    PIPELINE_RL_DASHBOARD_DEFAULT_METRICS,
+    PIPELINE_RL_METRIC_DEFINITIONS,
+    PIPELINE_RL_SCORE_METRICS,
+    MetricDefinition,
+)
 from .models import Model, TrainableModel, agentrl_metric
+from .pipeline_trainer import PipelineAutotuneConfig, PipelineRuntimeConfig
+from .tokenizer import get_tokenizer
 from .training import TrainConfig
+from .trajectories import (
+    LegacyHistory,
+    Trajectory,
+    current_trajectory,
+    no_capture,
+    trajectory,
+    trajectory_group,
+)
 from .types import LoRAConfig, Messages, MessagesAndChoices, Tools, TrainSFTConfig
-from .unsupported import MegatronTopologyConfig, ServerlessBackend
+from .unsupported import (
+    LocalServingUnavailableError,
+    MegatronRuntimeConfig,
+    MegatronTopologyConfig,
+    ServerlessBackend,
+    get_megatron_runtime_config,
+    init_megatron_runtime_config,
+    tensorize,
+    tokenize,
+)
 from .utils.retry import retry
 
 if TYPE_CHECKING:
@@ -70,7 +95,25 @@ __all__ = [
     "capture_yielded_trajectory",
     "yield_trajectory",
     "History",
+    "LegacyHistory",
     "agentrl_metric",
+    "trajectory",
+    "trajectory_group",
+    "current_trajectory",
+    "no_capture",
+    "tokenize",
+    "tensorize",
+    "get_tokenizer",
+    "LocalServingUnavailableError",
+    "MegatronRuntimeConfig",
+    "init_megatron_runtime_config",
+    "get_megatron_runtime_config",
+    "PipelineRuntimeConfig",
+    "PipelineAutotuneConfig",
+    "MetricDefinition",
+    "PIPELINE_RL_DASHBOARD_DEFAULT_METRICS",
+    "PIPELINE_RL_METRIC_DEFINITIONS",
+    "PIPELINE_RL_SCORE_METRICS",
 ]
 
 

@@ -43,6 +43,8 @@ class TrainConfig(TypedDict, total=False):
     packed_sequence_length: int | None
     num_trajectories_learning_rate_multiplier_power: float
     grad_accumulation_sequences: int | None
+    optimizer_save_interval: int
+    final_training_step: int | None
 
 
 class InitArgs(TypedDict, total=False):
@@ -52,6 +54,7 @@ class InitArgs(TypedDict, total=False):
     max_seq_length: int
     load_in_4bit: bool
     load_in_8bit: bool
+    load_in_16bit: bool
     fast_inference: bool
 
 
@@ -141,6 +144,27 @@ class TinkerNativeArgs(TypedDict, total=False):
     training_client_args: TinkerTrainingClientArgs
 
 
+RolloutWeightUpdateMode = Literal["step_lora", "in_flight_lora"]
+"""ART 0.5.20+: when served weights change; agentrl swaps the adapter after each step ("step_lora")."""
+
+
+class VllmRuntimeArgs(TypedDict, total=False):
+    """ART 0.5.20+'s vLLM runtime: agentrl runs "managed" only (it starts and stops its own server)."""
+
+    mode: Literal["managed", "external"]
+    server_url: str
+    api_key: str | None
+    local_checkpoint_root: str | None
+    server_checkpoint_root: str | None
+    health_timeout_s: float
+
+
+def is_external_vllm_mode(config: Mapping[str, Any]) -> bool:
+    """Whether ART's config asks for an external vLLM server (`vllm_runtime.mode == "external"`)."""
+    runtime = config.get("vllm_runtime") or {}
+    return bool(isinstance(runtime, Mapping) and runtime.get("mode") == "external")
+
+
 class InternalModelConfig(TypedDict, total=False):
     init_args: InitArgs
     engine_args: EngineArgs
@@ -149,6 +173,9 @@ class InternalModelConfig(TypedDict, total=False):
     tinker_args: TinkerArgs
     tinker_training_client_args: TinkerTrainingClientArgs
     dedicated: bool
+    rollout_weight_update_mode: RolloutWeightUpdateMode
+    vllm_runtime: VllmRuntimeArgs
+    megatron_model_initialization: Literal["pretrained", "random"]
 
 
 class BackendModelConfig(InternalModelConfig, total=False):
@@ -162,6 +189,14 @@ _SERVER_KEYS = {"max_seq_length": "max_model_len", "max_model_len": "max_model_l
                 "gpu_memory_utilization": "gpu_memory_utilization", "tensor_parallel_size": "tensor_parallel_size"}  # fmt: skip
 _LORA_KEYS = {"r": "rank", "lora_alpha": "alpha", "target_modules": "target_modules", "lora_dropout": "dropout"}
 _ACCEPTED = {"model_name", "enable_sleep_mode"}  # model_name: the base model is `base_model`
+# Keys accepted at these values only: how ART's Unsloth loads the base (agentrl's base is 16-bit, float32 on a CPU
+# without bf16), ART 0.5.20+'s default adapter update and managed vLLM (agentrl swaps the adapter after each step).
+_ACCEPTED_AT = {
+    "load_in_4bit": (False,), "load_in_8bit": (False,), "load_in_16bit": (True,),
+    "rollout_weight_update_mode": ("step_lora",), "megatron_model_initialization": (None, "pretrained"),
+}  # fmt: skip
+_ENGINE_FLAGS = {"max_num_seqs": "--max-num-seqs", "enforce_eager": "--enforce-eager"}
+"""vLLM engine arguments passed to `vllm serve` as they are (ServerConfig.extra_args)."""
 
 
 def internal_config_settings(  # noqa: C901 - over the limit when the rule came on; split it when next changed
@@ -171,15 +206,33 @@ def internal_config_settings(  # noqa: C901 - over the limit when the rule came 
     `ConfigurationError` naming any key agentrl has no counterpart for."""
     server_update: dict[str, Any] = {}
     lora_update: dict[str, Any] = {}
+    engine_flags: list[str] = []
     refused: list[str] = []
     for section, values in dict(internal).items():
+        if section in _ACCEPTED_AT:
+            if values not in _ACCEPTED_AT[section]:
+                refused.append(f"{section}={values!r} (accepted: {_ACCEPTED_AT[section]})")
+            continue
+        if section == "vllm_runtime":
+            mode = values.get("mode", "managed") if isinstance(values, Mapping) else getattr(values, "mode", "managed")
+            if mode != "managed":
+                refused.append(f"vllm_runtime.mode={mode!r} (agentrl starts and manages its own vLLM)")
+            continue
         if section not in ("init_args", "engine_args", "peft_args") or not isinstance(values, Mapping):
             if values:
                 refused.append(section)
             continue
         for key, value in values.items():
             where = f"{section}.{key}"
-            if key == "enable_sleep_mode" and value is False:
+            if key in _ACCEPTED_AT:
+                if value not in _ACCEPTED_AT[key]:
+                    refused.append(f"{where}={value!r} (accepted: {_ACCEPTED_AT[key]})")
+            elif section == "engine_args" and key in _ENGINE_FLAGS:
+                if key == "enforce_eager":
+                    engine_flags += [_ENGINE_FLAGS[key]] if value else []
+                else:
+                    engine_flags += [_ENGINE_FLAGS[key], str(int(value))]
+            elif key == "enable_sleep_mode" and value is False:
                 refused.append(f"{where}=False (agentrl's server sleeps while a step trains on its device)")
             elif section == "peft_args" and key in _LORA_KEYS:
                 lora_update[_LORA_KEYS[key]] = tuple(value) if key == "target_modules" else value
@@ -190,13 +243,20 @@ def internal_config_settings(  # noqa: C901 - over the limit when the rule came 
     if refused:
         raise ConfigurationError(
             f"_internal_config {refused} has no counterpart in agentrl: it takes init_args.max_seq_length, "
-            "engine_args.{gpu_memory_utilization, tensor_parallel_size, max_model_len, enable_sleep_mode} and "
-            "peft_args.{r, lora_alpha, target_modules, lora_dropout}; set other server settings with "
+            "init_args.{load_in_4bit=False, load_in_16bit=True}, engine_args.{gpu_memory_utilization, "
+            "tensor_parallel_size, max_model_len, max_num_seqs, enforce_eager, enable_sleep_mode}, "
+            "peft_args.{r, lora_alpha, target_modules, lora_dropout}, rollout_weight_update_mode='step_lora' and "
+            "vllm_runtime in 'managed' mode; set other server settings with "
             "TrainableModel(server=agentrl.ServerConfig(...))"
         )
     settings: dict[str, agentrl.LoRAConfig | agentrl.ServerConfig] = {}
     if lora_update:
         settings["lora"] = _updated(agentrl.LoRAConfig, lora, lora_update)
+    if engine_flags:
+        current = (
+            server.extra_args if isinstance(server, agentrl.ServerConfig) else (server or {}).get("extra_args", ())
+        )
+        server_update["extra_args"] = (*current, *engine_flags)
     if server_update:
         settings["server"] = _updated(agentrl.ServerConfig, server, server_update)
     return settings
@@ -216,8 +276,8 @@ def get_openai_server_config(*args: Any, **kwargs: Any) -> OpenAIServerConfig:
 
 
 def is_dedicated_mode(config: Mapping[str, Any]) -> bool:
-    """Whether ART's config asks for dedicated trainer/inference GPUs (`dedicated`)."""
-    return bool(config.get("dedicated"))
+    """Whether ART's config asks for dedicated trainer/inference GPUs (`dedicated`, or ART 0.5.20+'s external vLLM)."""
+    return bool(config.get("dedicated")) or is_external_vllm_mode(config)
 
 
 def validate_dedicated_config(config: Mapping[str, Any]) -> None:
@@ -243,7 +303,10 @@ __all__ = [
     "TrainConfig",
     "TrainSFTConfig",
     "TrainerArgs",
+    "RolloutWeightUpdateMode",
+    "VllmRuntimeArgs",
     "get_openai_server_config",
     "is_dedicated_mode",
+    "is_external_vllm_mode",
     "validate_dedicated_config",
 ]

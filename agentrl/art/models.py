@@ -7,6 +7,7 @@ ART's keywords (`inference_base_url`, `inference_api_key`, `entity`, `id`, `run_
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -18,13 +19,21 @@ from agentrl.files import check_safe_name
 from agentrl.litellm_loader import load_litellm
 from agentrl.model import Backend, served_name
 from agentrl.records.run_folder import RunFolder
-from agentrl.records.tracking import ART_METRIC_NAMES, append_metrics, read_metrics, summarize
+from agentrl.records.tracking import ART_METRIC_NAMES, append_metrics, read_metrics, summarize_groups
 from agentrl.trajectory import Trajectory, TrajectoryGroup
 
+from .context_length import context_length, sets_context
 from .dev import internal_config_settings
 from .lora import lora_as_art, lora_from_art
 from .state import RunState, deep_merged
-from .training import TrainConfig, agentrl_train_config, log_verbose, merged_keys
+from .training import (
+    TrainConfig,
+    agentrl_train_config,
+    art_names_of,
+    log_verbose,
+    merged_keys,
+    with_art_train_metrics,
+)
 
 # ART's constructor keywords that only label a run (W&B entity, ids, metric reporters): kept, unused.
 _LABELS = ("entity", "id", "run_id", "report_metrics")
@@ -154,10 +163,8 @@ class Model(_ArtMethods, agentrl.Model):
         items: list[Any] = list(trajectories or [])
         record: dict[str, Any] = {}
         if items:
-            flat: list[Trajectory] = [
-                t for i in items for t in (i.trajectories if isinstance(i, TrajectoryGroup) else [i])
-            ]
-            record.update(summarize(flat))
+            groups = [i if isinstance(i, TrajectoryGroup) else TrajectoryGroup([i]) for i in items]
+            record.update(summarize_groups(groups))
         record.update(metrics or {})
         if record:
             append_metrics(self._art_dir, {"step": step or 0, "split": split, **record})
@@ -170,7 +177,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
 
     @property
     def _run_folder(self) -> RunFolder:
-        """ART's layout: {base_path}/{project}/models/{name}."""
+        """ART's layout: {base_path}/{project}/models/{run_name} ({name} without one)."""
         return RunFolder(self._art_dir)
 
     def metrics_builder(self, cost_context: str | None = None) -> Any:
@@ -203,7 +210,15 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
     run_id: str | None = None
     report_metrics: list[str] | None = None
     base_path: str = ".art"
+    _context_given: bool = PrivateAttr(default=False)
+    run_name: str | None = None
+    """ART 0.5.20+'s run identity: the run folder {base_path}/{project}/models/{run_name}, its object-storage keys and
+    its W&B run, while `name` stays what clients send as `model=`. Without it (ART 0.5.18's scripts), `name`."""
     _wandb_config: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def __init__(self, **data: Any) -> None:
+        super().__init__(**data)
+        self._context_given = sets_context(data.get("server"), data.get("_internal_config"))
 
     @model_validator(mode="before")
     @classmethod
@@ -211,6 +226,10 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         if not isinstance(data, dict):
             return data
         data = _with_our_names(data)
+        if data.get("run_name") is None:
+            data["run_name"] = data.get("name")  # ART 0.5.18's scripts: the run is named by `name`
+        else:
+            check_safe_name(data["run_name"], "run_name")
         lora_config = data.pop("lora_config", None)
         internal = data.pop("_internal_config", None)
         if lora_config is not None:
@@ -227,6 +246,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
                 )
             for field, setting in internal_config_settings(value or {}, lora=self.lora, server=self.server).items():
                 setattr(self, field, setting)
+            self._context_given = self._context_given or sets_context(None, value)
             return
         super().__setattr__(name, value)
 
@@ -270,6 +290,10 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         path = getattr(backend, "art_path", None)
         if path is not None:
             self.base_path = str(path)
+        if not self._context_given and isinstance(backend, agentrl.LocalBackend):
+            context = await asyncio.to_thread(context_length, self.base_model)
+            self.server = self.server.model_copy(update={"max_model_len": context})
+            self._context_given = True
         await agentrl.TrainableModel.register(self, backend)
         self._sync_wandb_config()  # what update_wandb_config was given before the run opened
 
@@ -297,6 +321,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         result = await agentrl.TrainableModel.train(
             self, list(trajectory_groups), train_config, step_metrics=step_metrics, dropped=dropped
         )
+        result.metrics = with_art_train_metrics(result.metrics)
         log_verbose(verbose or bool(keys.get("verbose")), result.step, result.metrics)
         return result
 
@@ -306,10 +331,12 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         config: Any = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
+        log_metrics: bool = True,
     ) -> agentrl.TrainResult:
         """Supervised training on demonstrations (ART's `TrainSFTConfig` or agentrl's `SFTConfig`)."""
         from .types import sft_config
 
+        check_log_metrics(log_metrics)
         if _config:
             raise ConfigurationError(f"train_sft's _config keys {sorted(_config)} have no counterpart in agentrl")
         result = await agentrl.TrainableModel.train_sft(self, list(trajectories), sft_config(config))
@@ -342,6 +369,7 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
             recorded = [r for r in read_metrics(self.run_dir) if r.get("step") == current and r.get("split") == split]
         for record in recorded:
             already.update(record)
+        already.update(art_names_of(already))  # ART's names of what the step recorded under agentrl's
         extra = {k: v for k, v in (metrics or {}).items() if k not in already}
         if extra:
             append_metrics(self.run_dir, {"step": current, "split": split, **extra})
@@ -352,6 +380,15 @@ class TrainableModel(_ArtMethods, agentrl.TrainableModel):
         """ART's form: keep the latest and the best by `best_checkpoint_metric` (ART's metric names)."""
         return await agentrl.TrainableModel.delete_checkpoints(
             self, keep_last=keep_last, best_by=agentrl_metric(best_checkpoint_metric)
+        )
+
+
+def check_log_metrics(log_metrics: bool) -> None:
+    """ART 0.5.20+'s `train_sft(log_metrics=False)` (no metrics logged): agentrl records every training call."""
+    if not log_metrics:
+        raise ConfigurationError(
+            "train_sft(log_metrics=False) has no counterpart: agentrl records every training call's metrics in the "
+            "run's records (a run resumes and replays from them); leave log_metrics at True"
         )
 
 

@@ -16,9 +16,11 @@ import asyncio
 import contextlib
 import logging
 import signal
+import warnings
 from collections.abc import AsyncIterable, Awaitable, Callable, Collection, Iterable, Iterator
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm.auto import tqdm
 
 import agentrl
@@ -50,11 +52,19 @@ class PipelineTrainer:
         config: Any,
         eval_fn: EvalFn | None = None,
         *,
-        num_rollout_workers: int = 16,
-        min_batch_size: int = 4,
+        num_rollout_workers: int | None = None,
+        min_batch_size: int | None = None,
         max_batch_size: int | None = None,
-        max_steps_off_policy: int = 4,
+        max_steps_off_policy: int | None = 4,
         queue_maxsize: int | None = None,
+        pipeline: PipelineRuntimeConfig | None = None,
+        autotune: PipelineAutotuneConfig | None = None,
+        grad_accumulation_sequences: int | None = None,
+        limit_mean_steps_off_policy: float | None = None,
+        score_reference_groups_per_step: float | None = None,
+        score_reference_rollouts_per_group: float | None = None,
+        optimizer_save_interval: int = 5,
+        rollout_executor: Any = None,
         learning_rate: float = 1e-5,
         loss_fn: str = "cispo",
         loss_fn_config: dict[str, Any] | None = None,
@@ -76,10 +86,16 @@ class PipelineTrainer:
         checkpoint_retention_interval: int = 1,
         resume: bool = True,
     ) -> None:
-        if min_batch_size < 1 or num_rollout_workers < 1:
-            raise ConfigurationError("min_batch_size and num_rollout_workers must be >= 1")
-        if max_batch_size is not None and max_batch_size < min_batch_size:
-            raise ConfigurationError(f"max_batch_size {max_batch_size} is below min_batch_size {min_batch_size}")
+        pipeline = _runtime_config(pipeline, num_rollout_workers=num_rollout_workers, min_batch_size=min_batch_size,
+                                   max_batch_size=max_batch_size, queue_maxsize=queue_maxsize)  # fmt: skip
+        _refuse_unhonoured(
+            autotune=autotune,
+            limit_mean_steps_off_policy=limit_mean_steps_off_policy,
+            rollout_executor=rollout_executor,
+            grad_accumulation_sequences=grad_accumulation_sequences,
+            optimizer_save_interval=optimizer_save_interval,
+        )
+        min_batch_size, num_rollout_workers = pipeline.min_batch_size, pipeline.num_rollout_workers
         if checkpoint_retention_strategy is not None:
             raise ConfigurationError(
                 f"checkpoint_retention_strategy={checkpoint_retention_strategy!r} has no counterpart: call "
@@ -97,7 +113,14 @@ class PipelineTrainer:
         self.model, self.backend, self.rollout_fn, self.scenarios = model, backend, rollout_fn, scenarios
         self.config, self.eval_fn = config, eval_fn
         self.min_batch_size, self.max_steps, self.total_scenarios = min_batch_size, max_steps, total_scenarios
-        self.max_steps_off_policy = max_steps_off_policy
+        self.pipeline = pipeline
+        # ART's None: no staleness limit. agentrl samples ahead as far as the rollout workers reach, and drops nothing.
+        self.drop_stale = max_steps_off_policy is not None
+        self.max_steps_off_policy = (
+            max_steps_off_policy
+            if max_steps_off_policy is not None
+            else max(1, -(-num_rollout_workers // min_batch_size))
+        )
         self.eval_every_n_steps, self.eval_at_start, self.resume = eval_every_n_steps, eval_at_start, resume
         self._workers = asyncio.Semaphore(num_rollout_workers)
         self.results: list[agentrl.TrainResult] = []
@@ -154,10 +177,104 @@ class PipelineTrainer:
                 max_steps_off_policy=self.max_steps_off_policy,
                 config=self.train_config,
                 on_step=on_step,
+                drop_stale=self.drop_stale,
             )
         if not self.results:
             logger.info("PipelineTrainer: nothing to train (resumed at step %d, %d scenarios read)", start, source.read)
         return self.results
+
+
+class PipelineRuntimeConfig(BaseModel):
+    """ART 0.5.20+'s `pipeline=` settings: rollout workers (concurrent rollouts) and the groups a step trains on
+    (`min_batch_size`; agentrl's steps take exactly that many). The queue and score-reference keys only size ART's
+    queue and status line, and are accepted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_rollout_workers: int = Field(default=16, ge=1)
+    min_batch_size: int = Field(default=4, ge=1)
+    max_batch_size: int | None = Field(default=None, ge=1)
+    queue_maxsize: int | None = Field(default=None, ge=1)
+    score_reference_groups_per_step: float | None = Field(default=8.0, gt=0.0)
+    score_reference_rollouts_per_group: float | None = Field(default=None, gt=0.0)
+
+    @model_validator(mode="after")
+    def _batch_bounds(self) -> PipelineRuntimeConfig:
+        if self.max_batch_size is not None and self.max_batch_size < self.min_batch_size:
+            raise ValueError(f"max_batch_size {self.max_batch_size} is below min_batch_size {self.min_batch_size}")
+        return self
+
+
+class PipelineAutotuneConfig(BaseModel):
+    """ART 0.5.20+'s pipeline autotuner settings: agentrl runs with `mode="off"` only (ART's default); the tuner's
+    other keys are kept and change nothing while it is off."""
+
+    model_config = ConfigDict(extra="allow")
+
+    mode: Literal["off", "online", "profile"] = "off"
+    profile: str | None = None
+    output_name: str = "latest"
+
+
+def _runtime_config(pipeline: PipelineRuntimeConfig | None, **deprecated: int | None) -> PipelineRuntimeConfig:
+    """`pipeline=`, or ART's deprecated direct keywords (a DeprecationWarning, as ART's); both at once raise."""
+    given = {key: value for key, value in deprecated.items() if value is not None}
+    if pipeline is not None and given:
+        raise ConfigurationError(
+            f"PipelineTrainer got pipeline= and the deprecated keywords {sorted(given)}: set them in "
+            "PipelineRuntimeConfig only"
+        )
+    if pipeline is not None:
+        return pipeline
+    if given:
+        warnings.warn(
+            f"PipelineTrainer keywords {sorted(given)} are deprecated (ART 0.5.20+): pass "
+            "pipeline=PipelineRuntimeConfig(...)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    try:
+        return PipelineRuntimeConfig(**given)
+    except ValidationError as error:
+        raise ConfigurationError(f"PipelineTrainer: {error.errors()[0]['msg']}") from None
+
+
+def _refuse_unhonoured(
+    *,
+    autotune: PipelineAutotuneConfig | None,
+    limit_mean_steps_off_policy: float | None,
+    rollout_executor: Any,
+    grad_accumulation_sequences: int | None,
+    optimizer_save_interval: int,
+) -> None:
+    """ART 0.5.20+'s PipelineTrainer keywords agentrl has no counterpart for: accepted at ART's default, else a
+    `ConfigurationError` naming the keyword and what to do."""
+    if autotune is not None and autotune.mode != "off":
+        raise ConfigurationError(
+            f"PipelineTrainer(autotune=PipelineAutotuneConfig(mode={autotune.mode!r})): agentrl has no pipeline "
+            "autotuner (it tunes ART's packing and vLLM load); set num_rollout_workers and min_batch_size yourself"
+        )
+    if limit_mean_steps_off_policy is not None:
+        raise ConfigurationError(
+            "PipelineTrainer(limit_mean_steps_off_policy=...) has no counterpart: agentrl bounds each group's "
+            "staleness with max_steps_off_policy (a group staler than it is dropped)"
+        )
+    if rollout_executor is not None:
+        raise ConfigurationError(
+            "PipelineTrainer(rollout_executor=...) has no counterpart: rollouts run as tasks on the event loop, "
+            "num_rollout_workers at a time"
+        )
+    if grad_accumulation_sequences not in (None, 1):
+        raise ConfigurationError(
+            f"PipelineTrainer(grad_accumulation_sequences={grad_accumulation_sequences!r}): ART's LocalBackend takes "
+            "only 1, one optimizer step per trajectory, as agentrl.art does"
+        )
+    if (
+        isinstance(optimizer_save_interval, bool)
+        or not isinstance(optimizer_save_interval, int)
+        or optimizer_save_interval < 1
+    ):
+        raise ConfigurationError(f"optimizer_save_interval must be an int >= 1, got {optimizer_save_interval!r}")
 
 
 class _ScenarioSource:

@@ -1,4 +1,4 @@
-"""ART's run layout and saved state: a model's folder, {base_path}/{project}/models/{name}, and the JSON state
+"""ART's run layout and saved state: a model's folder, {base_path}/{project}/models/{run_name}, and the JSON state
 ART's scripts keep in it (`read_state`, `overwrite_state`/`write_state`, `merge_state`, merged key by key)."""
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ def art_model_dir(base_path: str | Path, project: str, name: str) -> Path:
     return Path(base_path) / project / "models" / name
 
 
+def run_name_of(model: Any) -> str:
+    """What names a model's run (its folder, object-storage keys, W&B run): ART 0.5.20+'s `run_name` where given,
+    else its `name` (ART 0.5.18 and prompted models)."""
+    return str(getattr(model, "run_name", None) or model.name)
+
+
 class RunState:
     """The state helpers of ART's models, over their run folder."""
 
@@ -25,8 +31,9 @@ class RunState:
 
     @property
     def _art_dir(self) -> Path:
-        """ART's run folder: {base_path}/{project}/models/{name} (`art.utils.output_dirs.get_model_dir`)."""
-        return art_model_dir(self.base_path, self.project, self.name)
+        """ART's run folder: {base_path}/{project}/models/{run_name} (`art.utils.output_dirs.get_model_dir`; {name}
+        without a `run_name`)."""
+        return art_model_dir(self.base_path, self.project, run_name_of(self))
 
     @property
     def _state_path(self) -> Path:

@@ -29,6 +29,8 @@ from agentrl.distribution import install_extra
 from agentrl.errors import ConfigurationError
 from agentrl.records.checkpoints import CHECKPOINT_FILES, INFO_FILE, CheckpointStore
 
+from .state import run_name_of
+
 logger = logging.getLogger(__name__)
 
 # What ART's `exclude` names, as run-folder paths.
@@ -160,7 +162,7 @@ def push_to_s3(
         raise ConfigurationError(f"{run_dir} does not exist: train or register the model before pushing it")
     if delete:
         raise ConfigurationError("push(delete=True) is not supported: agentrl never deletes remote copies")
-    run_prefix = _run_prefix(prefix, model.project, model.name)
+    run_prefix = _run_prefix(prefix, model.project, run_name_of(model))
     for path in sorted(run_dir.rglob("*")):
         relative = path.relative_to(run_dir).as_posix()
         if _plain_file(path) and not any(part.startswith(_NEVER_COPIED) for part in relative.split("/")):
@@ -186,7 +188,7 @@ def pull_from_s3(
     With `delete` (ART's: the folder mirrors the stored run), the run folder's files the stored run does not hold
     are moved aside into `{run}/.deleted-{id}/` rather than deleted, so nothing a user had is lost."""
     location = _Location(s3_bucket)
-    run_prefix = _run_prefix(prefix, model.project, model.name)
+    run_prefix = _run_prefix(prefix, model.project, run_name_of(model))
     run_dir = Path(model.run_dir)
     latest = _copy_run(location, run_prefix, run_dir, only_step="latest" if latest_only else only_step,
                        exclude=list(exclude or []), verbose=verbose)  # fmt: skip

@@ -10,7 +10,7 @@ accepted either way: it asks for nothing. ART's default loss is CISPO with epsil
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,98 +31,100 @@ class TrainConfig(BaseModel):
     kl_penalty_coef: float = Field(default=0.0, ge=0)
     """ART's KL penalty: it shapes the advantages by the KL to the base model (agentrl's `kl_advantage_coef`)."""
     kl_penalty_source: Literal["current_learner", "sample"] = "current_learner"
-    grad_accumulation_sequences: int | None = None
+    grad_accumulation_sequences: int | None = Field(default=None, ge=1)
+    optimizer_save_interval: int = Field(default=5, ge=1)
+    """ART 0.5.20+: how often Megatron saves its optimizer; agentrl saves it with every checkpoint."""
+    final_training_step: int | None = Field(default=None, ge=1)
+    """ART 0.5.20+: the last step of Megatron's schedule; changes nothing on ART's LocalBackend or here."""
     beta: float = Field(default=0.0, ge=0)
     """ART's KL penalty before 0.5.11, a loss term to the reference (agentrl's `kl_coef`)."""
 
 
-# Keys that change training, and ART's default for each (a key at its default asks for nothing).
-MAPPED_DEFAULTS: dict[str, Any] = {
-    "learning_rate": 5e-6,
-    "loss_fn": "cispo",
-    "ppo": False,
-    "epsilon": None,
-    "epsilon_high": None,
-    "importance_sampling_level": "token",
-    "kl_penalty_coef": 0.0,
-    "beta": 0.0,
-    "kl_penalty_source": "current_learner",
-    "scale_rewards": True,
-    "kimi_k2_tau": None,
-    "advantage_balance": 0.0,
-    "max_negative_advantage_importance_sampling_weight": None,
-    "mask_prob_ratio": False,
-    "normalize_advantages": True,
-    "allow_training_without_logprobs": False,
-    "truncated_importance_sampling": None,
-    "packed_sequence_length": None,
-    "adam_params": None,
-    "kl_penalty_reference_step": None,
-    "kl_ref_adapter_path": None,
-    "kl_penalty_step_lag": None,
-    "num_trajectories_learning_rate_multiplier_power": 0.0,
-    "save_checkpoint": True,
-    "verbose": False,
+# Keys that change training: ART's default for each (a key at its default asks for nothing), and what it becomes.
+MAPPED: dict[str, tuple[Any, str]] = {
+    "learning_rate": (5e-6, "`learning_rate`"),
+    "loss_fn": ("cispo", "`loss`: `CISPOLoss` or `PPOLoss`"),
+    "ppo": (False, "`loss=PPOLoss(...)`"),
+    "epsilon": (None, "the loss's `clip_low` (CISPO 1.0, PPO 0.2 when None)"),
+    "epsilon_high": (None, "the loss's `clip_high` (CISPO 4.0, PPO = epsilon when None)"),
+    "importance_sampling_level": ("token", "the loss's `importance_sampling_level`"),
+    "kl_penalty_coef": (0.0, "`kl_advantage_coef` (the advantages shaped by the KL to the reference)"),
+    "beta": (0.0, "`kl_coef` (a KL loss term; ART before 0.5.11)"),
+    "kl_penalty_source": ("current_learner", "`kl_advantage_source`"),
+    "scale_rewards": (True, "`scale_advantages_by_std`"),
+    "kimi_k2_tau": (None, "`advantage_logprob_tau`"),
+    "advantage_balance": (0.0, "`advantage_balance`"),
+    "max_negative_advantage_importance_sampling_weight": (None, "the loss's `ratio_cap`"),
+    "mask_prob_ratio": (False, "the loss's `mask_out_of_range`"),
+    "normalize_advantages": (True, "`scale_advantages_by_std` (False: centred only)"),
+    "allow_training_without_logprobs": (False, "`allow_training_without_logprobs`"),
+    "truncated_importance_sampling": (None, "`truncated_importance_sampling`"),
+    "packed_sequence_length": (None, "`micro_batch_tokens`"),
+    "kl_penalty_reference_step": (None, "`kl_reference` (a step)"),
+    "kl_ref_adapter_path": (None, "`kl_reference` (an adapter folder)"),
+    "kl_penalty_step_lag": (None, "`kl_reference` (negative: steps back from the one trained)"),
+    "num_trajectories_learning_rate_multiplier_power": (0.0, "`learning_rate_sequence_power` (1 ** power per step)"),
+    "save_checkpoint": (True, "False: the result names no checkpoint"),
+    "verbose": (False, "the step's metrics logged at INFO"),
 }
 # Keys that only change how ART computes (memory, speed), not what it learns: accepted, nothing to do.
 COMPUTE_ONLY = ("logprob_calculation_chunk_size", "precalculate_logprobs", "plot_tensors")
+# ART 0.5.20+'s keys for Megatron's optimizer snapshots and schedule: ART's LocalBackend passes them on and applies
+# them nowhere (agentrl saves the optimizer state with every checkpoint); checked as ART checks them (>= 1).
+MEGATRON_ONLY = ("optimizer_save_interval", "final_training_step")
 # Keys ART 0.5.18's LocalBackend takes and applies nowhere (its Model.train did, and is gone): accepted as ART accepts
 # them, with a warning that says so.
 INERT = {"scale_learning_rate_by_reward_std_dev": False}
-# Keys agentrl has no counterpart for: only their ART default is accepted; what to do instead otherwise.
-UNSUPPORTED: dict[str, tuple[Any, str]] = {
+# Keys agentrl has no counterpart for: only the values listed (ART's default, and what ART's LocalBackend also
+# accepts) pass; otherwise what to do instead.
+UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "loss_fn_config": (
-        None,
+        (None,),
         "ART's own LocalBackend refuses it too; choose the loss with loss_fn and its clips with epsilon/epsilon_high",
     ),
-    "megatron_topology": (None, "agentrl trains with torch.distributed ranks (LocalBackend(ranks=...))"),
-    "grad_accumulation_sequences": (None, "agentrl accumulates by tokens (agentrl.TrainConfig.micro_batch_tokens)"),
+    "megatron_topology": ((None,), "agentrl trains with torch.distributed ranks (LocalBackend(ranks=...))"),
+    "grad_accumulation_sequences": (
+        (None, 1),
+        "ART's LocalBackend accepts only its configured 1 (one optimizer step per trajectory), as agentrl.art does; "
+        "agentrl's own TrainConfig accumulates by tokens (micro_batch_tokens)",
+    ),
+    "adam_params": (
+        (None,),
+        "ART's LocalBackend refuses it too (only its Tinker-native backend takes it) and trains with AdamW (0.9, 0.99), "
+        "weight decay 0.1, clip 0.1; for other settings train with agentrl.TrainConfig(adam_betas=..., "
+        "weight_decay=..., max_grad_norm=...)",
+    ),
 }
-TRAIN_KEYS = (*MAPPED_DEFAULTS, *COMPUTE_ONLY, *INERT, *UNSUPPORTED)
+TRAIN_KEYS = (*MAPPED, *COMPUTE_ONLY, *MEGATRON_ONLY, *INERT, *UNSUPPORTED)
 
 
 def _check_unsupported(keys: Mapping[str, Any]) -> None:
     unknown = sorted(set(keys) - set(TRAIN_KEYS))
     if unknown:
-        raise ConfigurationError(f"ART training keys {unknown} are not ART 0.5.18's; the keys are {sorted(TRAIN_KEYS)}")
-    for key, (default, instead) in UNSUPPORTED.items():
-        if key in keys and keys[key] != default:
+        raise ConfigurationError(
+            f"ART training keys {unknown} are not ART's (0.5.18 to 0.5.23); the keys are {sorted(TRAIN_KEYS)}"
+        )
+    for key in MEGATRON_ONLY:
+        value = keys.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigurationError(f"{key}={value!r}: ART takes an int >= 1 (or None for final_training_step)")
+    for key, (accepted, instead) in UNSUPPORTED.items():
+        if key in keys and keys[key] not in accepted:
             raise ConfigurationError(
-                f"{key}={keys[key]!r} has no counterpart in agentrl (only ART's default {default!r} is accepted): {instead}"
+                f"{key}={keys[key]!r} has no counterpart in agentrl (accepted: {', '.join(map(repr, accepted))}): "
+                f"{instead}"
             )
 
 
-ADAM_PARAMS = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
-"""The fields of ART's `adam_params` (Tinker's `AdamParams`)."""
-
-
-def _adam(adam_params: Any) -> dict[str, Any]:
-    """`agentrl.TrainConfig` settings from ART's `adam_params`: a Tinker `AdamParams` or a dict of its fields.
-    Its learning rate wins over `learning_rate` and its `grad_clip_norm` (0: none) sets the clipping, as Tinker
-    applies them; a field it leaves out keeps agentrl's value."""
-    if adam_params is None:
-        return {}
-    if isinstance(adam_params, Mapping):
-        given = dict(adam_params)
-        if unknown := sorted(set(given) - set(ADAM_PARAMS)):
-            raise ConfigurationError(f"adam_params keys {unknown} are not Adam's; the keys are {list(ADAM_PARAMS)}")
-    else:
-        given = {
-            name: getattr(adam_params, name) for name in ADAM_PARAMS if getattr(adam_params, name, None) is not None
-        }
-    settings: dict[str, Any] = {}
-    if "learning_rate" in given:
-        settings["learning_rate"] = given["learning_rate"]
-    if "beta1" in given or "beta2" in given:
-        beta1, beta2 = agentrl.TrainConfig.model_fields["adam_betas"].default  # a beta left out keeps agentrl's
-        settings["adam_betas"] = (given.get("beta1", beta1), given.get("beta2", beta2))
-    if "eps" in given:
-        settings["adam_eps"] = given["eps"]
-    if "weight_decay" in given:
-        settings["weight_decay"] = given["weight_decay"]
-    if "grad_clip_norm" in given:
-        settings["max_grad_norm"] = given["grad_clip_norm"]
-    return settings
+ART_OPTIMIZER: dict[str, Any] = {
+    "optimizer_step_per": "sequence",
+    "adam_betas": (0.9, 0.99),
+    "weight_decay": 0.1,
+    "max_grad_norm": 0.1,
+}
+"""How ART's LocalBackend steps its optimizer: one step per trajectory (Unsloth trains one sequence at a time with no
+gradient accumulation), AdamW betas (0.9, 0.99), weight decay 0.1, gradient norm clipped to 0.1. ART's AdamW is
+paged 8-bit, which needs a GPU; agentrl's is 32-bit with the same settings."""
 
 
 def _kl_reference(keys: Mapping[str, Any]) -> int | str | None:
@@ -175,7 +177,7 @@ def agentrl_train_config(keys: Mapping[str, Any]) -> agentrl.TrainConfig:
     settings = {
         "learning_rate": keys.get("learning_rate", 5e-6),
         "learning_rate_sequence_power": keys.get("num_trajectories_learning_rate_multiplier_power") or 0.0,
-        **_adam(keys.get("adam_params")),
+        **ART_OPTIMIZER,
     }
     return agentrl.TrainConfig(
         **settings,
@@ -192,7 +194,43 @@ def agentrl_train_config(keys: Mapping[str, Any]) -> agentrl.TrainConfig:
         allow_training_without_logprobs=bool(keys.get("allow_training_without_logprobs", False)),
         truncated_importance_sampling=keys.get("truncated_importance_sampling") or 0.0,
         micro_batch_tokens=packed,
+        nonfinite_logprobs_as_missing=True,
     )
+
+
+ART_TRAIN_METRICS = {
+    "loss": "loss/train",
+    "entropy": "loss/entropy",
+    "kl_penalty": "loss/kl_div",
+    "kl_policy_ref": "loss/kl_policy_ref",
+    "grad_norm": "loss/grad_norm",
+    "learning_rate": "loss/learning_rate",
+    "clip_fraction": "loss/clipped_token_fraction",
+    "train_s": "time/step_backend_train_s",
+    "trained_tokens": "data/step_trainable_assistant_tokens",
+}
+"""agentrl's name of a training metric -> ART 0.5.20+'s (its W&B sections `loss/`, `time/`, `data/`)."""
+
+
+def with_art_train_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """A step's metrics with ART 0.5.20+'s names added beside agentrl's (the zero-variance groups as
+    `discarded/step/zero_variance_groups`), so a script that logs `result.metrics` charts what ART's charts."""
+    named = dict(metrics)
+    for ours, arts in ART_TRAIN_METRICS.items():
+        if ours in metrics:
+            named.setdefault(arts, metrics[ours])
+    if "frac_zero_variance_groups" in metrics and "num_groups" in metrics:
+        named.setdefault(
+            "discarded/step/zero_variance_groups",
+            float(round(metrics["frac_zero_variance_groups"] * metrics["num_groups"])),
+        )
+    return named
+
+
+def art_names_of(recorded: Iterable[str]) -> set[str]:
+    """ART's names (`with_art_train_metrics`) of the metrics a step recorded under agentrl's: already recorded."""
+    names = {ART_TRAIN_METRICS[name] for name in recorded if name in ART_TRAIN_METRICS}
+    return names | ({"discarded/step/zero_variance_groups"} if "frac_zero_variance_groups" in recorded else set())
 
 
 def merged_keys(config: TrainConfig | None, dev_config: Mapping[str, Any] | None) -> dict[str, Any]:

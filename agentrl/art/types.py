@@ -33,12 +33,14 @@ Tools = list[dict[str, Any]]
 
 class TrainSFTConfig(BaseModel):
     """ART's `art.TrainSFTConfig`: one pass over the demonstrations at `learning_rate` (ART's 5e-5),
-    `batch_size` of them per optimizer step ("auto": agentrl's 8)."""
+    `batch_size` of them per optimizer step ("auto": agentrl's 8), training `assistant_turns` ("all" or "last")."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     learning_rate: float = Field(default=5e-5, gt=0)
     batch_size: int | Literal["auto"] = "auto"
+    assistant_turns: Literal["all", "last"] = "all"
+    """ART 0.5.20+: train every assistant turn of a demonstration, or only its last."""
 
 
 def sft_config(config: TrainSFTConfig | agentrl.SFTConfig | dict[str, Any] | None) -> agentrl.SFTConfig:
@@ -49,5 +51,8 @@ def sft_config(config: TrainSFTConfig | agentrl.SFTConfig | dict[str, Any] | Non
     if isinstance(art.learning_rate, list):
         raise ConfigurationError("a learning-rate schedule (a list) is not supported: give one learning_rate")
     return agentrl.SFTConfig(
-        learning_rate=art.learning_rate, epochs=1, batch_size=8 if art.batch_size == "auto" else art.batch_size
+        learning_rate=art.learning_rate,
+        epochs=1,
+        batch_size=8 if art.batch_size == "auto" else art.batch_size,
+        assistant_turns=art.assistant_turns,
     )

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from agentrl.errors import ConfigurationError
+from agentrl.errors import ConfigurationError, ServerError
+
+LocalServingUnavailableError = ServerError
+"""ART 0.5.20+'s error for managed inference that cannot be reached: agentrl's `ServerError` (its server failed to
+start, died or refused a request), so `except art.LocalServingUnavailableError` catches agentrl's."""
 
 
 class _Unsupported:
@@ -44,3 +48,17 @@ def unsupported(name: str, instead: str) -> Any:
 
     raises.__name__ = name
     return raises
+
+
+class MegatronRuntimeConfig(_Unsupported):
+    instead = MegatronTopologyConfig.instead
+
+
+init_megatron_runtime_config = unsupported("init_megatron_runtime_config", MegatronTopologyConfig.instead)
+get_megatron_runtime_config = unsupported("get_megatron_runtime_config", MegatronTopologyConfig.instead)
+_TOKENIZED = (
+    "agentrl keeps no tokenized or tensorized trajectory types; its trainer builds training sequences from the "
+    "engine's own token ids (agentrl.rl.engine_context.tokenize_groups(groups, advantages, tokenizer))"
+)
+tokenize = unsupported("tokenize", _TOKENIZED)
+tensorize = unsupported("tensorize", _TOKENIZED)

@@ -37,7 +37,7 @@ from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
 from agentrl.model import Model, TrainResult
 from agentrl.openmp_spin import spin_fix_beside
-from agentrl.records.tracking import summarize
+from agentrl.records.tracking import summarize_groups
 from agentrl.rl.tokenize import check_token_ids
 
 if TYPE_CHECKING:
@@ -178,6 +178,12 @@ class LocalBackend:
         if (session := self.sessions.get(key)) is not None:
             async with session.busy:
                 return session.step
+        if clash := [s.model.run_dir for s in self.sessions.values() if s.model.name == model.name]:
+            raise ConfigurationError(
+                f"model name {model.name!r} is already served here for the run in {clash[0]}: clients send the name as "
+                f"`model=`, so two runs under one name cannot both be served; give this run ({model.run_dir}) a "
+                "different `name`"
+            )
         lock = RunLock(model.run_dir)
         lock.acquire()  # before anything touches the folder: another process may be mid-save
         try:
@@ -287,7 +293,7 @@ class LocalBackend:
         """Record evaluation groups at the current step: metrics line, trajectories, transcript, plot."""
         check_safe_name(split, "split")  # it names files in the run folder: no path may come through it
         session = self.session(model)
-        metrics = summarize([t for g in groups for t in g.trajectories])
+        metrics = summarize_groups(groups)
         await session.record(groups, metrics, step=session.step, split=split)
         return metrics
 

@@ -318,7 +318,7 @@ async def open_session(
     if wandb_requested(model.wandb):
         config = model.model_dump(mode="json", include={"base_model", "lora", "server"})
         session.wandb = await asyncio.to_thread(
-            WandbMetrics, model.run_dir, project=model.project, name=model.name, config=config
+            WandbMetrics, model.run_dir, project=model.project, name=model.run_dir.name, config=config
         )
     await session.serve_current()
     return session

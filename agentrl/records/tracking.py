@@ -316,6 +316,16 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     return summary
 
 
+def summarize_groups(groups: list[TrajectoryGroup]) -> dict[str, float]:
+    """`summarize` over the groups' trajectories, and each group metric's mean over the groups that hold it, as
+    "group/{name}" (ART 0.5.20+'s key; a logger puts the split before it: "val/group/{name}")."""
+    summary = summarize([t for g in groups for t in g.trajectories])
+    for key in sorted({k for g in groups for k in g.metrics}):
+        values = [g.metrics[key] for g in groups if key in g.metrics]
+        summary[f"group/{key}"] = sum(values) / len(values)
+    return summary
+
+
 ART_METRIC_NAMES = {"reward": "reward_mean", "reward_std_dev": "reward_std"}
 """ART's name of a metric -> agentrl's (metrics.jsonl records both)."""
 
@@ -340,7 +350,7 @@ def step_line(metrics: dict[str, float], groups: list[TrajectoryGroup], skipped:
     offered (`tool_call_parse_failures`, a count), and whether the step was skipped (None: not a train step)."""
     summed = dict(metrics)
     if groups:
-        for key, value in summarize([t for g in groups for t in g.trajectories]).items():
+        for key, value in summarize_groups(groups).items():
             summed.setdefault(key, value)
     if (failures := tool_call_parse_failures(groups)) is not None:
         summed.setdefault("tool_call_parse_failures", failures)

@@ -9,7 +9,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from agentrl.rl.tokenize import TokenizedSequence
@@ -68,15 +68,36 @@ def compute_group_advantages(
     return GroupAdvantages(advantages_P_G, kept, num_dropped_groups=len(rewards_P_G) - len(kept))
 
 
-def scaled_by_mean_abs(sequences: list[TokenizedSequence], *, enabled: bool) -> list[TokenizedSequence]:
+def conversation_keys(sequences: Sequence[TokenizedSequence]) -> list[object]:
+    """Which conversation each sequence trains: its `history_index`, or (without one) the sequence itself."""
+    return [s.history_index if s.history_index is not None else ("own", i) for i, s in enumerate(sequences)]
+
+
+def conversation_weights(sequences: Sequence[TokenizedSequence]) -> list[float]:
+    """Each sequence's share of its conversation (1 / the sequences that conversation took), so that per-conversation
+    averages weigh every conversation alike however many sequences its turns needed."""
+    keys = conversation_keys(sequences)
+    counts: dict[object, int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    return [1 / counts[key] for key in keys]
+
+
+def scaled_by_mean_abs(
+    sequences: list[TokenizedSequence], *, enabled: bool, per: Literal["token", "conversation"] = "token"
+) -> list[TokenizedSequence]:
     """ART's packing, where `enabled` (`TrainConfig.scale_advantages_by_mean_abs`): every sequence's advantage
-    divided by the mean |advantage| over the step's loss tokens, so a step moves the adapter as far whatever the
-    spread of its rewards."""
+    divided by the mean |advantage| over the step's loss tokens (`per="token"`), or over its conversations, each
+    weighing alike (`per="conversation"`: ART's LocalBackend, which weights each trajectory's tokens by 1/its
+    length), so a step moves the adapter as far whatever the spread of its rewards."""
     if not enabled:
         return sequences
-    tokens_S = [sum(s.loss_mask_T[1:]) for s in sequences]
-    weighted = sum(abs(s.advantage) * n for s, n in zip(sequences, tokens_S, strict=True))
+    if per == "token":
+        weights_S = [float(sum(s.loss_mask_T[1:])) for s in sequences]
+    else:
+        weights_S = conversation_weights(sequences)
+    weighted = sum(abs(s.advantage) * w for s, w in zip(sequences, weights_S, strict=True))
     if weighted == 0:
         return sequences
-    mean_abs = weighted / sum(tokens_S)
+    mean_abs = weighted / sum(weights_S)
     return [dataclasses.replace(s, advantage=s.advantage / mean_abs) for s in sequences]

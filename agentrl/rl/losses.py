@@ -39,9 +39,15 @@ class TokenLoss:
     clipped_BT: torch.Tensor  # bool
 
 
+LOG_RATIO_BOUND = 20.0
+"""|log(p / p_old)| is clamped to this before exp() (ART's bound): a ratio of e^20 already saturates every clip."""
+
+
 def masked_log_ratio(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """log(p / p_old) on loss tokens, 0 elsewhere (so exp() of padding never overflows)."""
-    return torch.where(mask_BT.bool(), logprobs_BT - old_logprobs_BT, torch.zeros_like(logprobs_BT))
+    """log(p / p_old) on loss tokens, clamped to +-`LOG_RATIO_BOUND`; 0 elsewhere (so exp() of padding never
+    overflows)."""
+    log_ratio_BT = (logprobs_BT - old_logprobs_BT).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    return torch.where(mask_BT.bool(), log_ratio_BT, torch.zeros_like(logprobs_BT))
 
 
 def importance_ratio(

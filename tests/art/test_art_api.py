@@ -103,10 +103,13 @@ ART_NAMES = [
                                                "custom_instructions", "generator_model", "generator_api_key",
                                                "generator_base_url"]),
     ("agentrl.art.langgraph", "wrap_rollout", ["model", "fn"]),
-    ("agentrl.art.langgraph", "init_chat_model", ["model", "temperature"]),
+    ("agentrl.art.langgraph", "init_chat_model", ["model", "model_provider", "configurable_fields", "config_prefix",
+                                                  "invoke_timeout"]),
     ("agentrl.art.pipeline_trainer", "PipelineTrainer", [
         "model", "backend", "rollout_fn", "scenarios", "config", "eval_fn", "num_rollout_workers", "min_batch_size",
-        "max_batch_size", "max_steps_off_policy", "queue_maxsize", "learning_rate", "loss_fn", "loss_fn_config",
+        "max_batch_size", "max_steps_off_policy", "queue_maxsize", "pipeline", "autotune", "grad_accumulation_sequences",
+        "limit_mean_steps_off_policy", "score_reference_groups_per_step", "score_reference_rollouts_per_group",
+        "optimizer_save_interval", "rollout_executor", "learning_rate", "loss_fn", "loss_fn_config",
         "normalize_advantages", "adam_params", "packed_sequence_length", "kl_penalty_coef", "kl_penalty_step_lag",
         "megatron_topology", "max_steps", "discard_queue_multiplier", "log_interval_seconds", "status_ewa_alpha",
         "total_scenarios", "eval_every_n_steps", "eval_at_start", "save_checkpoint", "checkpoint_retention_strategy",
@@ -120,7 +123,7 @@ BACKEND_TRAIN_KEYS = [
     "mask_prob_ratio", "kimi_k2_tau", "precalculate_logprobs", "allow_training_without_logprobs", "plot_tensors",
     "truncated_importance_sampling", "scale_learning_rate_by_reward_std_dev", "logprob_calculation_chunk_size",
     "packed_sequence_length", "megatron_topology", "num_trajectories_learning_rate_multiplier_power",
-    "save_checkpoint", "verbose",
+    "save_checkpoint", "verbose", "optimizer_save_interval", "final_training_step", "grad_accumulation_sequences",
 ]  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel
 
 import agentrl
@@ -59,7 +60,7 @@ def test_art_trains_cispo_by_default_and_epsilons_clip_the_selected_loss():
 @pytest.mark.parametrize(
     ("keys", "named"),
     [
-        ({"adam_params": {"beta_1": 0.8}}, "beta_1"),
+        ({"adam_params": {"beta1": 0.8}}, "adam_params"),
         ({"loss_fn_config": {"clip": 1}}, "loss_fn_config"),
         ({"grad_accumulation_sequences": 4}, "grad_accumulation_sequences"),
         ({"loss_fn": "dapo"}, "loss_fn"),
@@ -76,19 +77,14 @@ def test_each_training_key_agentrl_cannot_honour_raises_naming_itself(keys, name
 
 
 def test_arts_optimizer_learning_rate_and_kl_reference_keys_are_honoured():
-    """`adam_params` (Tinker's AdamParams or a dict of its fields), the learning rate scaled by the trajectory count,
+    """ART's optimizer (a step per trajectory, AdamW (0.9, 0.99), weight decay 0.1, clip 0.1), the learning rate
+    scaled by the trajectory count,
     the KL reference as a checkpoint step, an adapter folder or (PipelineTrainer) a lag; ART's mean-|A| scaling."""
     from agentrl.art.training import agentrl_train_config
 
-    class AdamParams:  # Tinker's fields, as an object
-        learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm = 2e-5, 0.9, 0.95, 1e-12, 0.0, 0.0
-
-    tinker = agentrl_train_config({"learning_rate": 1e-6, "adam_params": AdamParams()})
-    assert (tinker.learning_rate, tinker.adam_betas, tinker.adam_eps) == (2e-5, (0.9, 0.95), 1e-12)
-    assert (tinker.weight_decay, tinker.max_grad_norm) == (0.0, 0.0)  # Tinker's grad_clip_norm 0: no clipping
-    partial = agentrl_train_config({"adam_params": {"beta1": 0.8, "weight_decay": 0.1}})
-    assert (partial.learning_rate, partial.adam_betas, partial.weight_decay) == (5e-6, (0.8, 0.999), 0.1)
-    assert partial.max_grad_norm == agentrl.TrainConfig().max_grad_norm
+    art_default = agentrl_train_config({})  # ART's LocalBackend: a step per trajectory, AdamW (0.9, 0.99), wd 0.1
+    assert (art_default.optimizer_step_per, art_default.adam_betas) == ("sequence", (0.9, 0.99))
+    assert (art_default.weight_decay, art_default.max_grad_norm, art_default.learning_rate) == (0.1, 0.1, 5e-6)
     power = agentrl_train_config({"num_trajectories_learning_rate_multiplier_power": 0.5})
     assert power.learning_rate_sequence_power == 0.5 and power.scale_advantages_by_mean_abs
     kl = {"kl_penalty_coef": 0.1}
@@ -105,10 +101,9 @@ def test_arts_optimizer_learning_rate_and_kl_reference_keys_are_honoured():
     from agentrl.art.pipeline_trainer import PipelineTrainer
 
     model = art.TrainableModel(name="m", project="p", base_model="base")
-    pipeline = PipelineTrainer(model, None, None, [], None, kl_penalty_coef=0.1, kl_penalty_step_lag=2,
-                               adam_params={"beta1": 0.8})  # fmt: skip
+    pipeline = PipelineTrainer(model, None, None, [], None, kl_penalty_coef=0.1, kl_penalty_step_lag=2)
     config = pipeline.train_config  # ART's PipelineTrainer measures its KL from the sampler's logprobs
-    assert (config.kl_advantage_source, config.kl_reference, config.adam_betas) == ("sample", -3, (0.8, 0.999))
+    assert (config.kl_advantage_source, config.kl_reference, config.adam_betas) == ("sample", -3, (0.9, 0.99))
 
 
 def test_the_older_train_config_and_dev_config_merge():
@@ -175,8 +170,20 @@ def test_internal_config_translates_at_construction_or_assignment_and_refuses_th
     assert built.server.max_model_len == 2048
     rebuilt = art.TrainableModel(**model.model_dump())  # art-e's round trip
     assert rebuilt.server == model.server and rebuilt.lora == model.lora and rebuilt.name == "a"
-    with pytest.raises(agentrl.ConfigurationError, match=r"engine_args.max_num_seqs"):  # never a ValidationError
-        art.TrainableModel(name="c", project="p", _internal_config={"engine_args": {"max_num_seqs": 8}})
+    with pytest.raises(agentrl.ConfigurationError, match=r"engine_args.swap_space"):  # never a ValidationError
+        art.TrainableModel(name="c", project="p", _internal_config={"engine_args": {"swap_space": 8}})
+    # the fork-pipeline script's hardware-free keys (ART 0.5.23's dev scripts)
+    fork = art.TrainableModel(name="f", project="p", run_name="f-1", _internal_config={
+        "init_args": {"load_in_4bit": False, "load_in_16bit": True},
+        "engine_args": {"max_num_seqs": 8, "enforce_eager": True},
+        "rollout_weight_update_mode": "step_lora", "vllm_runtime": {"mode": "managed"},
+    })  # fmt: skip
+    assert fork.server.extra_args == ("--max-num-seqs", "8", "--enforce-eager")
+    for refused, named in (({"init_args": {"load_in_4bit": True}}, "load_in_4bit"),
+                           ({"vllm_runtime": {"mode": "external", "server_url": "http://x"}}, "external"),
+                           ({"rollout_weight_update_mode": "in_flight_lora"}, "in_flight_lora")):  # fmt: skip
+        with pytest.raises(agentrl.ConfigurationError, match=named):
+            art.TrainableModel(name="g", project="p", _internal_config=refused)
     with pytest.raises(agentrl.ConfigurationError, match="trainer_args"):
         model._internal_config = {"trainer_args": {"learning_rate": 1.0}}
 
@@ -371,16 +378,33 @@ def test_openai_client_outside_a_running_loop_as_art_allows():
 
 
 async def test_gather_records_arts_completion_tokens_metric():
+    """ART 0.5.20+: the sampled tokens of every choice, additional histories included, summed; not set when a
+    choice does not say how many it sampled."""
     from tests.helpers import make_choice
 
     async def rollout() -> art.Trajectory:
         turns = [make_choice([1, 2, 3], [-0.1] * 3), {"role": "user", "content": "more"}, make_choice([4], [-0.2])]
-        return art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, *turns], reward=1.0)
+        branch = art.LegacyHistory(
+            messages_and_choices=[{"role": "user", "content": "b"}, make_choice([5, 6], [-0.1] * 2)]
+        )
+        return art.Trajectory(
+            messages_and_choices=[{"role": "user", "content": "hi"}, *turns], reward=1.0, additional_histories=[branch]
+        )
 
     (group,) = await art.gather_trajectory_groups([art.TrajectoryGroup([rollout()])], pbar_desc=None)
-    assert group.trajectories[0].metrics["completion_tokens"] == 2.0  # (3 + 1) / 2 choices, as ART averages
+    assert group.trajectories[0].metrics["completion_tokens"] == 6.0  # 3 + 1 + 2, as ART 0.5.20+ sums
     (alone,) = await art.gather_trajectories([rollout()], pbar_desc=None)
-    assert alone.metrics["completion_tokens"] == 2.0
+    assert alone.metrics["completion_tokens"] == 6.0
+    uncounted = Choice.model_validate(
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}, "logprobs": None}
+    )
+    trajectory = art.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}, make_choice([7]), uncounted])
+    (unset,) = await art.gather_trajectories([_returning(trajectory)], pbar_desc=None)
+    assert "completion_tokens" not in unset.metrics  # one choice does not say: ART sets none
+
+
+async def _returning(trajectory):
+    return trajectory
 
 
 def test_a_groups_log_and_a_models_safe_dump_as_arts():

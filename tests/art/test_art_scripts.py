@@ -36,32 +36,6 @@ from agentrl.errors import ConfigurationError  # the test's own check, not a scr
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def base_model(tmp_path_factory) -> str:
-    """The packaged model, its generation_config asking for near-greedy sampling (as Qwen's asks for 0.7):
-    ART's server, and so agentrl's, must ignore it, so a request without temperature samples at 1.0."""
-    from pathlib import Path
-
-    from agentrl.base_models import resolve_base_model
-
-    source = Path(resolve_base_model("smollm2-135m-instruct"))
-    folder = tmp_path_factory.mktemp("models") / "smollm2-with-greedy-defaults"
-    folder.mkdir()
-    for file in source.iterdir():
-        if file.name != "generation_config.json":
-            (folder / file.name).symlink_to(file)
-    defaults = json.loads((source / "generation_config.json").read_text())
-    (folder / "generation_config.json").write_text(json.dumps({**defaults, "temperature": 0.05, "top_k": 1}))
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    with LocalBackend(path=str(tmp_path_factory.mktemp("art"))) as backend:
-        yield backend
-    assert backend._engine is None and not backend.sessions  # the with block closed it: server stopped, runs released
-
-
 async def test_a_request_without_temperature_samples_at_one_not_at_the_models_defaults(backend, base_model):
     model = art.TrainableModel(name="sampler-001", project="sampling", base_model=base_model)
     await model.register(backend)
@@ -543,4 +517,5 @@ async def test_arts_tic_tac_toe_loop_in_its_0_5_18_form(backend, base_model, tmp
         kl_penalty_reference_step=result.step,
     )  # fmt: skip
     assert unnamed.checkpoint_path is None  # ART's answer: the result names no checkpoint
-    assert unnamed.metrics["kl_policy_ref"] == pytest.approx(0.0, abs=1e-6)  # the reference is the adapter trained
+    # The reference is the adapter trained: 0 at the first of the call's per-trajectory steps (ART's), small after
+    assert 0 <= unnamed.metrics["kl_policy_ref"] < 0.1 and unnamed.metrics["optimizer_steps"] > 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from agentrl.errors import ConfigurationError
 from agentrl.trajectory import TrajectoryGroup
 
 from ..storage import fork_checkpoint, pull_from_s3, push_to_s3
-from ..training import TRAIN_KEYS, agentrl_train_config, log_verbose
+from ..training import TRAIN_KEYS, agentrl_train_config, log_verbose, with_art_train_metrics
 
 
 @dataclass
@@ -23,6 +23,8 @@ class LocalTrainResult(agentrl.TrainResult):
     """ART's result of `backend.train`: the new `step`, its `metrics` and where its `checkpoint_path` is."""
 
     checkpoint_path: str | None = None
+    checkpoint_ready: Awaitable[None] | None = None
+    """ART 0.5.20+'s signal for a checkpoint still being written: always None, agentrl's is complete on return."""
 
 
 class LocalBackend(agentrl.LocalBackend):
@@ -80,6 +82,7 @@ class LocalBackend(agentrl.LocalBackend):
             trained.checkpoint_path = (
                 None  # as ART's: the result names no checkpoint (the step is still served from one)
             )
+        trained.metrics = with_art_train_metrics(trained.metrics)
         log_verbose(bool(keys.get("verbose")), trained.step, trained.metrics)
         return trained
 
@@ -186,6 +189,13 @@ class LocalBackend(agentrl.LocalBackend):
             prefix=prefix,
             base_path=Path(self.art_path or model.base_path),
             verbose=verbose,
+        )
+
+    def exact_adapter_lease(self, model: agentrl.TrainableModel, step: int) -> Any:
+        """ART 0.5.20+ pins a model's requests to one step's adapter inside this block; agentrl has no lease."""
+        raise ConfigurationError(
+            "backend.exact_adapter_lease has no counterpart: name the step in each request instead, "
+            "model=model.get_inference_name(step) (agentrl serves the current step and the one before it)"
         )
 
     async def _experimental_pull_model_checkpoint(self, *args: Any, **kwargs: Any) -> Any:

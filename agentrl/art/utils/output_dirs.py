@@ -12,6 +12,8 @@ from typing import Any
 
 from agentrl.errors import ConfigurationError
 
+from ..state import run_name_of
+
 __all__ = [
     "get_default_art_path",
     "get_model_dir",
@@ -35,7 +37,7 @@ def get_models_dir(project_name: str, art_path: str | None = None) -> str:
 
 
 def get_model_dir(model: Any, art_path: str | None = None) -> str:
-    return f"{art_path or get_default_art_path()}/{model.project}/models/{model.name}"
+    return f"{art_path or get_default_art_path()}/{model.project}/models/{run_name_of(model)}"
 
 
 def get_output_dir_from_model_properties(project: str, name: str, art_path: str | None = None) -> str:

@@ -8,7 +8,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import agentrl
 from agentrl.errors import ConfigurationError
@@ -79,11 +79,19 @@ async def train_sft_from_file(
     learning_rate: float = 2e-4,
     batch_size: int = 1,
     verbose: bool = False,
+    log_metrics: bool = True,
+    assistant_turns: Literal["all", "last"] = "all",
 ) -> agentrl.TrainResult:
-    """Train `model` (registered) on the conversations of a JSONL file, `epochs` passes."""
+    """Train `model` (registered) on the conversations of a JSONL file, `epochs` passes (`assistant_turns`: all of
+    each conversation's assistant turns, or its last)."""
+    from ..models import check_log_metrics
+
+    check_log_metrics(log_metrics)
     trajectories = load_trajectories_from_file(file_path)
     if not trajectories:
         raise ConfigurationError(f"{file_path} holds no conversations")
-    config = agentrl.SFTConfig(learning_rate=learning_rate, epochs=epochs, batch_size=batch_size)
+    config = agentrl.SFTConfig(
+        learning_rate=learning_rate, epochs=epochs, batch_size=batch_size, assistant_turns=assistant_turns
+    )
     histories: list[agentrl.History] = list(trajectories)
     return await agentrl.TrainableModel.train_sft(model, histories, config)

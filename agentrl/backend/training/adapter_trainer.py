@@ -50,6 +50,7 @@ class AdapterTrainer(Protocol):
         learning_rate: float,
         micro_batch_tokens: int | None,
         shared_prefix: bool | None = None,
+        assistant_turns: str = "all",
     ) -> StepOutcome: ...
     def logprobs_of(self, name: str, sequences: Sequence[TokenizedSequence]) -> list[list[float]]: ...
     def adapter_weights(self, name: str, rank: int | None = ...) -> dict[str, torch.Tensor]: ...
@@ -85,6 +86,7 @@ def train_sft(
                         batch_micro_batch_tokens[len(sizes)] if batch_micro_batch_tokens else config.micro_batch_tokens
                     ),
                     shared_prefix=config.shared_prefix,
+                    assistant_turns=config.assistant_turns,
                 )
                 if outcome.updated:
                     metrics, conditions = {**outcome.metrics, "epoch": float(epoch)}, outcome.conditions

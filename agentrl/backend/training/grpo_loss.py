@@ -67,6 +67,12 @@ class GRPOLoss:
     ) -> torch.Tensor:
         mask_BT = batch.loss_mask_BT[:, 1:]
         sampler_logprobs_BT = batch.sampler_logprobs_BT[:, 1:]
+        if self.config.nonfinite_logprobs_as_missing:  # ART's: such a token's ratio is 1, as if sampled by the trainer
+            sampler_logprobs_BT = torch.where(
+                torch.isfinite(sampler_logprobs_BT),
+                sampler_logprobs_BT,
+                logprobs_BT.detach().to(sampler_logprobs_BT.dtype),
+            )
         out = policy_loss(
             self.config.loss,
             logprobs_BT,

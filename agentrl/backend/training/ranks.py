@@ -184,6 +184,7 @@ class TrainerRanks:
         learning_rate: float,
         micro_batch_tokens: int | None,
         shared_prefix: bool | None = None,
+        assistant_turns: str = "all",
     ) -> StepOutcome:
         outcome: StepOutcome = self._call(
             self._all,
@@ -193,6 +194,7 @@ class TrainerRanks:
             learning_rate=learning_rate,
             micro_batch_tokens=micro_batch_tokens,
             shared_prefix=shared_prefix,
+            assistant_turns=assistant_turns,
         )[0]
         return outcome
 

@@ -36,7 +36,12 @@ from agentrl.backend.training.micro_batches import (
 from agentrl.backend.training.step_input import TrainingConditions
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
-from agentrl.rl.advantages import compute_group_advantages, scaled_by_mean_abs
+from agentrl.rl.advantages import (
+    compute_group_advantages,
+    conversation_keys,
+    conversation_weights,
+    scaled_by_mean_abs,
+)
 from agentrl.rl.engine_context import tokenize_groups
 from agentrl.rl.ledger import StepCounts, group_tokens
 from agentrl.rl.losses import loss_denominator
@@ -71,7 +76,12 @@ class Trainer(AdapterHost):
             allow_missing_logprobs=config.allow_training_without_logprobs,
             require_exact_context=config.require_exact_context,
         )
-        sequences = scaled_by_mean_abs(tokenized.sequences, enabled=config.scale_advantages_by_mean_abs)
+        per_sequence = config.optimizer_step_per == "sequence"
+        sequences = scaled_by_mean_abs(
+            tokenized.sequences,
+            enabled=config.scale_advantages_by_mean_abs,
+            per="conversation" if per_sequence else "token",
+        )
         metrics["num_skipped_trajectories"] = float(tokenized.num_skipped_trajectories)
         metrics["sampled_turns"] = float(tokenized.num_turns)  # the turns this step trains ...
         metrics["context_exact_turns"] = float(tokenized.num_exact_turns)  # ... in the engine's own context
@@ -86,24 +96,29 @@ class Trainer(AdapterHost):
             return StepOutcome(updated=False, metrics=metrics, counts=counts)
 
         num_loss_tokens = sum(sum(s.loss_mask_T[1:]) for s in sequences)
-        denominator = loss_denominator(
-            config.loss_normalization,
-            num_tokens=num_loss_tokens,
-            num_sequences=tokenized.num_histories,
-            constant=config.normalization_constant,
-            num_zero_variance_tokens=counts.tokens_zero_variance,
-        )
-        metrics["learning_rate"] = set_optimizer(adapter, config, num_sequences=tokenized.num_histories)
-        train_started = time.perf_counter()
-        sums_on_device, plan = self._within_memory(
-            adapter,
-            config.micro_batch_tokens,
-            lambda max_tokens: self._accumulate_gradients(sequences, config, denominator, max_tokens),
-        )
-        metrics.update(sum_across_ranks(adapter, sums_on_device, self.world_size, maxima=MAX_NAMES))
-        sums = read_sums(sums_on_device)
         max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
-        grad_norm = apply_gradients(adapter, max_norm, loss=sums["loss"], sharded=self.sharded)
+        train_started = time.perf_counter()
+        if per_sequence:
+            sums, plan, grad_norm, metrics["learning_rate"] = self._steps_per_sequence(adapter, sequences, config)
+            metrics["optimizer_steps"] = float(len(sequences))
+        else:
+            denominator = loss_denominator(
+                config.loss_normalization,
+                num_tokens=num_loss_tokens,
+                num_sequences=tokenized.num_histories,
+                constant=config.normalization_constant,
+                num_zero_variance_tokens=counts.tokens_zero_variance,
+            )
+            metrics["learning_rate"] = set_optimizer(adapter, config, num_sequences=tokenized.num_histories)
+            sums_on_device, plan = self._within_memory(
+                adapter,
+                config.micro_batch_tokens,
+                lambda max_tokens: self._accumulate_gradients(sequences, config, denominator, max_tokens),
+            )
+            metrics.update(sum_across_ranks(adapter, sums_on_device, self.world_size, maxima=MAX_NAMES))
+            sums = read_sums(sums_on_device)
+            grad_norm = apply_gradients(adapter, max_norm, loss=sums["loss"], sharded=self.sharded)
+            metrics["optimizer_steps"] = 1.0
 
         metrics.update(loss_metrics(sums, num_loss_tokens))
         masked = round(sums["masked"])
@@ -119,6 +134,47 @@ class Trainer(AdapterHost):
             train_s=time.perf_counter() - train_started,
         )
         return StepOutcome(updated=True, metrics=metrics, conditions=self._conditions(plan), counts=counts)
+
+    def _steps_per_sequence(
+        self, adapter: Adapter, sequences: list[TokenizedSequence], config: TrainConfig
+    ) -> tuple[dict[str, float], MicroBatches, float, float]:
+        """`TrainConfig.optimizer_step_per="sequence"`: one clipped AdamW step per sequence, in order, each on its
+        own loss (`per_sequence_denominators`). Returns the summed running sums (maxima: the largest; the loss: the
+        steps' mean), the last step's plan (its forward tokens: all the steps'), the mean gradient norm and the learning rate."""
+        if self.world_size > 1:
+            raise ConfigurationError(
+                "TrainConfig(optimizer_step_per='sequence') takes one step per sequence on one trainer rank; with "
+                f"{self.world_size} ranks use optimizer_step_per='step'"
+            )
+        learning_rate = set_optimizer(adapter, config, num_sequences=1)
+        max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
+        totals: dict[str, float] = {}
+        grad_norms: list[float] = []
+        forward_tokens = 0
+        plan: MicroBatches | None = None
+        for sequence, denominator in zip(sequences, per_sequence_denominators(sequences, config), strict=True):
+
+            def passes(
+                max_tokens: int, one: TokenizedSequence = sequence, divisor: float = denominator
+            ) -> tuple[dict[str, torch.Tensor], MicroBatches]:
+                return self._accumulate_gradients([one], config, divisor, max_tokens)
+
+            sums_on_device, plan = self._within_memory(adapter, config.micro_batch_tokens, passes)
+            sums = read_sums(sums_on_device)
+            grad_norms.append(apply_gradients(adapter, max_norm, loss=sums["loss"], sharded=self.sharded))
+            forward_tokens += plan.forward_tokens
+            for name, value in sums.items():
+                totals[name] = (
+                    max(totals.get(name, value), value) if name in MAX_NAMES else totals.get(name, 0.0) + value
+                )
+        assert plan is not None
+        totals["loss"] /= len(sequences)  # the mean of the steps' losses, comparable with one step's
+        return (
+            totals,
+            dataclasses.replace(plan, forward_tokens=forward_tokens),
+            sum(grad_norms) / len(grad_norms),
+            learning_rate,
+        )
 
     def _conditions(self, plan: MicroBatches) -> TrainingConditions:  # what a bit-exact replay of the step needs
         return TrainingConditions.here(
@@ -231,13 +287,22 @@ class Trainer(AdapterHost):
         learning_rate: float,
         micro_batch_tokens: int | None,
         shared_prefix: bool | None = None,
+        assistant_turns: str = "all",
     ) -> StepOutcome:
-        """One supervised step of adapter `name`: mean negative log-likelihood of the demonstrated assistant turns.
-        Demonstrations that start alike (a system prompt, tool schemas) share those tokens' computation
-        (`shared_prefix`, as in `TrainConfig`)."""
+        """One supervised step of adapter `name`: mean negative log-likelihood of the demonstrated assistant turns
+        (`assistant_turns="last"`: of each demonstration's last one). Demonstrations that start alike (a system
+        prompt, tool schemas) share those tokens' computation (`shared_prefix`, as in `TrainConfig`)."""
         started = time.perf_counter()
         adapter = self._activate(name)
-        sequences = [tokenize_history(h, self.tokenizer, train_on_written_assistant=True) for h in histories]
+        sequences = [
+            tokenize_history(
+                h,
+                self.tokenizer,
+                train_on_written_assistant=True,
+                trained_turns=None if assistant_turns == "all" else frozenset({_assistant_turns(h) - 1}),
+            )
+            for h in histories
+        ]
         sequences = [s for s in sequences if any(s.loss_mask_T)]
         if not sequences:
             return StepOutcome(updated=False, metrics={"tokenize_s": time.perf_counter() - started})
@@ -286,3 +351,28 @@ class Trainer(AdapterHost):
                 logprobs_BT, _ = token_logprobs(self.model, batch)
             result.append(logprobs_BT[batch.loss_mask_BT[:, 1:].bool()].tolist())
         return result
+
+
+def per_sequence_denominators(sequences: Sequence[TokenizedSequence], config: TrainConfig) -> list[float]:
+    """What each sequence's summed loss is divided by when it takes an optimizer step of its own: its loss tokens
+    (its mean, as ART's Unsloth trainer reduces a row) times its conversation's loss tokens over the mean
+    conversation's (ART's weight of 1/the trajectory's length, normalised to a token mean of 1). With
+    `loss_normalization="constant"`, the constant."""
+    tokens_S = [sum(s.loss_mask_T[1:]) for s in sequences]
+    if config.loss_normalization == "constant":
+        return [float(config.normalization_constant)] * len(sequences)
+    shares_S = conversation_weights(sequences)
+    conversation_tokens: dict[object, int] = {}
+    keys = conversation_keys(sequences)
+    for key, tokens in zip(keys, tokens_S, strict=True):
+        conversation_tokens[key] = conversation_tokens.get(key, 0) + tokens
+    mean_conversation_tokens = sum(tokens_S) / sum(shares_S)
+    return [
+        max(tokens, 1) * conversation_tokens[key] / mean_conversation_tokens
+        for tokens, key in zip(tokens_S, keys, strict=True)
+    ]
+
+
+def _assistant_turns(history: History) -> int:
+    """How many assistant turns (written or sampled) a demonstration holds."""
+    return sum(1 for m in history.messages() if m.get("role") == "assistant")
