@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from agentrl.backend.remote.client import RemoteBackend
 from agentrl.backend.training.rank_hosts import JoinPoint
+from agentrl.backend_protocol import TrainResult
 from agentrl.call_helpers import limit_concurrency, retry
 from agentrl.capture import capture_trajectory, current_trajectory, no_capture
 from agentrl.config import (
@@ -39,12 +40,13 @@ from agentrl.errors import (
 )
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gather import AfterEach, ExceptionBudget, gather_trajectories, gather_trajectory_groups
-from agentrl.model import Backend, JudgeModel, Model, TrainableModel, TrainResult
+from agentrl.model import Backend, JudgeModel, Model, TrainableModel
 from agentrl.pipeline import train_pipelined
 from agentrl.plugins import EnvironmentCommands
 from agentrl.records.run_folder import DEFAULT_BASE_PATH, RunFolder
 from agentrl.stop_signals import handle_stop_signals
-from agentrl.trajectory import History, RolloutException, Trajectory, TrajectoryGroup
+from agentrl.trajectory import History, Trajectory
+from agentrl.trajectory_group import RolloutException, TrajectoryGroup
 from agentrl.weave_tracing import disable_weave, enable_weave, traced
 
 if TYPE_CHECKING:  # the names `_LAZY` loads on first use, for type checkers (explicitly re-exported)

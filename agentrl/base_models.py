@@ -21,6 +21,9 @@ from pathlib import Path
 
 from agentrl.errors import ModelNotFoundError
 
+__all__ = ["PACKAGED_MODELS", "cache_dir", "resolve_base_model"]
+"""What environments may use: the packaged models, where agentrl caches data, a base model's folder."""
+
 
 @dataclass(frozen=True)
 class PackagedModel:

@@ -27,7 +27,7 @@ import importlib
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,7 +39,7 @@ from agentrl.gateway.upstream import UPSTREAM_HEADER
 from agentrl.trajectory import History, Trajectory
 
 if TYPE_CHECKING:
-    from agentrl.endpoint import InferenceEndpoint
+    pass
 
 
 class _Named(Protocol):
@@ -342,36 +342,3 @@ def _wrap_sends(module: Any) -> None:
 
     module.AsyncClient.send = send_async
     module.Client.send = send_sync
-
-
-@dataclass
-class RolloutSession:
-    """A base URL for one rollout: every chat completion sent under it goes into `trajectory`, for an
-    agent in another process or a program that only takes a base URL (OPENAI_BASE_URL)."""
-
-    base_url: str
-    api_key: str
-    model: str
-    """The name to ask for (the model's current adapter)."""
-    trajectory: Trajectory = field(default_factory=Trajectory)
-
-
-@contextlib.asynccontextmanager
-async def rollout_session(
-    endpoint: InferenceEndpoint,
-    model: str,
-    open_session: Callable[[], Awaitable[str]],
-    close_session: Callable[[str], Awaitable[list[tuple[dict[str, Any], dict[str, Any]]]]],
-) -> AsyncIterator[RolloutSession]:
-    """A session URL on a backend's gateway (local or a remote service's) for the block, asking for `model`
-    (`TrainableModel.session()` opens one): at its end the session is closed (later requests on it get
-    404) and its completions fill `session.trajectory`, turn by turn as `capture_trajectory` records them.
-    Set the reward after the block."""
-    session_id = await open_session()
-    session = RolloutSession(f"{endpoint.base_url}/sessions/{session_id}", endpoint.api_key, model)
-    try:
-        yield session
-    finally:
-        for request, answer in await close_session(session_id):
-            if capture_counts(answer, None):
-                record_completion(session.trajectory, request, answer)

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from agentrl.errors import ConfigurationError
 from agentrl.records.scenario_record import SCENARIO, scenario_key
-from agentrl.trajectory import TrajectoryGroup
+from agentrl.trajectory_group import TrajectoryGroup
 
 T = TypeVar("T")
 

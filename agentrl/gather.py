@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 from agentrl.errors import ConfigurationError, RolloutError
 from agentrl.rollout_id import current_rollout
 from agentrl.timeline import rollout_span, span
-from agentrl.trajectory import RolloutException, Trajectory, TrajectoryGroup, reward_stats, rollout_trajectories
+from agentrl.trajectory import Trajectory, reward_stats
+from agentrl.trajectory_group import RolloutException, TrajectoryGroup, rollout_trajectories
 
 logger = logging.getLogger(__name__)
 

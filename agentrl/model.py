@@ -15,13 +15,13 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import openai
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 
+from agentrl.backend_protocol import TrainResult
 from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
 from agentrl.endpoint import InferenceEndpoint
 from agentrl.errors import AgentRLError, ConfigurationError
@@ -30,10 +30,11 @@ from agentrl.http_client import endpoint_client, pooled_http_client
 from agentrl.records.run_folder import DEFAULT_BASE_PATH, RunFolder
 from agentrl.records.scenario_record import group_scenarios, record_step, trained_scenarios, void_after
 from agentrl.records.tracking import DEFAULT_BEST_BY
-from agentrl.trajectory import Trajectory, TrajectoryGroup
+from agentrl.trajectory import Trajectory
+from agentrl.trajectory_group import TrajectoryGroup
 
 if TYPE_CHECKING:
-    from agentrl.capture import RolloutSession
+    from agentrl.rollout_session import RolloutSession
     from agentrl.trajectory import History
 
 
@@ -111,23 +112,6 @@ JudgeModel = str | Model
 """A judge: a litellm model id ("openai/o4-mini", "hosted_vllm/qwen", "ollama/qwen2.5") or an agentrl Model."""
 
 
-@dataclass
-class TrainResult:
-    """The outcome of `model.train`: the step now served, and the step's metrics (a plain record you may
-    annotate, as ART's is; changing it changes nothing that was trained or recorded)."""
-
-    step: int
-    metrics: dict[str, float] = field(default_factory=dict)
-    skipped: bool = False
-    """True when no group could train: no update, no new checkpoint, the step unchanged."""
-    skip_reason: str | None = None
-    """Why a skipped step trained nothing, cause by cause (no groups, not gathered, all failed, ...)."""
-    last_judge_error: str | None = None
-    """The last error of a judge whose failure dropped a group this step (`metrics["num_groups_judge_failed"]`)."""
-    record_error: str | None = None
-    """Set when the step happened (and is served) but writing its metrics, trajectories or W&B record failed."""
-
-
 @runtime_checkable
 class Backend(Protocol):
     """Serves a `TrainableModel`'s latest checkpoint and trains it. Every call that waits is async."""
@@ -193,23 +177,6 @@ class OpensSessions(Protocol):
     ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Close a rollout session (later requests on it get 404) and return its exchanges, as chat
         completions (request body, answer), in the order they were answered."""
-        ...
-
-
-@runtime_checkable
-class ReportsSpinning(Protocol):
-    """A backend that knows whether its trainer and a CPU server would spin on each other's cores in a
-    pipelined run (`agentrl.openmp_spin`), on whichever host trains: LocalBackend and RemoteBackend; optional
-    for other backends."""
-
-    def pipelined_spin_fix(self) -> str | None:
-        """What would stop the trainer and the server stealing each other's cores while both compute, or None
-        where nothing needs to change (a GPU server, or OpenMP's spin already bounded where it trains)."""
-        ...
-
-    def pipelined_cores(self) -> contextlib.AbstractAsyncContextManager[bool]:
-        """Held while a pipelined run trains: what the backend does itself about that spin, yielding whether it
-        did anything (LocalBackend computes its trainer on one thread; a RemoteBackend cannot reach its service's)."""
         ...
 
 
@@ -350,8 +317,8 @@ class TrainableModel(Model):
     def session(self) -> contextlib.AbstractAsyncContextManager[RolloutSession]:
         """A base URL for one rollout (`async with model.session() as session:`): point an agent program
         at `session.base_url` (key `session.api_key`, model `session.model`); its completions become
-        `session.trajectory` when the block ends. See `agentrl.capture.rollout_session`."""
-        from agentrl.capture import rollout_session
+        `session.trajectory` when the block ends. See `agentrl.rollout_session`."""
+        from agentrl.rollout_session import rollout_session
 
         backend = self._require_backend()
         if not isinstance(backend, OpensSessions):

@@ -24,13 +24,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
+from agentrl.backend_protocol import ReportsSpinning, TrainResult
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
 from agentrl.gather import AfterEach, ExceptionBudget, FailureTally, RolloutProgress, gather_counted
-from agentrl.model import ReportsSpinning, TrainableModel, TrainResult
+from agentrl.model import TrainableModel
 from agentrl.openmp_spin import warn_spinning_beside_the_server
 from agentrl.timeline import sampling
-from agentrl.trajectory import TrajectoryGroup
+from agentrl.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,10 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.trajectory import TrajectoryGroup
+from agentrl.trajectory_group import TrajectoryGroup
+
+__all__ = ["tool_call_parse_failures", "unparsed_tool_calls"]
+"""What environments may use: counting tool-call text the server could not parse."""
 
 CALL_OPENERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<function=")
 """How the tool-call formats vLLM's parsers read open a call: Hermes, Mistral, Llama 3, Llama 4 / Qwen3-Coder."""

@@ -37,6 +37,7 @@ bound_openmp_spinning()  # before anything loads torch: the pipelined modes shar
 
 import agentrl  # noqa: E402 - after the spin bound
 from agentrl.files import write_json_atomic  # noqa: E402
+from agentrl.records.step_metrics import summarize  # noqa: E402
 from agentrl_environments.larger_number.task import evaluate, rollout, scenarios  # noqa: E402
 from agentrl_environments.larger_number.train import GROUP_SIZE, GROUPS_PER_STEP, LEARNING_RATE  # noqa: E402
 from benchmarks.pipeline_spread import SPREAD_END, SPREAD_START, spread_table  # noqa: E402
@@ -104,7 +105,7 @@ async def run_mode(
                 await backend.server.load_adapter(name, backend.session(model).store.path(step))
                 endpoint = backend.endpoint(model)  # the gateway's sampling token
                 judged = agentrl.Model(name=name, base_url=endpoint.base_url, api_key=endpoint.api_key)
-                rewards[step] = agentrl.records.tracking.summarize(await evaluate(judged, test))["reward_mean"]
+                rewards[step] = summarize(await evaluate(judged, test))["reward_mean"]
                 await backend.server.unload_adapter(name)
                 print(f"{label}: held-out reward at step {step}: {rewards[step]:.3f}", flush=True)
         finally:

@@ -18,11 +18,8 @@ from typing import Any, TypeVar
 
 import agentrl
 from agentrl import AfterEach, JudgeModel
-from agentrl.judges.readout import Readout
-from agentrl.judges.training import RUN_PREFIX, trained_judge
-from agentrl.records.checkpoints import CheckpointStore
-from agentrl.records.run_folder import RunFolder
-from agentrl.records.tracking import read_metrics, summarize
+from agentrl.judges import RUN_PREFIX, Readout, trained_judge
+from agentrl.records import CheckpointStore, RunFolder, read_metrics, summarize
 
 OFF_POLICY_TIS = 2.0
 """Truncated importance sampling for pipelined runs: an off-policy turn's weight is capped at 2x."""

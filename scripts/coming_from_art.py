@@ -25,7 +25,9 @@ def keys_table() -> str:
     for key in training.MEGATRON_ONLY:
         rows.append(f"| `{key}` | | accepted: ART's LocalBackend applies it nowhere (Megatron's optimizer only) |")
     for key, default in training.INERT.items():
-        rows.append(f"| `{key}` | `{default!r}` | accepted with a warning: ART 0.5.18's LocalBackend applies it nowhere |")
+        rows.append(
+            f"| `{key}` | `{default!r}` | accepted with a warning: ART 0.5.18's LocalBackend applies it nowhere |"
+        )
     for key, (accepted, instead) in training.UNSUPPORTED.items():
         values = ", ".join(f"`{v!r}`" for v in accepted)
         rows.append(f"| `{key}` | `{accepted[0]!r}` | only {values}; else `ConfigurationError`: {instead} |")

@@ -8,7 +8,8 @@ import json
 import sys
 
 import agentrl
-from agentrl.records.tracking import load_trajectories, summarize
+from agentrl.records.step_metrics import summarize
+from agentrl.records.tracking import load_trajectories
 from agentrl_environments.larger_number.task import evaluate, rollout, scenarios
 
 

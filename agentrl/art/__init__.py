@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentrl.model import Backend, TrainResult
-from agentrl.trajectory import History, TrajectoryGroup
+from agentrl.backend_protocol import TrainResult
+from agentrl.model import Backend
+from agentrl.trajectory import History
+from agentrl.trajectory_group import TrajectoryGroup
 
 from . import dev
 from .gather import (
@@ -36,8 +38,9 @@ from .metrics import (
     PIPELINE_RL_SCORE_METRICS,
     MetricDefinition,
 )
-from .models import Model, TrainableModel, agentrl_metric
+from .models import TrainableModel, agentrl_metric
 from .pipeline_trainer import PipelineAutotuneConfig, PipelineRuntimeConfig
+from .prompted import Model
 from .tokenizer import get_tokenizer
 from .training import TrainConfig
 from .trajectories import (

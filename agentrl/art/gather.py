@@ -19,7 +19,8 @@ import agentrl
 from agentrl.capture import capture_trajectory, current_trajectory
 from agentrl.errors import ConfigurationError, RolloutError
 from agentrl.gather import ExceptionBudget
-from agentrl.trajectory import Trajectory, TrajectoryGroup
+from agentrl.trajectory import Trajectory
+from agentrl.trajectory_group import TrajectoryGroup
 
 
 def _budget(max_exceptions: int | float) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from agentrl.dataset import content_digest, repeated_id
 from agentrl.errors import ConfigurationError
 from agentrl.pipeline import train_pipelined
 from agentrl.records.scenario_record import scenario_key
-from agentrl.trajectory import Trajectory, TrajectoryGroup
+from agentrl.trajectory import Trajectory
+from agentrl.trajectory_group import TrajectoryGroup
 
 from .training import agentrl_train_config
 

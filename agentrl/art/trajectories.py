@@ -27,7 +27,8 @@ import agentrl
 from agentrl.capture import capture_trajectory
 from agentrl.capture import no_capture as _no_recording
 from agentrl.errors import ConfigurationError
-from agentrl.trajectory import History, TrajectoryGroup
+from agentrl.trajectory import History
+from agentrl.trajectory_group import TrajectoryGroup
 
 LegacyHistory = History
 """ART 0.5.20+'s name for an additional history (`messages_and_choices`, `tools`): agentrl's `History`."""

@@ -29,22 +29,24 @@ from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome
 from agentrl.backend.training.placement import TrainerPlacement
 from agentrl.backend.training.rank_hosts import JoinPoint
 from agentrl.backend.training.step_input import StepInput
+from agentrl.backend_protocol import TrainResult
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.endpoint import InferenceEndpoint
 from agentrl.errors import AgentRLError, BackendBrokenError, ConfigurationError
 from agentrl.files import check_safe_name
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
-from agentrl.model import Model, TrainResult
+from agentrl.model import Model
 from agentrl.openmp_spin import spin_fix_beside
-from agentrl.records.tracking import summarize_groups
+from agentrl.records.step_metrics import step_line
 from agentrl.rl.tokenize import check_token_ids
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
     from agentrl.model import TrainableModel
-    from agentrl.trajectory import History, TrajectoryGroup
+    from agentrl.trajectory import History
+    from agentrl.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +295,7 @@ class LocalBackend:
         """Record evaluation groups at the current step: metrics line, trajectories, transcript, plot."""
         check_safe_name(split, "split")  # it names files in the run folder: no path may come through it
         session = self.session(model)
-        metrics = summarize_groups(groups)
+        metrics = step_line({}, groups, None)
         await session.record(groups, metrics, step=session.step, split=split)
         return metrics
 

@@ -9,7 +9,7 @@ from openai.types.chat.chat_completion import Choice
 
 from agentrl.errors import TokenizationError
 from agentrl.gateway.store import SampledStore
-from agentrl.trajectory import TrajectoryGroup
+from agentrl.trajectory_group import TrajectoryGroup
 
 
 def fill_sampled_tokens(groups: list[TrajectoryGroup], store: SampledStore) -> list[TrajectoryGroup]:

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from agentrl.backend.training.step_input import StepInput, write_step_input
+from agentrl.backend_protocol import TrainResult
 from agentrl.errors import BackendBrokenError, CheckpointError, ConfigurationError, ServerError
-from agentrl.model import TrainResult, served_name
+from agentrl.model import served_name
 from agentrl.records.checkpoints import CheckpointStore
+from agentrl.records.step_metrics import step_line
 from agentrl.records.step_record import backfill_records, write_step_record
-from agentrl.records.tracking import DEFAULT_BEST_BY, best_step, record_step, step_line
+from agentrl.records.tracking import DEFAULT_BEST_BY, best_step, record_step
 from agentrl.records.wandb_metrics import WandbMetrics, wandb_requested
 from agentrl.timeline import append_timeline, recorder, span
 
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome
     from agentrl.config import TrainConfig
     from agentrl.model import TrainableModel
-    from agentrl.trajectory import TrajectoryGroup
+    from agentrl.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -184,8 +186,8 @@ class ModelSession:
         """
         metrics = dict(outcome.metrics)
         if not outcome.updated:
-            line = step_line(metrics, groups, None)  # what metrics.jsonl records, and what the caller is told
-            recording = self.record(groups, line, step=self.step, split=split, skipped=True)
+            line = step_line(metrics, groups, None)  # what the caller is told; metrics.jsonl adds `skipped`
+            recording = self.record(groups, {"skipped": True, **line}, step=self.step, split=split)
             record_error = await _record_committed(recording, self.step)
             return TrainResult(step=self.step, metrics=line, skipped=True, record_error=record_error)
         new_step, old_step = self.step + 1, self.step
@@ -193,7 +195,7 @@ class ModelSession:
         metrics["swap_s"] = await self._swap(new_step, old_step)
         self.step = new_step
         line = step_line(metrics, groups, None)
-        recording = self.record(groups, line, step=new_step, split=split, skipped=False)
+        recording = self.record(groups, {"skipped": False, **line}, step=new_step, split=split)
         record_error = await _record_committed(recording, new_step)
         return TrainResult(step=new_step, metrics=line, record_error=record_error)
 
@@ -283,17 +285,8 @@ class ModelSession:
         async with self.busy:
             return await asyncio.to_thread(self.store.delete, keep_last=keep_last, keep=keep | {self.step})
 
-    async def record(
-        self,
-        groups: list[TrajectoryGroup],
-        metrics: dict[str, float],
-        *,
-        step: int,
-        split: str,
-        skipped: bool | None = None,
-    ) -> None:
-        """One step's record in the run folder (and in W&B when it is on); `metrics` as `step_line` gives them or raw."""
-        record = step_line(metrics, groups, skipped)
+    async def record(self, groups: list[TrajectoryGroup], record: dict[str, float], *, step: int, split: str) -> None:
+        """One step's record in the run folder (and in W&B when it is on): `record` is the line `step_line` built."""
         await asyncio.to_thread(record_step, self.model.run_dir, step, split, groups, record)
         await asyncio.to_thread(append_timeline, self.model.run_dir, recorder.take())
         if self.wandb is not None:

@@ -17,7 +17,7 @@ from agentrl.records.runs import RunInfo
 
 if TYPE_CHECKING:
     from agentrl.judges.check import JudgeCheckReport
-    from agentrl.trajectory import TrajectoryGroup
+    from agentrl.trajectory_group import TrajectoryGroup
 
 
 judge_app = typer.Typer(no_args_is_help=True, help="Check an LLM judge before its scores become rewards; train one.")

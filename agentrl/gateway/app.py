@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -36,12 +35,14 @@ from agentrl.errors import TokenizationError
 from agentrl.gateway import responses_api
 from agentrl.gateway.auth import TokenGuard
 from agentrl.gateway.client_apis import CHAT, MESSAGES, RESPONSES, ClientApi, api_for_path
+from agentrl.gateway.error_answers import gateway_error, refusal, upstream_message
 from agentrl.gateway.limits import RequestRefused, check_sampling_request, parse_json_object, read_body
 from agentrl.gateway.relay import OnAnswer, relay_as, relay_chat
 from agentrl.gateway.replica_door import replica_routes
 from agentrl.gateway.sessions import SessionLog
 from agentrl.gateway.store import SampledStore, sampled_choices
 from agentrl.gateway.upstream import (
+    STALE_CONNECTION_ERRORS,
     UPSTREAM_HEADER,
     UPSTREAM_KEEPALIVE_S,
     UPSTREAM_TIMEOUT,
@@ -52,15 +53,6 @@ from agentrl.gateway.upstream import (
 from agentrl.rollout_id import ROLLOUT_HEADER
 
 logger = logging.getLogger(__name__)
-
-STALE_CONNECTION_ERRORS = (httpx.ReadError, httpx.RemoteProtocolError)
-"""What a request on a pooled connection that the server closed meanwhile fails with, before any answer: a
-keep-alive race that an expiry below the server's narrows (seen even with idle connections dropped after 2 s:
-1 request in 128 of a burst through two replicas on two cores failed with a ReadError)."""
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "gateway_error", "code": status}}, status_code=status)
 
 
 async def until_disconnected(request: Request) -> None:
@@ -98,12 +90,12 @@ class _GatewayRoutes:
 
     def unreachable(self, replica: Replica, error: Exception) -> JSONResponse:
         notice = replica.death_notice() if replica.death_notice is not None else None
-        return _error(503, notice or f"the inference server did not answer: {type(error).__name__}: {error}")
+        return gateway_error(503, notice or f"the inference server did not answer: {type(error).__name__}: {error}")
 
     def no_replica(self) -> JSONResponse:
         if not self.upstream.replicas:
-            return _error(503, "no model is registered on this backend yet: register one, then sample from it")
-        return _error(503, f"no inference server is left in rotation:\n{self.upstream.why_none()}")
+            return gateway_error(503, "no model is registered on this backend yet: register one, then sample from it")
+        return gateway_error(503, f"no inference server is left in rotation:\n{self.upstream.why_none()}")
 
     def build(self, replica: Replica, method: str, path: str, body: Any = None) -> httpx.Request:
         headers = {"Authorization": f"Bearer {replica.key}", UPSTREAM_HEADER: "1"}
@@ -183,7 +175,7 @@ class _GatewayRoutes:
         sessions = self.sessions
         if sessions is None or not sessions.is_open(session_id):
             message = f"rollout session {session_id[:8]}... is closed or unknown: open one with model.session()"
-            return _refusal(api)(404, message)
+            return refusal(api)(404, message)
 
         def log(body: dict[str, Any], answer: dict[str, Any]) -> None:
             sessions.record(session_id, body, answer)
@@ -194,7 +186,7 @@ class _GatewayRoutes:
 
     async def session_models(self, request: Request) -> Response:
         if self.sessions is None or not self.sessions.is_open(request.path_params["session_id"]):
-            return _error(404, "this rollout session is closed or unknown: open one with model.session()")
+            return gateway_error(404, "this rollout session is closed or unknown: open one with model.session()")
         return await self.models(request)
 
     async def forward(
@@ -216,7 +208,7 @@ class _GatewayRoutes:
                 self.send(body, path) if body.get("stream") else self.send_while_connected(request, body, path)
             )
         except RequestRefused as refused:
-            return _error(refused.status, refused.message)
+            return gateway_error(refused.status, refused.message)
         if sent is None:
             return Response(status_code=499)  # the client left; nobody reads this
         return sent
@@ -238,7 +230,7 @@ class _GatewayRoutes:
                 await read_body(request, self.upstream.limits.max_body_bytes, self.upstream.limits.body_timeout_s)
             )
         except RequestRefused as refused:
-            return _error(refused.status, refused.message)
+            return gateway_error(refused.status, refused.message)
         sent = await self.forward(request, body, path)
         if isinstance(sent, Response):
             return sent
@@ -264,7 +256,7 @@ class _GatewayRoutes:
     async def other_api(self, request: Request, api: ClientApi, on_answer: OnAnswer | None = None) -> Response:
         """A Responses or Messages request, sampled as a chat completion and answered in its own format; its
         token data is kept under the answer's own id (resp_..., msg_...)."""
-        refuse, translation = _refusal(api), api.translation
+        refuse, translation = refusal(api), api.translation
         assert translation is not None, f"{api.name} is sampled as it comes, not translated"
         try:
             body = parse_json_object(
@@ -290,7 +282,7 @@ class _GatewayRoutes:
         if not chat_body.get("stream"):
             replica.request_done()
             if response.status_code != 200:
-                return refuse(response.status_code, _upstream_message(response.content))
+                return refuse(response.status_code, upstream_message(response.content))
             data = response.json()
             self.keep(data, answer_id, request.headers.get(ROLLOUT_HEADER))
             answered(data)
@@ -299,7 +291,7 @@ class _GatewayRoutes:
             content = await response.aread()
             await response.aclose()
             replica.request_done()
-            return refuse(response.status_code, _upstream_message(content))
+            return refuse(response.status_code, upstream_message(content))
         events = translation.events(body, answer_id)
         relay = relay_as(
             response, self.store, replica, answer_id, events, answered, request.headers.get(ROLLOUT_HEADER)
@@ -316,7 +308,7 @@ class _GatewayRoutes:
         try:
             choices = self.store.get(request.path_params["completion_id"])
         except TokenizationError as error:
-            return _error(404, str(error))
+            return gateway_error(404, str(error))
         return JSONResponse([c.model_dump() for c in choices])
 
 
@@ -357,28 +349,6 @@ def create_gateway_app(
         lifespan=handlers.lifespan,
     )
     return TokenGuard(app, sampling_token=token, admin_token=admin_token) if token else app
-
-
-def _refusal(api: ClientApi) -> Callable[[int, str], JSONResponse]:
-    """How `api` says no: Anthropic's error shape for Messages, OpenAI's for the others."""
-    return _anthropic_error if api.anthropic_errors else _error
-
-
-def _anthropic_error(status: int, message: str) -> JSONResponse:
-    """An error as the Messages API words it, so the Anthropic SDK shows the message."""
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
-    error = {"type": kind.get(status, "api_error"), "message": message}
-    return JSONResponse({"type": "error", "error": error}, status_code=status)
-
-
-def _upstream_message(content: bytes) -> str:
-    """The message of an inference server's error answer (its JSON `message`, else its text)."""
-    try:
-        data = json.loads(content)
-        error = data.get("error", data) if isinstance(data, dict) else {}
-        return str(error.get("message") or data)
-    except (json.JSONDecodeError, AttributeError):
-        return content.decode("utf-8", "replace")
 
 
 @functools.cache

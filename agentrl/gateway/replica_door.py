@@ -19,12 +19,9 @@ from starlette.routing import Route
 
 from agentrl.errors import AgentRLError
 from agentrl.gateway.auth import JOIN_PREFIX
+from agentrl.gateway.error_answers import gateway_error
 from agentrl.gateway.upstream import ReplicaDoor, ReplicaOffer, Upstream
 from agentrl_vllm.server_guard import digest_matches, presented_digest
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
 
 
 class _JoinRoutes:
@@ -37,15 +34,17 @@ class _JoinRoutes:
     def door(self, request: Request) -> ReplicaDoor | JSONResponse:
         """The backend's servers, or the answer that refuses this request (no join token, a wrong one, no servers)."""
         if self.digest is None:
-            return _error(
+            return gateway_error(
                 404,
                 "this backend takes no inference replicas from other hosts: start it with AGENTRL_JOIN_TOKEN set "
                 "(LocalBackend(join_token=...))",
             )
         if not digest_matches(presented_digest(request.scope), self.digest):
-            return _error(401, "the head refused this replica's token: set AGENTRL_JOIN_TOKEN to the head's join token")
+            return gateway_error(
+                401, "the head refused this replica's token: set AGENTRL_JOIN_TOKEN to the head's join token"
+            )
         if self.upstream.door is None:
-            return _error(503, "the backend has no servers yet (no model registered); try again shortly")
+            return gateway_error(503, "the backend has no servers yet (no model registered); try again shortly")
         return self.upstream.door
 
     async def settings(self, request: Request) -> JSONResponse:
@@ -59,11 +58,11 @@ class _JoinRoutes:
         try:
             offer = ReplicaOffer.model_validate_json(await request.body())
         except ValidationError as error:
-            return _error(400, f"not a replica offer: {error}")
+            return gateway_error(400, f"not a replica offer: {error}")
         try:
             replica = await asyncio.wrap_future(door.admit(offer))
         except AgentRLError as error:
-            return _error(502, f"the head could not take this replica: {error}")
+            return gateway_error(502, f"the head could not take this replica: {error}")
         self.upstream.replicas.append(replica)
         return JSONResponse({"track": replica.track, "replicas": len(self.upstream.in_rotation())})
 

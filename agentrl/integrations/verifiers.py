@@ -16,7 +16,8 @@ from agentrl.capture import capture_trajectory
 from agentrl.distribution import install_extra
 from agentrl.errors import ConfigurationError
 from agentrl.model import Model
-from agentrl.trajectory import Trajectory, TrajectoryGroup
+from agentrl.trajectory import Trajectory
+from agentrl.trajectory_group import TrajectoryGroup
 
 try:
     import verifiers as vf

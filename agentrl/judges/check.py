@@ -38,7 +38,8 @@ from agentrl.judges.call import JudgeLimiter, litellm_params
 from agentrl.judges.readout import Readout, check_readout
 from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler
 from agentrl.model import JudgeModel
-from agentrl.trajectory import Trajectory, TrajectoryGroup
+from agentrl.trajectory import Trajectory
+from agentrl.trajectory_group import TrajectoryGroup
 
 
 class Interval(BaseModel):

@@ -13,7 +13,7 @@ from agentrl.files import write_text_atomic
 from agentrl.judges.check import JudgeCheckReport, reference_reward
 from agentrl.records.run_folder import RunFolder
 from agentrl.records.tracking import load_trajectories
-from agentrl.trajectory import TrajectoryGroup
+from agentrl.trajectory_group import TrajectoryGroup
 
 
 def recorded_groups(run_dir: Path, *, split: str = "train", max_groups: int = 8) -> tuple[list[TrajectoryGroup], int]:

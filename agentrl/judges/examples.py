@@ -12,7 +12,8 @@ from agentrl.errors import ConfigurationError
 from agentrl.files import write_text_atomic
 from agentrl.judges.check import reference_reward
 from agentrl.judges.ruler import DEFAULT_RUBRIC
-from agentrl.trajectory import Trajectory, TrajectoryGroup
+from agentrl.trajectory import Trajectory
+from agentrl.trajectory_group import TrajectoryGroup
 
 
 class JudgeExample(BaseModel):

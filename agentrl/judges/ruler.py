@@ -30,7 +30,7 @@ from agentrl.judges.pairwise import common_prefix_length, judge_pairs
 from agentrl.judges.readout import Readout, check_readout, from_probabilities
 from agentrl.model import JudgeModel
 from agentrl.rl.ledger import group_tokens
-from agentrl.trajectory import RolloutException, TrajectoryGroup
+from agentrl.trajectory_group import RolloutException, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 EXPLANATION_LOG = "RULER: "

@@ -38,11 +38,13 @@ from agentrl.judges.decision_training import decision_choices, decision_historie
 from agentrl.judges.examples import JudgeExample
 from agentrl.judges.readout import Readout, check_readout, refuse_json_settings
 from agentrl.judges.ruler import ruler_prompt, scores_schema
-from agentrl.trajectory import History, Trajectory, TrajectoryGroup
+from agentrl.trajectory import History, Trajectory
+from agentrl.trajectory_group import TrajectoryGroup
 
 if TYPE_CHECKING:
+    from agentrl.backend_protocol import TrainResult
     from agentrl.config import SFTConfig, TrainConfig
-    from agentrl.model import TrainableModel, TrainResult
+    from agentrl.model import TrainableModel
     from agentrl.records.runs import RunInfo
 
 JUDGE_PROJECT = "judges"

@@ -25,8 +25,9 @@ from agentrl.judges.training import record_readout
 from agentrl.trajectory import History
 
 if TYPE_CHECKING:
+    from agentrl.backend_protocol import TrainResult
     from agentrl.config import SFTConfig
-    from agentrl.model import TrainableModel, TrainResult
+    from agentrl.model import TrainableModel
 
 
 class VerdictExample(BaseModel):

@@ -24,7 +24,8 @@ from agentrl.mcp.servers import MCPToolbox, ServerSpec
 from agentrl.mcp.tasks import MCPTask, generate_tasks, tasks_to_jsonl
 from agentrl.model import JudgeModel, TrainableModel
 from agentrl.pipeline import train_pipelined
-from agentrl.trajectory import Trajectory, TrajectoryGroup
+from agentrl.trajectory import Trajectory
+from agentrl.trajectory_group import TrajectoryGroup
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an assistant with tools. Use them to do the user's task, then call complete_task with a short "

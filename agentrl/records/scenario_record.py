@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from agentrl.files import append_line, read_lines
-from agentrl.trajectory import TrajectoryGroup
+from agentrl.trajectory_group import TrajectoryGroup
 
 SCENARIO = "scenario"
 """The `TrajectoryGroup.metadata` key naming the group's scenario ("{epoch}:{id}")."""

@@ -17,8 +17,9 @@ from pathlib import Path
 from agentrl.errors import CheckpointError
 from agentrl.files import gunzip_bounded
 from agentrl.records.checkpoints import MAX_RECORD_BYTES, STEP_RECORD_FILE, CheckpointStore
-from agentrl.records.tracking import groups_from_rows, read_metrics, record_step, step_line, trajectory_lines
-from agentrl.trajectory import TrajectoryGroup
+from agentrl.records.step_metrics import step_line
+from agentrl.records.tracking import groups_from_rows, read_metrics, record_step, trajectory_lines
+from agentrl.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

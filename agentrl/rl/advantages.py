@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from agentrl.rl.sequence_weights import conversation_weights
+
 if TYPE_CHECKING:
     from agentrl.rl.tokenize import TokenizedSequence
 
@@ -66,21 +68,6 @@ def compute_group_advantages(
         advantages_P_G.append(balanced(group_advantages(rewards_G, scale_by_std=scale_by_std), balance))
         kept.append(index)
     return GroupAdvantages(advantages_P_G, kept, num_dropped_groups=len(rewards_P_G) - len(kept))
-
-
-def conversation_keys(sequences: Sequence[TokenizedSequence]) -> list[object]:
-    """Which conversation each sequence trains: its `history_index`, or (without one) the sequence itself."""
-    return [s.history_index if s.history_index is not None else ("own", i) for i, s in enumerate(sequences)]
-
-
-def conversation_weights(sequences: Sequence[TokenizedSequence]) -> list[float]:
-    """Each sequence's share of its conversation (1 / the sequences that conversation took), so that per-conversation
-    averages weigh every conversation alike however many sequences its turns needed."""
-    keys = conversation_keys(sequences)
-    counts: dict[object, int] = {}
-    for key in keys:
-        counts[key] = counts.get(key, 0) + 1
-    return [1 / counts[key] for key in keys]
 
 
 def scaled_by_mean_abs(

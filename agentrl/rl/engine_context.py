@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from agentrl.errors import TokenizationError
 from agentrl.rl.ledger import trajectory_tokens
 from agentrl.rl.tokenize import ChatTokenizer, SampledTokens, TokenizedSequence, sampled_tokens, tokenize_history
-from agentrl.trajectory import History, TrajectoryGroup
+from agentrl.trajectory import History
+from agentrl.trajectory_group import TrajectoryGroup
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.errors import JudgeError
-from agentrl.trajectory import Trajectory, TrajectoryGroup
+from agentrl.trajectory import Trajectory
+from agentrl.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

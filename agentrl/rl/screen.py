@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentrl.errors import JudgeError
-from agentrl.trajectory import TrajectoryGroup, check_reward, reward_stats
+from agentrl.trajectory import check_reward, reward_stats
+from agentrl.trajectory_group import TrajectoryGroup
 
 JUDGE_ERROR_TYPE = JudgeError.__name__
 

@@ -25,7 +25,8 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.errors import TokenizationError
-from agentrl.trajectory import History, TrajectoryGroup
+from agentrl.trajectory import History
+from agentrl.trajectory_group import TrajectoryGroup
 
 _PLACEHOLDER = "<<agentrl-sampled-turn-{}>>"
 

@@ -17,8 +17,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from agentrl.judges.check_report import recorded_groups
-from agentrl.judges.examples import JudgeExample, examples_from_groups, write_examples
+from agentrl.judges import JudgeExample, examples_from_groups, recorded_groups, write_examples
 
 from .train import run
 

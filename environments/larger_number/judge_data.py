@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import agentrl
-from agentrl.judges.examples import JudgeExample, write_examples
+from agentrl.judges import JudgeExample, write_examples
 
 from .task import Scenario, reward, rollout, scenarios
 

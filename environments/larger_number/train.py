@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import agentrl
 from agentrl import AfterEach, JudgeModel
-from agentrl.judges.readout import Readout
+from agentrl.judges import Readout
 
 from ..training import (
     DEFAULT_READOUT,

@@ -14,10 +14,7 @@ from typing import Any, cast
 
 import agentrl
 from agentrl import AfterEach, JudgeModel
-from agentrl.judges import DEFAULT_RUBRIC
-from agentrl.judges.audit import DEFAULT_AUDIT
-from agentrl.judges.readout import Readout
-from agentrl.judges.rubric import audit_rubrics
+from agentrl.judges import DEFAULT_AUDIT, DEFAULT_RUBRIC, Readout, audit_rubrics
 
 from ..training import DEFAULT_READOUT, judge_for
 from .tasks import DATA, InstructionTask, checked_pass_rate

@@ -27,10 +27,15 @@ import tempfile
 from pathlib import Path
 
 import agentrl
-from agentrl.judges.examples import JudgeExample, examples_from_groups, load_examples, write_examples
-from agentrl.judges.verdict_training import VerdictExample, write_verdict_examples
-from agentrl.records.run_folder import RunFolder
-from agentrl.records.tracking import load_trajectories
+from agentrl.judges import (
+    JudgeExample,
+    VerdictExample,
+    examples_from_groups,
+    load_examples,
+    write_examples,
+    write_verdict_examples,
+)
+from agentrl.records import RunFolder, load_trajectories
 
 from .env import load_tasks, rollout, task_rubric
 from .tasks import DATA, InstructionTask, checked_pass_rate, passes

@@ -15,7 +15,7 @@ exact prompt it trained against; the code-checked pass rate (`independent_reward
 from __future__ import annotations
 
 import agentrl
-from agentrl.judges.readout import Readout
+from agentrl.judges import Readout
 
 from ..training import (
     DEFAULT_READOUT,

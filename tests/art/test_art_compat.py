@@ -17,7 +17,7 @@ import agentrl
 import agentrl.art as art
 from agentrl.art.utils import iterate_dataset, limit_concurrency
 from agentrl.art.utils.litellm import convert_litellm_choice_to_openai
-from agentrl.records.tracking import with_art_names
+from agentrl.records.step_metrics import with_art_names
 
 
 class EmailConfig(BaseModel):

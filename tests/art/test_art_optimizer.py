@@ -140,7 +140,7 @@ def test_three_train_calls_of_the_2048_recipe_match_arts_optimizer_by_hand(tiny_
 
 @pytest.mark.parametrize("loss_normalization", ["tokens", "constant"])
 def test_per_sequence_denominators_weigh_each_conversation_by_one_over_its_length(loss_normalization):
-    from agentrl.backend.training.trainer import per_sequence_denominators
+    from agentrl.rl.sequence_weights import per_sequence_denominators
     from agentrl.rl.tokenize import TokenizedSequence
 
     def sequence(tokens: int, history: int | None) -> TokenizedSequence:

@@ -26,7 +26,8 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import agentrl
-from agentrl.backend.remote.service import BackendService, OperatorPolicy, ServiceTokens, sampling_token_for
+from agentrl.backend.remote.service import BackendService, OperatorPolicy
+from agentrl.backend.remote.tokens import ServiceTokens, sampling_token_for
 from agentrl.config import ServerConfig
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
@@ -113,7 +114,7 @@ async def test_the_sampling_token_samples_and_cannot_administer(service):
 
 
 def test_the_sampling_token_is_derived_one_way_and_overridable(tmp_path, monkeypatch):
-    from agentrl.backend.remote.service import service_tokens
+    from agentrl.backend.remote.tokens import service_tokens
 
     monkeypatch.delenv("AGENTRL_TOKEN", raising=False)
     monkeypatch.delenv("AGENTRL_SAMPLING_TOKEN", raising=False)
@@ -135,7 +136,7 @@ def test_the_sampling_token_is_derived_one_way_and_overridable(tmp_path, monkeyp
      ("AGENTRL_SAMPLING_TOKEN", "sample")],
 )  # fmt: skip
 def test_a_weak_chosen_token_is_refused_at_start(tmp_path, monkeypatch, variable, value):
-    from agentrl.backend.remote.service import service_tokens
+    from agentrl.backend.remote.tokens import service_tokens
 
     monkeypatch.delenv("AGENTRL_SAMPLING_TOKEN", raising=False)
     monkeypatch.setenv("AGENTRL_TOKEN", secrets.token_urlsafe(32))
@@ -154,7 +155,7 @@ def test_strong_tokens_of_every_usual_shape_pass():
 
 
 def test_a_token_file_others_can_read_is_refused(tmp_path, monkeypatch):
-    from agentrl.backend.remote.service import service_tokens
+    from agentrl.backend.remote.tokens import service_tokens
 
     monkeypatch.delenv("AGENTRL_TOKEN", raising=False)
     monkeypatch.delenv("AGENTRL_SAMPLING_TOKEN", raising=False)

@@ -6,14 +6,8 @@ import sys
 from pathlib import Path
 
 from agentrl import Trajectory, TrajectoryGroup
-from agentrl.records.tracking import (
-    load_trajectories,
-    plot_rewards,
-    read_metrics,
-    record_step,
-    summarize,
-    transcript_html,
-)
+from agentrl.records.step_metrics import summarize
+from agentrl.records.tracking import load_trajectories, plot_rewards, read_metrics, record_step, transcript_html
 from tests.helpers import sample_groups
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,7 +171,7 @@ def test_records_are_never_replaced_on_a_file_system_without_hard_links(tmp_path
 
 
 def test_tool_call_text_the_server_could_not_parse_is_counted_and_marked():
-    from agentrl.records.tracking import step_line
+    from agentrl.records.step_metrics import step_line
     from tests.helpers import make_choice
 
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]

@@ -16,7 +16,7 @@ from agentrl.errors import JudgeError
 from agentrl.judges import ruler as agentrl_ruler
 from agentrl.judges import ruler_score_group as agentrl_ruler_score_group
 from agentrl.judges.ruler import DEFAULT_RUBRIC, EXPLANATION_LOG
-from agentrl.trajectory import TrajectoryGroup
+from agentrl.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

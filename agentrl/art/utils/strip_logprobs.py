@@ -6,7 +6,8 @@ from typing import Any, TypeVar
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.trajectory import History, TrajectoryGroup
+from agentrl.trajectory import History
+from agentrl.trajectory_group import TrajectoryGroup
 
 T = TypeVar("T")
 

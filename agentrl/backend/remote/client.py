@@ -40,9 +40,11 @@ from agentrl.errors import AgentRLError, ConfigurationError, ServerError
 from agentrl.openmp_spin import BOUNDED_SPIN_TURNS, SPIN_VARIABLE
 
 if TYPE_CHECKING:
+    from agentrl.backend_protocol import TrainResult
     from agentrl.config import SFTConfig, TrainConfig
-    from agentrl.model import Model, TrainableModel, TrainResult
-    from agentrl.trajectory import History, TrajectoryGroup
+    from agentrl.model import Model, TrainableModel
+    from agentrl.trajectory import History
+    from agentrl.trajectory_group import TrajectoryGroup
 
 
 class RemoteBackend:
@@ -107,7 +109,7 @@ class RemoteBackend:
     async def _step_call(self, path: str, message: TrainRequest | SFTRequest) -> TrainResult:
         """A step request, named by a new id and the model's step as last seen, asked again (same id) when its
         answer is lost in transit: the service applies it once and answers every attempt with the same result."""
-        from agentrl.model import TrainResult
+        from agentrl.backend_protocol import TrainResult
 
         key = (message.model.project, message.model.name)
         message = message.model_copy(update={"request_id": uuid.uuid4().hex, "from_step": self._steps.get(key)})

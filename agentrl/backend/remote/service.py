@@ -15,17 +15,12 @@ a step the model has left is refused (409), so no step is ever applied twice.
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
-import hashlib
-import hmac
 import logging
-import os
-import secrets
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,11 +30,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentrl.backend.local import LocalBackend
+from agentrl.backend.remote.tokens import ServiceTokens, service_tokens
 from agentrl.backend.remote.wire import (
     REGISTERED_FIELDS,
-    SAMPLING_TOKEN_ENV,
     SERVICE_HEADER,
-    TOKEN_ENV,
     DeleteRequest,
     ErrorReply,
     LogRequest,
@@ -62,57 +56,14 @@ from agentrl.errors import (
     StepConflictError,
     TokenizationError,
 )
-from agentrl.files import make_private_dir, write_text_atomic
+from agentrl.files import make_private_dir
 from agentrl.gateway.limits import GatewayLimits, RequestRefused, read_body
 from agentrl.model import TrainableModel, served_name
-from agentrl.secret_tokens import check_private_file, check_token_strength
 
 logger = logging.getLogger(__name__)
-TOKEN_FILE = "backend.token"
 REMEMBERED_STEP_REQUESTS = 1024
 """Step request ids whose results the service keeps for retries (a few hundred bytes each)."""
 M = TypeVar("M", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class ServiceTokens:
-    """The service's two bearer tokens and where the admin token came from."""
-
-    admin: str = field(repr=False)
-    """Opens every route: register, train, log, delete checkpoints, and sampling."""
-    sampling: str = field(repr=False)
-    """Opens /v1 (sampling, stored tokens) only: what rollouts, judges and agent frameworks hold."""
-    source: str
-    """AGENTRL_TOKEN or the token file's path."""
-    generated: bool
-    """Whether the admin token was generated (and saved) by this start."""
-
-
-def sampling_token_for(admin: str) -> str:
-    """The sampling token derived from the admin token (one-way: holding it reveals nothing of the admin token)."""
-    digest = hmac.new(admin.encode(), b"agentrl sampling token", hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
-def service_tokens(runs_dir: Path) -> ServiceTokens:
-    """The admin token from `AGENTRL_TOKEN`, else the one saved beside the runs ({runs_dir}/backend.token,
-    mode 0600), else a new one saved there; the sampling token from `AGENTRL_SAMPLING_TOKEN`, else derived.
-    A chosen token weaker than 128 bits, or a token file others can read, is a ConfigurationError naming the fix."""
-    admin, source, generated = "", TOKEN_ENV, False
-    if token := os.environ.get(TOKEN_ENV, "").strip():
-        admin = check_token_strength(token, TOKEN_ENV)
-    elif (path := runs_dir / TOKEN_FILE).exists():
-        check_private_file(path)
-        admin, source = check_token_strength(path.read_text().strip(), f"the token in {path}"), str(path)
-    else:
-        admin, source, generated = secrets.token_urlsafe(32), str(path), True
-        write_text_atomic(path, admin + "\n", mode=0o600)
-    if chosen := os.environ.get(SAMPLING_TOKEN_ENV, "").strip():
-        check_token_strength(chosen, SAMPLING_TOKEN_ENV)
-    sampling = chosen or sampling_token_for(admin)
-    if sampling == admin:
-        raise ConfigurationError(f"{SAMPLING_TOKEN_ENV} must differ from the admin token ({TOKEN_ENV})")
-    return ServiceTokens(admin, sampling, source, generated)
 
 
 @dataclass(frozen=True)

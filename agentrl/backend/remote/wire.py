@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.files import check_safe_name
-from agentrl.trajectory import History, TrajectoryGroup
+from agentrl.trajectory import History
+from agentrl.trajectory_group import TrajectoryGroup
 
 SERVICE_HEADER = "x-agentrl-service"
 """Names the service instance: a request made for an earlier instance (before a restart) is refused."""

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from agentrl.backend.training.step_input import TrainingConditions
     from agentrl.config import LoRAConfig, SFTConfig, TrainConfig
     from agentrl.rl.tokenize import TokenizedSequence
-    from agentrl.trajectory import History, TrajectoryGroup
+    from agentrl.trajectory import History
+    from agentrl.trajectory_group import TrajectoryGroup
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ from agentrl.backend.training.rank_process import serve_rank
 from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import ConfigurationError, TrainingError
 from agentrl.timeline import recorder
-from agentrl.trajectory import History, TrajectoryGroup
+from agentrl.trajectory import History
+from agentrl.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from agentrl.errors import CheckpointError
 from agentrl.files import gunzip_bounded
 from agentrl.records.checkpoints import MAX_RECORD_BYTES, STEP_INPUT_FILE
 from agentrl.records.tracking import groups_from_rows, trajectory_lines
-from agentrl.trajectory import History, TrajectoryGroup
+from agentrl.trajectory import History
+from agentrl.trajectory_group import TrajectoryGroup
 
 
 @dataclass(frozen=True)

@@ -36,18 +36,15 @@ from agentrl.backend.training.micro_batches import (
 from agentrl.backend.training.step_input import TrainingConditions
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
-from agentrl.rl.advantages import (
-    compute_group_advantages,
-    conversation_keys,
-    conversation_weights,
-    scaled_by_mean_abs,
-)
+from agentrl.rl.advantages import compute_group_advantages, scaled_by_mean_abs
 from agentrl.rl.engine_context import tokenize_groups
 from agentrl.rl.ledger import StepCounts, group_tokens
 from agentrl.rl.losses import loss_denominator
+from agentrl.rl.sequence_weights import per_sequence_denominators
 from agentrl.rl.tokenize import TokenBatch, TokenizedSequence, collate, tokenize_history
 from agentrl.timeline import span
-from agentrl.trajectory import History, TrajectoryGroup
+from agentrl.trajectory import History
+from agentrl.trajectory_group import TrajectoryGroup
 
 _Passes = TypeVar("_Passes")
 
@@ -351,26 +348,6 @@ class Trainer(AdapterHost):
                 logprobs_BT, _ = token_logprobs(self.model, batch)
             result.append(logprobs_BT[batch.loss_mask_BT[:, 1:].bool()].tolist())
         return result
-
-
-def per_sequence_denominators(sequences: Sequence[TokenizedSequence], config: TrainConfig) -> list[float]:
-    """What each sequence's summed loss is divided by when it takes an optimizer step of its own: its loss tokens
-    (its mean, as ART's Unsloth trainer reduces a row) times its conversation's loss tokens over the mean
-    conversation's (ART's weight of 1/the trajectory's length, normalised to a token mean of 1). With
-    `loss_normalization="constant"`, the constant."""
-    tokens_S = [sum(s.loss_mask_T[1:]) for s in sequences]
-    if config.loss_normalization == "constant":
-        return [float(config.normalization_constant)] * len(sequences)
-    shares_S = conversation_weights(sequences)
-    conversation_tokens: dict[object, int] = {}
-    keys = conversation_keys(sequences)
-    for key, tokens in zip(keys, tokens_S, strict=True):
-        conversation_tokens[key] = conversation_tokens.get(key, 0) + tokens
-    mean_conversation_tokens = sum(tokens_S) / sum(shares_S)
-    return [
-        max(tokens, 1) * conversation_tokens[key] / mean_conversation_tokens
-        for tokens, key in zip(tokens_S, keys, strict=True)
-    ]
 
 
 def _assistant_turns(history: History) -> int:
