@@ -87,11 +87,13 @@ def die_at_the_commit() -> None:
 
     record = ModelSession.record
 
-    async def record_or_die(self: ModelSession, *args: Any, **kwargs: Any) -> None:
-        if kwargs.get("split") == "train" and kwargs.get("skipped") is False:
-            print(f"KILLED AT COMMIT {kwargs.get('step')}", flush=True)
+    async def record_or_die(
+        self: ModelSession, groups: list[Any], line: dict[str, float], *, step: int, split: str
+    ) -> None:
+        if split == "train" and line.get("skipped") is False:
+            print(f"KILLED AT COMMIT {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        await record(self, *args, **kwargs)
+        await record(self, groups, line, step=step, split=split)
 
     ModelSession.record = record_or_die  # type: ignore[method-assign]
 
