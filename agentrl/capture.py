@@ -36,6 +36,7 @@ from openai.types.chat.chat_completion import Choice
 from agentrl.gateway.client_apis import ClientApi, api_for_path
 from agentrl.gateway.limits import RequestRefused
 from agentrl.gateway.upstream import UPSTREAM_HEADER
+from agentrl.sampled_record import SampledRecord, served_by
 from agentrl.trajectory import History, Trajectory
 
 if TYPE_CHECKING:
@@ -240,10 +241,10 @@ def capture_counts(answer: dict[str, Any], model_name: str | None, every_endpoin
     """Whether an answer is recorded: agentrl's gateway answered it from a trained adapter (the base model
     and other endpoints stay out; with `every_endpoint` any answer with choices), of `model_name` when given."""
     choices = answer.get("choices") or []
-    gateway = any(c.get("completion_id") and c.get("policy_step") is not None for c in choices)
+    gateway = any(SampledRecord.of(c).from_gateway for c in choices)
     if not (gateway or (every_endpoint and choices)):
         return False
-    return model_name is None or str(answer.get("model", "")).startswith(f"{model_name}@")
+    return model_name is None or served_by(answer.get("model"), model_name)
 
 
 def _observe_answer(capture: _Capture, api: ClientApi, body: dict[str, Any], answer: dict[str, Any]) -> None:

@@ -30,17 +30,13 @@ from agentrl.http_client import endpoint_client, pooled_http_client
 from agentrl.records.run_folder import DEFAULT_BASE_PATH, RunFolder
 from agentrl.records.scenario_record import group_scenarios, record_step, trained_scenarios, void_after
 from agentrl.records.tracking import DEFAULT_BEST_BY
+from agentrl.sampled_record import served_name
 from agentrl.trajectory import Trajectory
 from agentrl.trajectory_group import TrajectoryGroup
 
 if TYPE_CHECKING:
     from agentrl.rollout_session import RolloutSession
     from agentrl.trajectory import History
-
-
-def served_name(name: str, step: int) -> str:
-    """The name a server serves a model's adapter of `step` under: "{name}@{step}"."""
-    return f"{name}@{step}"
 
 
 class Model(BaseModel):

@@ -45,12 +45,7 @@ def oldest_policy_step(group: TrajectoryGroup, started_at: int) -> int:
     """The oldest adapter step among a group's sampled turns; a turn that does not say (a client that
     dropped the gateway's `policy_step`) counts as `started_at`, the step served when its rollout began,
     which is never newer than the truth."""
-    steps = [
-        step if isinstance(step := (choice.model_extra or {}).get("policy_step"), int) else started_at
-        for trajectory in group.trajectories
-        for history in trajectory.histories()
-        for choice in history.choices()
-    ]
+    steps = [started_at if step is None else step for t in group.trajectories for step in t.policy_steps()]
     return min(steps, default=started_at)
 
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, field
 
 from agentrl.errors import RewardError
 from agentrl.messages import CheckedList, MessageOrChoice, choice_to_message
+from agentrl.sampled_record import SampledRecord
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -131,15 +132,10 @@ class Trajectory(History):
         """The main conversation followed by the additional ones."""
         return [History(messages_and_choices=self.messages_and_choices, tools=self.tools), *self.additional_histories]
 
-    def policy_steps(self) -> list[int]:
-        """The adapter step that sampled each of its turns, in order, as the gateway stamped them
-        (turns without a stamp, e.g. written by hand, are left out)."""
-        return [
-            step
-            for history in self.histories()
-            for choice in history.choices()
-            if isinstance(step := (choice.model_extra or {}).get("policy_step"), int)
-        ]
+    def policy_steps(self) -> list[int | None]:
+        """The adapter step that sampled each of its sampled turns, in order, as the gateway stamped them; None
+        for a turn without a stamp (written by hand, or from a client that dropped the gateway's fields)."""
+        return [SampledRecord.of(choice).policy_step for history in self.histories() for choice in history.choices()]
 
     @model_validator(mode="before")
     @classmethod
@@ -157,7 +153,7 @@ class Trajectory(History):
         """The step of the adapter that sampled its first turn (None when no turn says), unless one was stated."""
         if isinstance(stated := self.metadata.get("initial_policy_version"), int):
             return stated
-        steps = self.policy_steps()
+        steps = [step for step in self.policy_steps() if step is not None]
         return steps[0] if steps else None
 
     @property
@@ -165,7 +161,7 @@ class Trajectory(History):
         """The step of the adapter that sampled its last turn (None when no turn says), unless one was stated."""
         if isinstance(stated := self.metadata.get("final_policy_version"), int):
             return stated
-        steps = self.policy_steps()
+        steps = [step for step in self.policy_steps() if step is not None]
         return steps[-1] if steps else None
 
     def for_logging(self) -> dict[str, Any]:

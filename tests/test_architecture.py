@@ -88,7 +88,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             f"agentrl.{name}"
             for name in (
                 "errors", "distribution", "files", "config", "endpoint", "rollout_id", "timeline", "secret_tokens", "base_models",
-                "call_helpers", "litellm_loader", "openmp_spin", "stop_signals", "plugins",
+                "call_helpers", "litellm_loader", "openmp_spin", "stop_signals", "plugins", "sampled_record",
             )
         ),
     ),

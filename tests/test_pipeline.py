@@ -231,7 +231,7 @@ def test_a_negative_bound_is_refused():
 
 
 def test_a_groups_oldest_step_counts_an_unstamped_turn_as_the_rollouts_start():
-    from agentrl.gateway.store import policy_step_of
+    from agentrl.sampled_record import served_step
 
     def choice(**extra):
         return {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}, **extra}
@@ -241,4 +241,4 @@ def test_a_groups_oldest_step_counts_an_unstamped_turn_as_the_rollouts_start():
     assert oldest_policy_step(agentrl.TrajectoryGroup([stamped]), started_at=8) == 7
     assert oldest_policy_step(agentrl.TrajectoryGroup([stamped, unstamped]), started_at=5) == 5
     assert oldest_policy_step(agentrl.TrajectoryGroup([]), started_at=3) == 3
-    assert [policy_step_of(n) for n in ("agent@12", "a@b@3", "base", "agent@", None)] == [12, 3, None, None, None]
+    assert [served_step(n) for n in ("agent@12", "a@b@3", "base", "agent@", None)] == [12, 3, None, None, None]

@@ -19,6 +19,7 @@ import agentrl
 from agentrl.capture import capture_trajectory, current_trajectory
 from agentrl.errors import ConfigurationError, RolloutError
 from agentrl.gather import ExceptionBudget
+from agentrl.rl.ledger import choice_tokens
 from agentrl.trajectory import Trajectory
 from agentrl.trajectory_group import TrajectoryGroup
 
@@ -88,18 +89,9 @@ async def gather_trajectory_groups(
 def _record_completion_tokens(trajectory: Trajectory) -> None:
     """ART 0.5.20+'s gather metric: the sampled tokens of all the trajectory's choices (every history's), summed;
     set only when every choice says how many it sampled (the engine's token ids, or one logprob per token)."""
-    counts = [_sampled_tokens(c) for h in trajectory.histories() for c in h.choices()]
-    if counts and all(n is not None and n > 0 for n in counts):
-        trajectory.metrics["completion_tokens"] = float(sum(n for n in counts if n is not None))
-
-
-def _sampled_tokens(choice: Any) -> int | None:
-    token_ids = (choice.model_extra or {}).get("token_ids")
-    if isinstance(token_ids, list):
-        return len(token_ids)
-    if choice.logprobs is not None and choice.logprobs.content:
-        return len(choice.logprobs.content)
-    return None
+    counts = [choice_tokens(c) for h in trajectory.histories() for c in h.choices()]
+    if counts and all(n > 0 for n in counts):
+        trajectory.metrics["completion_tokens"] = float(sum(counts))
 
 
 _AWAITED = "_agentrl_art_awaited_group"

@@ -16,10 +16,11 @@ from pydantic import PrivateAttr, model_validator
 import agentrl
 from agentrl.errors import ConfigurationError
 from agentrl.files import check_safe_name
-from agentrl.model import Backend, served_name
+from agentrl.model import Backend
 from agentrl.records.run_folder import RunFolder
 from agentrl.records.step_metrics import ART_METRIC_NAMES
 from agentrl.records.tracking import append_metrics, read_metrics
+from agentrl.sampled_record import served_name
 from agentrl.trajectory import Trajectory
 from agentrl.trajectory_group import TrajectoryGroup
 

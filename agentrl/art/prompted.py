@@ -15,6 +15,7 @@ from agentrl.litellm_loader import load_litellm
 from agentrl.model import Backend
 from agentrl.records.step_metrics import summarize_groups
 from agentrl.records.tracking import append_metrics
+from agentrl.sampled_record import served_name
 from agentrl.trajectory import Trajectory
 from agentrl.trajectory_group import TrajectoryGroup
 
@@ -112,7 +113,7 @@ class Model(ArtMethods, agentrl.Model):
 
     def _served_name(self, step: int | None) -> str:
         """Its name, or with `step` "{name}@{step}" (ART's name of a checkpoint, for a server that serves them)."""
-        return self.inference_name if step is None else f"{self.inference_name}@{step}"
+        return self.inference_name if step is None else served_name(self.inference_name, step)
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """`litellm.acompletion` keywords: model (a provider-prefixed name as given; "@{step}" with `step`),

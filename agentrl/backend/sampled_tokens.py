@@ -9,6 +9,7 @@ from openai.types.chat.chat_completion import Choice
 
 from agentrl.errors import TokenizationError
 from agentrl.gateway.store import SampledStore
+from agentrl.sampled_record import SampledRecord
 from agentrl.trajectory_group import TrajectoryGroup
 
 
@@ -43,19 +44,17 @@ def _filled_group(group: TrajectoryGroup, store: SampledStore) -> TrajectoryGrou
 def _needs_lookup(choice: Choice) -> bool:
     # Without `token_ids` a Choice may still hold logprobs whose tokens are text (litellm keeps those):
     # only the ids the server sampled are exact, so the store's copy wins.
-    extra = choice.model_extra or {}
-    return bool(extra.get("completion_id")) and (
-        extra.get("token_ids") is None or extra.get("prompt_token_ids") is None
-    )
+    record = SampledRecord.of(choice)
+    return record.completion_id is not None and (record.token_ids is None or record.prompt_token_ids is None)
 
 
 def _filled(item: Any, store: SampledStore) -> Any:
     if not isinstance(item, Choice) or not _needs_lookup(item):
         return item
-    extra = item.model_extra or {}
-    completion_id = str(extra["completion_id"])
-    if extra.get("token_ids") is not None:
-        return _with_prompt(item, completion_id, store)
+    record = SampledRecord.of(item)
+    completion_id = str(record.completion_id)
+    if record.token_ids is not None:
+        return _with_prompt(item, record, store)
     choices = store.get(completion_id)
     if item.index >= len(choices):
         raise TokenizationError(f"completion {completion_id!r} has {len(choices)} choices, not an index {item.index}")
@@ -65,29 +64,33 @@ def _filled(item: Any, store: SampledStore) -> Any:
             f"completion {completion_id!r} was cut off mid-stream (its replica died or its client hung up): its "
             f"{len(sampled.token_ids)} tokens are not the whole answer. Drop this trajectory (or let the rollout fail)"
         )
+    # The ids are the record's `token_ids`; the store keeps no token text, so each logprob entry's is empty.
     content: list[dict[str, Any]] = [
-        {"token": f"token_id:{token_id}", "logprob": logprob, "bytes": None, "top_logprobs": []}
-        for token_id, logprob in zip(sampled.token_ids, sampled.logprobs, strict=True)
+        {"token": "", "logprob": logprob, "bytes": None, "top_logprobs": []}
+        for _, logprob in zip(sampled.token_ids, sampled.logprobs, strict=True)
     ]
-    data = {**item.model_dump(), "logprobs": {"content": content}, "token_ids": sampled.token_ids}
-    if sampled.prompt_token_ids is not None:
-        data["prompt_token_ids"] = sampled.prompt_token_ids
-    if sampled.policy_step is not None:
-        data.setdefault("policy_step", sampled.policy_step)
-    return Choice.model_validate(data)
+    filled = SampledRecord(
+        completion_id=completion_id,
+        policy_step=record.policy_step if record.policy_step is not None else sampled.policy_step,
+        token_ids=sampled.token_ids,
+        prompt_token_ids=sampled.prompt_token_ids,
+    )
+    return Choice.model_validate({**item.model_dump(), "logprobs": {"content": content}, **filled.stamps()})
 
 
-def _with_prompt(item: Choice, completion_id: str, store: SampledStore) -> Choice:
+def _with_prompt(item: Choice, record: SampledRecord, store: SampledStore) -> Choice:
     """A Choice that kept its token ids, with the prompt ids the store holds for exactly those ids."""
     try:
-        choices = store.get(completion_id)
+        choices = store.get(str(record.completion_id))
     except TokenizationError:
         return item  # evicted or sampled elsewhere: its context is re-rendered and counted as inexact
     sampled = choices[item.index] if item.index < len(choices) else None
-    if (
-        sampled is None
-        or sampled.prompt_token_ids is None
-        or sampled.token_ids != (item.model_extra or {}).get("token_ids")
-    ):
+    if sampled is None or sampled.prompt_token_ids is None or sampled.token_ids != record.token_ids:
         return item
-    return Choice.model_validate({**item.model_dump(), "prompt_token_ids": sampled.prompt_token_ids})
+    filled = SampledRecord(
+        completion_id=record.completion_id,
+        policy_step=record.policy_step,
+        token_ids=record.token_ids,
+        prompt_token_ids=sampled.prompt_token_ids,
+    )
+    return Choice.model_validate({**item.model_dump(), **filled.stamps()})

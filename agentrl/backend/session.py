@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.backend_protocol import TrainResult
 from agentrl.errors import BackendBrokenError, CheckpointError, ConfigurationError, ServerError
-from agentrl.model import served_name
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.step_metrics import step_line
 from agentrl.records.step_record import backfill_records, write_step_record
 from agentrl.records.tracking import DEFAULT_BEST_BY, best_step, record_step
 from agentrl.records.wandb_metrics import WandbMetrics, wandb_requested
+from agentrl.sampled_record import served_name
 from agentrl.timeline import append_timeline, recorder, span
 
 if TYPE_CHECKING:

@@ -10,10 +10,10 @@ import typer
 
 from agentrl.cli.app import app, base_model_server, resolve_run_option
 from agentrl.errors import ConfigurationError
-from agentrl.model import served_name
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.run_folder import DEFAULT_BASE_PATH
 from agentrl.records.runs import RunInfo
+from agentrl.sampled_record import served_name
 
 if TYPE_CHECKING:
     from agentrl.judges.check import JudgeCheckReport

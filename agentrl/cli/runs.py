@@ -13,12 +13,12 @@ import typer
 from agentrl.cli.app import app, base_model_server, fmt, resolve_run_option
 from agentrl.errors import CheckpointError, ConfigurationError
 from agentrl.files import check_safe_name
-from agentrl.model import served_name
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.run_folder import DEFAULT_BASE_PATH
 from agentrl.records.runs import COMPARED, RunInfo, find_runs
 from agentrl.records.step_record import unrecorded_steps
 from agentrl.rl.ledger import REASONS
+from agentrl.sampled_record import served_name
 from agentrl.timeline import TIMELINE_FILE, busy_seconds, plot_timeline, read_timeline
 
 

@@ -51,6 +51,7 @@ from agentrl.gateway.upstream import (
     conversation_key,
 )
 from agentrl.rollout_id import ROLLOUT_HEADER
+from agentrl.sampled_record import SampledRecord
 
 logger = logging.getLogger(__name__)
 
@@ -219,10 +220,9 @@ class _GatewayRoutes:
         the adapter that sampled it."""
         sampled = sampled_choices(data)
         self.store.put(answer_id, sampled, rollout)
+        record = SampledRecord(completion_id=answer_id, policy_step=sampled[0].policy_step if sampled else None)
         for choice in data.get("choices") or []:
-            choice["completion_id"] = answer_id
-            if sampled and sampled[0].policy_step is not None:
-                choice["policy_step"] = sampled[0].policy_step
+            choice.update(record.stamps())
 
     async def complete(self, request: Request, path: str, on_answer: OnAnswer | None = None) -> Response:
         try:

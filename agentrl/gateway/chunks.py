@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentrl.sampled_record import SampledRecord
+
 
 class ServerSentEvents:
     """A stream of server-sent events read as it passes: each `data:` line's JSON goes to `add`, and
@@ -51,9 +53,9 @@ class StreamedAnswer(ServerSentEvents):
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue  # the first choice is the one a trajectory keeps, as for a whole answer
-            for key in ("completion_id", "policy_step", "finish_reason"):
-                if choice.get(key) is not None:
-                    self.choice[key] = choice[key]
+            self.choice.update(SampledRecord.of(choice).without_tokens().stamps())
+            if choice.get("finish_reason") is not None:
+                self.choice["finish_reason"] = choice["finish_reason"]
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 self.content.append(delta["content"])

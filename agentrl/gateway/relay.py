@@ -13,6 +13,7 @@ import httpx
 
 from agentrl.gateway.chunks import StreamedAnswer
 from agentrl.gateway.store import SampledStore, StreamAccumulator
+from agentrl.sampled_record import SampledRecord
 
 if TYPE_CHECKING:
     from agentrl.gateway.messages_api import MessageEvents
@@ -62,10 +63,9 @@ async def relay_chat(
             elif line.startswith("data: "):
                 chunk = json.loads(line[len("data: ") :])
                 accumulated.add(chunk)
+                record = SampledRecord(completion_id=accumulated.completion_id, policy_step=accumulated.policy_step)
                 for choice in chunk.get("choices") or []:  # as on a whole answer: the lookup id and the adapter step
-                    choice["completion_id"] = accumulated.completion_id
-                    if accumulated.policy_step is not None:
-                        choice["policy_step"] = accumulated.policy_step
+                    choice.update(record.stamps())
                 answer.add(chunk)
                 line = "data: " + json.dumps(chunk, separators=(",", ":"))
             yield (line + "\n").encode()
@@ -100,7 +100,7 @@ async def relay_as(  # noqa: C901 - over the limit when the rule came on; split 
                 chat_answer = joined.answer()
                 chat_answer["usage"] = usage
                 if sampled:
-                    chat_answer["choices"][0]["token_ids"] = sampled[0].token_ids
+                    chat_answer["choices"][0].update(SampledRecord(token_ids=sampled[0].token_ids).stamps())
                 answered(chat_answer)
                 for event in events.finish(chat_answer):
                     yield event
@@ -108,9 +108,7 @@ async def relay_as(  # noqa: C901 - over the limit when the rule came on; split 
                 chunk = json.loads(line[len("data: ") :])
                 accumulated.add(chunk)
                 usage = chunk.get("usage") or usage
-                stamps: dict[str, Any] = {"completion_id": answer_id}
-                if accumulated.policy_step is not None:
-                    stamps["policy_step"] = accumulated.policy_step
+                stamps = SampledRecord(completion_id=answer_id, policy_step=accumulated.policy_step).stamps()
                 if not started:
                     started = True
                     for event in events.start(chunk.get("model"), stamps):

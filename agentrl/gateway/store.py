@@ -7,7 +7,6 @@ completion trained on: the trainer asks for it by the completion's id.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from array import array
 from collections import OrderedDict
@@ -17,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from agentrl.errors import TokenizationError
+from agentrl.sampled_record import served_step
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +32,6 @@ class SampledChoice(BaseModel):
     incomplete: bool = False
     """The stream was cut before it ended (the replica died, the client hung up): the tokens are a prefix of the
     answer, never trained on (`agentrl.backend.sampled_tokens` refuses them)."""
-
-
-def policy_step_of(served_name: Any) -> int | None:
-    """The step in a served adapter's name ("agent@12" -> 12); None for any other name."""
-    match = re.fullmatch(r".+@(\d+)", served_name) if isinstance(served_name, str) else None
-    return int(match.group(1)) if match else None
 
 
 @dataclass(frozen=True)
@@ -171,7 +165,7 @@ class SampledStore:
 def sampled_choices(response: dict[str, Any]) -> list[SampledChoice]:
     """The token data of a whole (non-streamed) chat or text completion response, one per choice."""
     prompt_ids = response.get("prompt_token_ids")
-    policy_step = policy_step_of(response.get("model"))
+    policy_step = served_step(response.get("model"))
     choices = []
     for choice in sorted(response.get("choices") or [], key=lambda c: c.get("index", 0)):
         choices.append(
@@ -207,7 +201,7 @@ class StreamAccumulator:
 
     def add(self, chunk: dict[str, Any]) -> None:
         self.completion_id = self.completion_id or chunk.get("id")
-        self.policy_step = self.policy_step if self.policy_step is not None else policy_step_of(chunk.get("model"))
+        self.policy_step = self.policy_step if self.policy_step is not None else served_step(chunk.get("model"))
         if chunk.get("prompt_token_ids"):
             self.prompt_token_ids = chunk["prompt_token_ids"]
         for choice in chunk.get("choices") or []:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-STAMPS = ("completion_id", "policy_step", "token_ids")
-"""The gateway's fields on an answer: the id its tokens are kept under, the adapter's step, the tokens."""
+from agentrl.sampled_record import SampledRecord
 
 
 def stamped(answer: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any]:
-    """`answer` with the gateway's stamps of a chat `choice` added."""
-    return {**answer, **{key: choice[key] for key in STAMPS if choice.get(key) is not None}}
+    """`answer` with the gateway's stamps of a chat `choice` added (its `SampledRecord`)."""
+    return {**answer, **SampledRecord.of(choice).stamps()}
 
 
 def chat_choice(
@@ -23,4 +22,4 @@ def chat_choice(
     if tool_calls:
         message["tool_calls"] = tool_calls
     fields: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "message": message}
-    return {**fields, **{key: answer[key] for key in STAMPS[:2] if answer.get(key) is not None}}
+    return {**fields, **SampledRecord.of(answer).without_tokens().stamps()}

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.errors import JudgeError
+from agentrl.sampled_record import SampledRecord
 from agentrl.trajectory import Trajectory
 from agentrl.trajectory_group import TrajectoryGroup
 
@@ -58,8 +59,8 @@ class StepCounts:
 
 def choice_tokens(choice: Choice) -> int:
     """Completion tokens a sampled turn carries: its `token_ids`, else its logprob entries."""
-    token_ids = (choice.model_extra or {}).get("token_ids")
-    if isinstance(token_ids, list):
+    token_ids = SampledRecord.of(choice).token_ids
+    if token_ids is not None:
         return len(token_ids)
     content = choice.logprobs.content if choice.logprobs is not None else None
     return len(content or [])

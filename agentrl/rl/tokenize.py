@@ -25,6 +25,7 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.errors import TokenizationError
+from agentrl.sampled_record import SampledRecord
 from agentrl.trajectory import History
 from agentrl.trajectory_group import TrajectoryGroup
 
@@ -52,32 +53,24 @@ class SampledTokens:
     prompt_token_ids: list[int] | None = None
 
 
+VLLM_TOKEN_ID_PREFIX = "token_id:"
+"""How vLLM spells a logprob entry's token with `return_tokens_as_token_ids`: "token_id:N"."""
+
+
 def choice_token_ids(choice: Choice) -> list[int] | None:
-    """The token ids a Choice says were sampled (`token_ids`, or logprob tokens spelled `token_id:N`); None
-    when it carries none. Not yet checked against any vocabulary: see `check_token_ids`."""
-    token_ids = (choice.model_extra or {}).get("token_ids")
+    """The token ids a Choice says were sampled (its `SampledRecord`'s, or, from a vLLM endpoint not behind the
+    gateway, logprob tokens as vLLM spells ids); None when it carries none. Not yet checked against any
+    vocabulary: see `check_token_ids`."""
+    token_ids = SampledRecord.of(choice).token_ids
     if token_ids is not None:
-        if not isinstance(token_ids, list) or not all(type(t) is int for t in token_ids):
-            raise TokenizationError(f"an assistant turn's token_ids must be a list of whole numbers: {token_ids!r:.80}")
         return token_ids
     content = choice.logprobs.content if choice.logprobs is not None else None
-    if not content:
+    if not content or not all(entry.token.startswith(VLLM_TOKEN_ID_PREFIX) for entry in content):
         return None
     try:
-        return [int(entry.token.removeprefix("token_id:")) for entry in content]
+        return [int(entry.token.removeprefix(VLLM_TOKEN_ID_PREFIX)) for entry in content]
     except ValueError:
         return None
-
-
-def choice_prompt_ids(choice: Choice) -> list[int] | None:
-    """The engine's prompt ids a Choice carries (`prompt_token_ids`, put there from the gateway's store); None
-    when it carries none."""
-    prompt_ids = (choice.model_extra or {}).get("prompt_token_ids")
-    if prompt_ids is not None and (not isinstance(prompt_ids, list) or not all(type(t) is int for t in prompt_ids)):
-        raise TokenizationError(
-            f"an assistant turn's prompt_token_ids must be a list of whole numbers: {prompt_ids!r:.80}"
-        )
-    return prompt_ids
 
 
 def served_tool_order(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -112,7 +105,7 @@ def check_token_ids(histories: Iterable[tuple[str, History]], vocab_size: int) -
     on a GPU such an id is a device-side assert that breaks the shared trainer for every model."""
     for label, history in histories:
         for turn, choice in enumerate(history.choices()):
-            for token_id in [*(choice_token_ids(choice) or ()), *(choice_prompt_ids(choice) or ())]:
+            for token_id in [*(choice_token_ids(choice) or ()), *(SampledRecord.of(choice).prompt_token_ids or ())]:
                 if not 0 <= token_id < vocab_size:
                     raise TokenizationError(
                         f"{label}, assistant turn {turn}: token id {token_id} is outside the model's vocabulary "
@@ -141,7 +134,7 @@ def sampled_tokens(choice: Choice) -> SampledTokens:
         )
     if len(token_ids) != len(logprobs):
         raise TokenizationError(f"an assistant turn has {len(token_ids)} token ids but {len(logprobs)} logprobs")
-    return SampledTokens(list(token_ids), logprobs, choice_prompt_ids(choice))
+    return SampledTokens(list(token_ids), logprobs, SampledRecord.of(choice).prompt_token_ids)
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,8 @@ from agentrl.errors import (
 )
 from agentrl.files import make_private_dir
 from agentrl.gateway.limits import GatewayLimits, RequestRefused, read_body
-from agentrl.model import TrainableModel, served_name
+from agentrl.model import TrainableModel
+from agentrl.sampled_record import served_name
 
 logger = logging.getLogger(__name__)
 REMEMBERED_STEP_REQUESTS = 1024
