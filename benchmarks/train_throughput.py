@@ -62,8 +62,14 @@ def measure(steps: int) -> dict[str, Any]:
     import agentrl
 
     try:
-        from agentrl.backend.training.micro_batches import default_micro_batch_tokens
         from agentrl.backend.training.trainer import Trainer
+
+        try:
+            from agentrl.rl.micro_batches import default_micro_batch_tokens
+        except ModuleNotFoundError:  # a `--tree` checkout from before rl/micro_batches.py
+            from agentrl.backend.training.micro_batches import (  # type: ignore[import-not-found,no-redef]
+                default_micro_batch_tokens,
+            )
     except ModuleNotFoundError:  # a `--tree` checkout from before backend/training/ (and its default, or 4,096)
         from agentrl.backend import trainer as trainer_module  # type: ignore[attr-defined]
 

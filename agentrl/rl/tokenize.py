@@ -12,16 +12,15 @@ split at the placeholders; text pieces are tokenized, placeholders replaced by t
 If the sampled ids already end with the template's end-of-turn token, the template's copy of it
 is not added twice.
 
-Shapes: `_T` tokens of one sequence, `_B` sequences of a micro-batch.
+Shapes: `_T` tokens of one sequence (micro-batches: `agentrl.rl.micro_batches`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.errors import TokenizationError
@@ -254,76 +253,3 @@ def tokenize_history(
     loss_mask += [False] * len(tail_ids)
     logprobs += [0.0] * len(tail_ids)
     return TokenizedSequence(input_ids, loss_mask, logprobs, advantage, group_index)
-
-
-@dataclass(frozen=True)
-class TokenBatch:
-    """Padded tensors for one forward/backward pass. Padding is on the right and carries no loss."""
-
-    input_ids_BT: torch.Tensor  # long
-    attention_mask_BT: torch.Tensor  # long, 1 on real tokens
-    loss_mask_BT: torch.Tensor  # float, 1 on sampled assistant tokens
-    sampler_logprobs_BT: torch.Tensor  # float32
-    advantages_BT: torch.Tensor  # float32, each sequence's advantage on every position
-    group_ids_B: torch.Tensor  # long
-
-    @property
-    def num_loss_tokens(self) -> int:
-        return int(self.loss_mask_BT.sum())
-
-    def to(self, device: torch.device) -> TokenBatch:
-        return TokenBatch(*(getattr(self, f.name).to(device) for f in fields(self)))
-
-
-def collate(sequences: Sequence[TokenizedSequence], pad_token_id: int) -> TokenBatch:
-    """Right-pad sequences into one batch."""
-    if not sequences:
-        raise ValueError("collate needs at least one sequence")
-    width = max(len(s) for s in sequences)
-    shape = (len(sequences), width)
-    input_ids_BT = torch.full(shape, pad_token_id, dtype=torch.long)
-    attention_mask_BT = torch.zeros(shape, dtype=torch.long)
-    loss_mask_BT = torch.zeros(shape, dtype=torch.float32)
-    sampler_logprobs_BT = torch.zeros(shape, dtype=torch.float32)
-    for row, seq in enumerate(sequences):
-        n = len(seq)
-        input_ids_BT[row, :n] = torch.tensor(seq.input_ids_T, dtype=torch.long)
-        attention_mask_BT[row, :n] = 1
-        loss_mask_BT[row, :n] = torch.tensor(seq.loss_mask_T, dtype=torch.float32)
-        sampler_logprobs_BT[row, :n] = torch.tensor(seq.sampler_logprobs_T, dtype=torch.float32)
-    advantages_BT = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)[:, None].expand(shape).clone()
-    group_ids_B = torch.tensor([s.group_index for s in sequences], dtype=torch.long)
-    return TokenBatch(input_ids_BT, attention_mask_BT, loss_mask_BT, sampler_logprobs_BT, advantages_BT, group_ids_B)
-
-
-def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Split sequence indices into micro-batches whose padded size (rows x longest) fits `max_tokens`.
-
-    Sorting by length keeps padding small. A sequence longer than the budget gets a batch of its own.
-    """
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        # Sorted ascending, so the newcomer is the longest of the batch it joins.
-        if current and (len(current) + 1) * lengths[index] > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def split_by_tokens(lengths: Sequence[int], parts: int) -> list[list[int]]:
-    """Sequence indices dealt to `parts` trainer ranks so each gets about the same number of tokens.
-
-    Longest first, each to the rank with the fewest tokens so far (ties to the lowest rank): the
-    same lengths always give the same split, on every rank. Each part lists its indices in order.
-    """
-    loads = [0] * parts
-    shares: list[list[int]] = [[] for _ in range(parts)]
-    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        rank = min(range(parts), key=lambda r: (loads[r], r))
-        shares[rank].append(index)
-        loads[rank] += lengths[index]
-    return [sorted(share) for share in shares]

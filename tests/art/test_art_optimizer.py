@@ -13,7 +13,7 @@ import agentrl
 from agentrl.art.training import agentrl_train_config, merged_keys
 from agentrl.backend.training.logprobs import token_logprobs
 from agentrl.rl.engine_context import tokenize_groups
-from agentrl.rl.tokenize import collate
+from agentrl.rl.micro_batches import collate
 from tests.helpers import synthetic_groups
 
 LEARNING_RATE = 1e-5  # ART's 2048 recipe

@@ -11,7 +11,8 @@ import torch
 
 from agentrl import TokenizationError, Trajectory, TrajectoryGroup
 from agentrl.rl.engine_context import tokenize_groups
-from agentrl.rl.tokenize import collate, plan_micro_batches, tokenize_history
+from agentrl.rl.micro_batches import collate, plan_micro_batches
+from agentrl.rl.tokenize import tokenize_history
 from tests.helpers import make_choice
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]

@@ -18,9 +18,9 @@ from agentrl.backend.training.attention import use_cpu_attention
 from agentrl.backend.training.gradients import Adapter
 from agentrl.backend.training.kl_reference import KLReference
 from agentrl.backend.training.lora_forward import fuse_lora_layers
-from agentrl.backend.training.micro_batches import default_micro_batch_tokens
 from agentrl.config import LoRAConfig
 from agentrl.errors import ConfigurationError
+from agentrl.rl.micro_batches import default_micro_batch_tokens
 
 
 class AdapterHost:

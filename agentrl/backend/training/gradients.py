@@ -44,6 +44,13 @@ def read_sums(sums: dict[str, torch.Tensor]) -> dict[str, float]:
     return dict(zip(sums, torch.stack(list(sums.values())).float().tolist(), strict=True))
 
 
+def most_across_ranks(count: int, device: torch.device) -> int:
+    """The largest of the ranks' `count`s (every rank calls it: a collective)."""
+    most = torch.tensor(count, device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return int(most)
+
+
 def sum_across_ranks(
     adapter: Adapter, sums: dict[str, torch.Tensor], world_size: int, *, maxima: tuple[str, ...] = ()
 ) -> dict[str, float]:

@@ -13,7 +13,7 @@ import torch
 
 from agentrl.config import TrainConfig
 from agentrl.rl.losses import KLAdvantage, policy_loss
-from agentrl.rl.tokenize import TokenBatch
+from agentrl.rl.micro_batches import TokenBatch
 
 SUM_NAMES = (
     "loss",

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from agentrl.rl.micro_batches import TokenBatch
 from agentrl.rl.packing import PackedBatch
-from agentrl.rl.tokenize import TokenBatch
 
 
 def chunk_positions(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> int:

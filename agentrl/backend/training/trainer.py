@@ -23,16 +23,17 @@ from tqdm.auto import tqdm
 
 from agentrl.backend.training.adapter_host import AdapterHost
 from agentrl.backend.training.adapter_trainer import StepOutcome
-from agentrl.backend.training.gradients import Adapter, apply_gradients, read_sums, set_optimizer, sum_across_ranks
+from agentrl.backend.training.gradients import (
+    Adapter,
+    apply_gradients,
+    most_across_ranks,
+    read_sums,
+    set_optimizer,
+    sum_across_ranks,
+)
 from agentrl.backend.training.grpo_loss import MAX_NAMES, GRPOLoss, loss_metrics
 from agentrl.backend.training.logprobs import takes_tree_mask, token_logprobs
 from agentrl.backend.training.memory import within_memory
-from agentrl.backend.training.micro_batches import (
-    MicroBatches,
-    RankPlace,
-    collate_rows,
-    plan_step,
-)
 from agentrl.backend.training.step_input import TrainingConditions
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
@@ -40,8 +41,9 @@ from agentrl.rl.advantages import compute_group_advantages, scaled_by_mean_abs
 from agentrl.rl.engine_context import tokenize_groups
 from agentrl.rl.ledger import StepCounts, group_tokens
 from agentrl.rl.losses import loss_denominator
+from agentrl.rl.micro_batches import MicroBatches, TokenBatch, collate, collate_rows, plan_step
 from agentrl.rl.sequence_weights import per_sequence_denominators
-from agentrl.rl.tokenize import TokenBatch, TokenizedSequence, collate, tokenize_history
+from agentrl.rl.tokenize import TokenizedSequence, tokenize_history
 from agentrl.timeline import span
 from agentrl.trajectory import History
 from agentrl.trajectory_group import TrajectoryGroup
@@ -190,8 +192,9 @@ class Trainer(AdapterHost):
                 f"eager); this model uses {self.model.get_base_model().config._attn_implementation!r}. "
                 "Leave shared_prefix=None (packs where it can) or set it False"
             )
-        place = RankPlace(self.device, self.rank, self.world_size, self.sharded)
-        return plan_step(sequences, max_tokens, place, pack_groups=shared_prefix if can_pack else False)
+        pack_groups = shared_prefix if can_pack else False
+        plan = plan_step(sequences, max_tokens, rank=self.rank, world_size=self.world_size, pack_groups=pack_groups)
+        return plan.padded_to(most_across_ranks(len(plan.batches), self.device)) if self.sharded else plan
 
     def _idle_pass(self, *, with_reference: bool) -> None:
         """A forward and backward that adds nothing to any gradient: a sharded rank with fewer

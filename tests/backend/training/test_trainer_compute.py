@@ -12,7 +12,8 @@ import torch
 import agentrl
 from agentrl.backend.training.attention import SHORT_SEQUENCE
 from agentrl.backend.training.logprobs import SelectedLogprobs, token_logprobs
-from agentrl.rl.tokenize import TokenizedSequence, collate
+from agentrl.rl.micro_batches import collate
+from agentrl.rl.tokenize import TokenizedSequence
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +134,8 @@ def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path, 
 
     from agentrl.backend.training.logprobs import token_logprobs
     from agentrl.backend.training.trainer import Trainer
-    from agentrl.rl.tokenize import TokenizedSequence, collate
+    from agentrl.rl.micro_batches import collate
+    from agentrl.rl.tokenize import TokenizedSequence
 
     trainer = Trainer(base_model_path, device="meta")
     trainer.add_adapter("default", agentrl.LoRAConfig())
