@@ -51,6 +51,9 @@ from agentrl.weave_tracing import disable_weave, enable_weave, traced
 
 if TYPE_CHECKING:  # the names `_LAZY` loads on first use, for type checkers (explicitly re-exported)
     from agentrl.backend.local import LocalBackend as LocalBackend
+    from agentrl.judge_training import train_judge as train_judge
+    from agentrl.judge_training import train_judge_rl as train_judge_rl
+    from agentrl.judge_training import train_verdict_judge as train_verdict_judge
     from agentrl.judges import JudgeAudit as JudgeAudit
     from agentrl.judges import JudgeCheckReport as JudgeCheckReport
     from agentrl.judges import JudgeExample as JudgeExample
@@ -62,9 +65,6 @@ if TYPE_CHECKING:  # the names `_LAZY` loads on first use, for type checkers (ex
     from agentrl.judges import load_rubric_tasks as load_rubric_tasks
     from agentrl.judges import rubric_rollout as rubric_rollout
     from agentrl.judges import ruler_score_group as ruler_score_group
-    from agentrl.judges import train_judge as train_judge
-    from agentrl.judges import train_judge_rl as train_judge_rl
-    from agentrl.judges import train_verdict_judge as train_verdict_judge
     from agentrl.judges.ruler import ruler as ruler  # the function, not its module
 
 try:
@@ -75,7 +75,10 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
 # Loaded on first use, not with `import agentrl`: the judges load litellm (2.5 s to import), and the local
 # backend loads torch, transformers and peft, which a client of a remote backend does not install. They are
 # the public names (`__all__`, below) not defined by the imports above; the TYPE_CHECKING imports type them.
-_LAZY_MODULES = {"LocalBackend": "agentrl.backend.local"}
+_LAZY_MODULES = {
+    "LocalBackend": "agentrl.backend.local",
+    **dict.fromkeys(("train_judge", "train_judge_rl", "train_verdict_judge"), "agentrl.judge_training"),
+}
 """Where a lazily loaded name lives, where it is not `agentrl.judges`."""
 
 

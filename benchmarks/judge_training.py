@@ -33,10 +33,10 @@ from typing import Any
 
 import agentrl
 from agentrl.files import write_json_atomic
+from agentrl.judge_training import train_judge, train_judge_rl
 from agentrl.judges.examples import JudgeExample, load_examples
 from agentrl.judges.readout import READOUTS, Readout
 from agentrl.judges.ruler import ruler
-from agentrl.judges.training import train_judge, train_judge_rl
 from agentrl_environments.email_agent.judge_data import DATA as EMAIL_DATA
 from agentrl_environments.larger_number.judge_data import DATA as LARGER_NUMBER_DATA
 from agentrl_environments.rubric.tasks import DATA as RUBRIC_DATA

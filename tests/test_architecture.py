@@ -105,7 +105,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("backend", ("agentrl.backend",)),
-    ("on top", ("agentrl.art", "agentrl.mcp", "agentrl.integrations", "agentrl.cli", "agentrl.templates", "agentrl")),
+    (
+        "on top",
+        ("agentrl.art", "agentrl.mcp", "agentrl.integrations", "agentrl.judge_training", "agentrl.cli", "agentrl.templates",
+         "agentrl"),
+    ),
 ]  # fmt: skip
 """The package's floors, lowest first (docs/architecture.md): a module imports its own floor or those below."""
 

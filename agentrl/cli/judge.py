@@ -63,7 +63,7 @@ def judge_check(
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
     from agentrl.judges.readout import READOUTS
-    from agentrl.judges.training import RUN_PREFIX, check_same_readout, trained_judge_run
+    from agentrl.judges.trained import RUN_PREFIX, check_same_readout, trained_judge_run
 
     if readout not in READOUTS:
         raise typer.BadParameter(f"--readout must be one of: {', '.join(READOUTS)}")
@@ -99,7 +99,7 @@ async def _check_judges(
     """One report per judge; 'base' starts the run's base model on a local vLLM server for the check,
     and `run:NAME` loads a trained judge's adapter on it."""
     from agentrl.judges.check import check_judge
-    from agentrl.judges.training import RUN_PREFIX, check_same_base_model, trained_judge_run
+    from agentrl.judges.trained import RUN_PREFIX, check_same_base_model, trained_judge_run
 
     server = None
     try:
@@ -175,7 +175,7 @@ def judge_train(
     examples: str = typer.Option(
         ...,
         help="JSONL of labelled examples: judge examples (agentrl.judges.examples.JudgeExample) for --kind ruler, "
-        "verdict examples (agentrl.judges.verdict_training.VerdictExample) for --kind rubric",
+        "verdict examples (agentrl.judges.VerdictExample) for --kind rubric",
     ),
     kind: str = typer.Option(
         "ruler", help="ruler (rank a group: --reward ruler) or rubric (one rubric's Yes or No: --reward rubric)"
@@ -201,8 +201,7 @@ def judge_train(
     """Train a RULER judge (or, with --kind rubric, a rubric judge) on labelled examples (SFT, then optionally
     RL on agreement), on a local backend, checking it on held-out examples before and after; judge with it by
     `--judge run:NAME`."""
-    from agentrl.judges.examples import load_examples
-    from agentrl.judges.verdict_training import load_verdict_examples
+    from agentrl.judges.examples import load_examples, load_verdict_examples
 
     _check_train_options(kind, readout, rl_steps, orders=orders, max_tokens=max_tokens)
     for path in [examples, held_out]:
@@ -271,9 +270,9 @@ async def _train_judge(
     **settings: Any,
 ) -> None:
     import agentrl
+    from agentrl.judge_training import train_judge, train_judge_rl, train_verdict_judge, verdict_accuracy
     from agentrl.judges.check import check_judge
-    from agentrl.judges.training import JUDGE_PROJECT, RUN_PREFIX, train_judge, train_judge_rl
-    from agentrl.judges.verdict_training import train_verdict_judge, verdict_accuracy
+    from agentrl.judges.trained import JUDGE_PROJECT, RUN_PREFIX
 
     judge = agentrl.TrainableModel(name=name, project=project, base_model=base_model, base_path=base_path)
     backend = agentrl.LocalBackend()

@@ -1,11 +1,20 @@
 """LLM judges for tasks without a checkable answer: RULER (a group in one call) and the rubric judge;
-checking a judge, auditing it while it trains, and training one."""
+checking a judge, auditing it while it trains, and judging with a trained one (training one:
+`agentrl.judge_training`)."""
 
 from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit
 from agentrl.judges.call import JudgeLimiter
 from agentrl.judges.check import JudgeCheckReport, check_judge
 from agentrl.judges.check_report import recorded_groups
-from agentrl.judges.examples import JudgeExample, examples_from_groups, load_examples, write_examples
+from agentrl.judges.examples import (
+    JudgeExample,
+    VerdictExample,
+    examples_from_groups,
+    load_examples,
+    load_verdict_examples,
+    write_examples,
+    write_verdict_examples,
+)
 from agentrl.judges.readout import Readout
 from agentrl.judges.rubric import (
     RubricJudgement,
@@ -16,8 +25,7 @@ from agentrl.judges.rubric import (
     rubric_rollout,
 )
 from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler, ruler_score_group
-from agentrl.judges.training import RUN_PREFIX, train_judge, train_judge_rl, trained_judge
-from agentrl.judges.verdict_training import VerdictExample, train_verdict_judge, write_verdict_examples
+from agentrl.judges.trained import RUN_PREFIX, trained_judge
 
 __all__ = [
     "DEFAULT_AUDIT",
@@ -27,6 +35,7 @@ __all__ = [
     "audit_rubrics",
     "examples_from_groups",
     "load_examples",
+    "load_verdict_examples",
     "recorded_groups",
     "trained_judge",
     "write_examples",
@@ -45,7 +54,4 @@ __all__ = [
     "rubric_rollout",
     "ruler",
     "ruler_score_group",
-    "train_judge",
-    "train_judge_rl",
-    "train_verdict_judge",
 ]

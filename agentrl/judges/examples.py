@@ -1,5 +1,6 @@
-"""Labelled judgements: the attempts at one task and the score each deserves (its verifiable check), the
-data a judge is checked on (`JudgeExample.group`) and trained on (`agentrl.judges.training`). JSONL, one a line."""
+"""Labelled judgements, the data a judge is checked on and trained on (`agentrl.judge_training`), JSONL one a line:
+`JudgeExample`, the attempts at one task and the score each deserves (its verifiable check; `JudgeExample.group`
+to check a RULER judge), and `VerdictExample`, one rubric's verdict on one response (a rubric judge's)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agentrl.errors import ConfigurationError
 from agentrl.files import write_text_atomic
 from agentrl.judges.check import reference_reward
+from agentrl.judges.rubric import verdict_prompt
 from agentrl.judges.ruler import DEFAULT_RUBRIC
 from agentrl.trajectory import Trajectory
 from agentrl.trajectory_group import TrajectoryGroup
@@ -83,4 +85,39 @@ def load_examples(path: str | Path) -> list[JudgeExample]:
             examples.append(JudgeExample.model_validate_json(line))
         except ValidationError as error:
             raise ConfigurationError(f"{path}:{number}: not a judge example: {error}") from error
+    return examples
+
+
+class VerdictExample(BaseModel):
+    """One labelled verdict: a task, one response to it, one rubric, and whether the response passes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1)
+    response: str
+    rubric: str = Field(min_length=1)
+    passed: bool
+    source: str = ""
+    """Where it came from (task, answer), for the record."""
+
+    def messages(self) -> list[dict[str, str]]:
+        return verdict_prompt(self.prompt, self.response, self.rubric)
+
+
+def write_verdict_examples(path: str | Path, examples: list[VerdictExample]) -> Path:
+    """Write verdict examples as JSONL, atomically."""
+    path = Path(path)
+    write_text_atomic(path, "".join(e.model_dump_json() + "\n" for e in examples))
+    return path
+
+
+def load_verdict_examples(path: str | Path) -> list[VerdictExample]:
+    """Read a JSONL of verdict examples; a bad line raises `ConfigurationError` naming its file and line."""
+    examples = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                examples.append(VerdictExample.model_validate_json(line))
+            except ValidationError as error:
+                raise ConfigurationError(f"{path}:{number}: not a verdict example: {error}") from error
     return examples

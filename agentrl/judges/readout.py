@@ -4,7 +4,7 @@ The judge is asked a question with a fixed set of one-token answers ("A" or "B",
 answers with one token (`max_tokens=1`) and its `top_logprobs`; the decision is the probability of
 each answer among the answers (`P(A) / (P(A) + P(B))`). No explanation is sampled, so a small judge's
 comparison is not lost among dozens of format tokens, and a judge trained on its decision alone
-(`agentrl.judges.training`) is read exactly where it was trained.
+(`agentrl.judge_training`) is read exactly where it was trained.
 
 It needs a judge that returns logprobs: any vLLM server (ours included) and hosted models whose
 provider takes `logprobs`/`top_logprobs` (litellm says which, before any call). A judge that refuses

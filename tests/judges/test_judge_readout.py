@@ -9,13 +9,13 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import agentrl
+from agentrl.judge_training import train_judge, train_judge_rl
+from agentrl.judge_training.decisions import decision_histories, ordered_pairs
 from agentrl.judges.audit import JudgeAudit
-from agentrl.judges.decision_training import decision_histories, ordered_pairs
 from agentrl.judges.examples import JudgeExample
 from agentrl.judges.readout import probabilities_supported
 from agentrl.judges.rubric import judge_rubrics
 from agentrl.judges.ruler import ruler
-from agentrl.judges.training import train_judge, train_judge_rl
 from agentrl.records.judge_warning import audit_warning
 from agentrl.rl.tokenize import tokenize_history
 

@@ -8,9 +8,10 @@ import pytest
 
 import agentrl
 from agentrl.cli import app
+from agentrl.judge_training import agreement_reward, judge_histories, train_judge, train_judge_rl
+from agentrl.judges import trained_judge
 from agentrl.judges.examples import JudgeExample, examples_from_groups, load_examples, write_examples
 from agentrl.judges.ruler import scores_schema
-from agentrl.judges.training import agreement_reward, judge_histories, train_judge, train_judge_rl, trained_judge
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl_environments.larger_number.judge_data import DATA as LARGER_NUMBER_DATA
 from agentrl_environments.larger_number.judge_data import RUBRIC

@@ -8,14 +8,8 @@ import pytest
 
 import agentrl
 from agentrl.cli import app
-from agentrl.judges.examples import load_examples
-from agentrl.judges.verdict_training import (
-    VerdictExample,
-    load_verdict_examples,
-    train_verdict_judge,
-    verdict_accuracy,
-    write_verdict_examples,
-)
+from agentrl.judge_training import train_verdict_judge, verdict_accuracy
+from agentrl.judges.examples import VerdictExample, load_examples, load_verdict_examples, write_verdict_examples
 from agentrl.records.tracking import write_trajectories
 from agentrl_environments.rubric.env import load_tasks, rollout
 from agentrl_environments.rubric.judge_data import write_from_run

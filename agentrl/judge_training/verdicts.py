@@ -1,9 +1,9 @@
 """A rubric judge you train: one rubric's verdict on one response, labelled by a check, taught by SFT on
 the one Yes/No token that `judge_rubrics(..., readout="probabilities")` reads (`rubric.verdict_prompt`).
 
-Data: JSONL, one `VerdictExample` a line (task prompt, response, rubric, whether the check passed), e.g.
-every code-checkable rubric of a task's sampled answers. `agentrl judge train NAME --kind rubric` trains
-on it; `--reward rubric --judge run:NAME` then judges with it, read from probabilities.
+Data: JSONL, one `VerdictExample` a line (`agentrl.judges.examples`: task prompt, response, rubric, whether the
+check passed), e.g. every code-checkable rubric of a task's sampled answers. `agentrl judge train NAME --kind
+rubric` trains on it; `--reward rubric --judge run:NAME` then judges with it, read from probabilities.
 """
 
 from __future__ import annotations
@@ -11,58 +11,17 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
+from agentrl.backend_protocol import TrainResult
+from agentrl.config import SFTConfig
 from agentrl.errors import ConfigurationError
-from agentrl.files import write_text_atomic
-from agentrl.judges.decision_training import decision_choices
+from agentrl.judge_training.decisions import decision_choices
+from agentrl.judges.examples import VerdictExample
 from agentrl.judges.readout import decision_call
-from agentrl.judges.rubric import VERDICTS, verdict_prompt
-from agentrl.judges.training import record_readout
+from agentrl.judges.rubric import VERDICTS
+from agentrl.judges.trained import record_readout
+from agentrl.model import TrainableModel
 from agentrl.trajectory import History
-
-if TYPE_CHECKING:
-    from agentrl.backend_protocol import TrainResult
-    from agentrl.config import SFTConfig
-    from agentrl.model import TrainableModel
-
-
-class VerdictExample(BaseModel):
-    """One labelled verdict: a task, one response to it, one rubric, and whether the response passes it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    prompt: str = Field(min_length=1)
-    response: str
-    rubric: str = Field(min_length=1)
-    passed: bool
-    source: str = ""
-    """Where it came from (task, answer), for the record."""
-
-    def messages(self) -> list[dict[str, str]]:
-        return verdict_prompt(self.prompt, self.response, self.rubric)
-
-
-def write_verdict_examples(path: str | Path, examples: list[VerdictExample]) -> Path:
-    """Write verdict examples as JSONL, atomically."""
-    path = Path(path)
-    write_text_atomic(path, "".join(e.model_dump_json() + "\n" for e in examples))
-    return path
-
-
-def load_verdict_examples(path: str | Path) -> list[VerdictExample]:
-    """Read a JSONL of verdict examples; a bad line raises `ConfigurationError` naming its file and line."""
-    examples = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                examples.append(VerdictExample.model_validate_json(line))
-            except ValidationError as error:
-                raise ConfigurationError(f"{path}:{number}: not a verdict example: {error}") from error
-    return examples
 
 
 async def train_verdict_judge(
@@ -70,8 +29,6 @@ async def train_verdict_judge(
 ) -> TrainResult:
     """SFT a registered judge model on `examples`: each verdict prompt answered by exactly the Yes or No token
     the judge's server emits (`decision_choices`), the loss on that token alone, shuffled with `seed`."""
-    from agentrl.config import SFTConfig
-
     if not examples:
         raise ConfigurationError(
             "no verdict examples: give a JSONL of VerdictExample lines (prompt, response, rubric, passed)"
