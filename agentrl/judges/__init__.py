@@ -24,7 +24,8 @@ from agentrl.judges.rubric import (
     load_rubric_tasks,
     rubric_rollout,
 )
-from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler, ruler_score_group
+from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler
+from agentrl.judges.ruler_group import ruler_score_group
 from agentrl.judges.trained import RUN_PREFIX, trained_judge
 
 __all__ = [

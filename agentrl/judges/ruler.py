@@ -6,14 +6,12 @@ trajectories share once (their longest common prefix), then each one's remaining
 its id, the tools, and the rubric. The answer is constrained to a JSON schema with one required
 entry per trajectory id, validated, and retried (bounded) when unusable.
 
-Layered: `ruler(message_lists, ...)` scores plain message lists; `ruler_score_group(group, ...)`
-returns a new group whose rewards are the judge's scores, the old ones kept as
-`metrics["independent_reward"]`.
+`ruler(message_lists, ...)` scores plain message lists; `agentrl.judges.ruler_group.ruler_score_group` scores a
+`TrajectoryGroup` with it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -23,14 +21,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from agentrl.errors import ConfigurationError, JudgeError
-from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit, audit_judgements, debiased_scores, pair_audit_metrics
+from agentrl.errors import ConfigurationError
 from agentrl.judges.call import InvalidJudgeAnswer, JudgeLimiter, structured_judge_call
 from agentrl.judges.pairwise import common_prefix_length, judge_pairs
 from agentrl.judges.readout import Readout, check_readout, from_probabilities
 from agentrl.model import JudgeModel
-from agentrl.rl.ledger import group_tokens
-from agentrl.trajectory_group import RolloutException, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 EXPLANATION_LOG = "RULER: "
@@ -235,124 +230,3 @@ async def _ruler_by_pairs(
             "judge_first_position_rate": judged.first_position_rate,
         },
     )
-
-
-async def ruler_score_group(  # noqa: C901 - over the limit when the rule came on; split it when next changed
-    group: TrajectoryGroup,
-    judge_model: JudgeModel,
-    *,
-    rubric: str = DEFAULT_RUBRIC,
-    extra_litellm_params: dict[str, Any] | None = None,
-    swallow_exceptions: bool = False,
-    debug: bool = False,
-    limiter: JudgeLimiter | None = None,
-    max_attempts: int = 3,
-    audit: JudgeAudit | None = DEFAULT_AUDIT,
-    permutations: int = 1,
-    readout: Readout = "json",
-) -> TrajectoryGroup:
-    """A copy of `group` whose rewards are RULER's scores (old rewards kept as `independent_reward`).
-
-    `readout="probabilities"` reads the judge's decisions from its next-token probabilities, every pair in
-    both orders (`ruler`); its audit metrics (flip rate and first-position rate over the pairs) then come
-    with every group at no extra call, and `metrics["judge_read_from_probabilities"]` says whether the
-    judge returned logprobs (1) or was read from JSON (0).
-
-    `permutations` > 1 is debiased RULER: the group is judged in that many orders (its own and shuffled
-    ones) and each trajectory's reward is its mean score, so a judge's position bias falls on no one.
-    `audit` (a quarter of groups by default; None for none) judges a sampled group once more in a
-    shuffled order, or compares two of the debiased orders, and puts the judge's flip rate, position
-    bias, self-consistency and agreement with `independent_reward` in the trajectories' metrics
-    (`agentrl.judges.audit`); the rewards never depend on it.
-
-    With `swallow_exceptions=True` a failed judgement returns the group emptied of trajectories,
-    with the `JudgeError` in its exceptions: it trains on no invented reward, and `model.train`
-    counts such groups, reports the last judge error, and raises once judge failures drop too many
-    (`TrainConfig.max_judge_failure_rate`), so a judge that never works cannot empty a run quietly.
-    """
-    if not group.trajectories:
-        return group
-    if permutations < 1:
-        raise ConfigurationError(f"permutations must be at least 1, got {permutations}")
-    if permutations > 1 and check_readout(readout) == "probabilities":
-        raise ConfigurationError(
-            f"permutations={permutations} with readout='probabilities': every pair is already judged in both "
-            "orders; leave permutations at 1"
-        )
-    message_lists = [t.messages() for t in group.trajectories]
-    size, key = len(message_lists), json.dumps(message_lists, sort_keys=True, default=str)
-    shuffler = audit or JudgeAudit(fraction=0.0)
-    orders = [list(range(size))] + [shuffler.order(f"{key}/{k}", size) for k in range(1, permutations)]
-    distinct = any(m != message_lists[0] for m in message_lists[1:])  # else the order is moot
-    audited = audit is not None and distinct and audit.chooses(key)
-    if audited and permutations == 1:
-        orders.append(shuffler.order(key, size))
-
-    async def judged_in(order: list[int]) -> RulerResult:
-        return await ruler(
-            [message_lists[i] for i in order],
-            judge_model,
-            rubric=rubric,
-            tools=group.trajectories[0].tools,
-            limiter=limiter,
-            max_attempts=max_attempts,
-            extra_litellm_params=extra_litellm_params,
-            debug=debug,
-            readout=readout,
-        )
-
-    try:
-        results = await asyncio.gather(*(judged_in(order) for order in orders[:permutations]))
-    except JudgeError as error:
-        if not swallow_exceptions:
-            raise
-        logger.warning("RULER failed for a group of %d; dropping the group: %s", len(group.trajectories), error)
-        failure = RolloutException.from_exception(error, sampled_tokens=group_tokens([group]))  # for the ledger
-        return group.with_results([], exceptions=[*group.exceptions, failure])
-    scores_G = debiased_scores([(o, r.scores) for o, r in zip(orders, results)], size)
-    explanations = results[0].explanations
-    audit_metrics: dict[str, float] = {}
-    audit_tokens = 0
-    # The reward the rollout set, or the check it kept aside for a judge to be measured against.
-    independent_G = [t.metrics.get("independent_reward", t.reward) for t in group.trajectories]
-    if results[0].order_metrics and audit is not None and distinct:  # both orders of every pair: audited already
-        audited = False
-        audit_metrics = pair_audit_metrics(results[0].order_metrics, scores_G, independent_G)
-    elif audited:
-        if permutations == 1:
-            try:
-                results.append(await judged_in(orders[1]))
-                audit_tokens = results[-1].prompt_tokens + results[-1].completion_tokens
-            except JudgeError as error:  # the audit is a measurement: its failure costs the group nothing
-                logger.info("the audit's second judgement failed; this group is not audited: %s", error)
-        if len(results) > 1:
-            audit_metrics = audit_judgements(results[0].scores, orders[1], results[1].scores, independent_G).metrics()
-    tokens = sum(r.prompt_tokens + r.completion_tokens for r in results)
-    costs = [r.cost_usd for r in results if r.cost_usd is not None]
-    step_metrics = {
-        "ruler_latency_s": results[0].latency_s,
-        "ruler_attempts": float(results[0].attempts),
-        "judge_tokens": tokens / size,  # a share per trajectory: a step's mean times its trajectories is the total
-        **({"judge_audit_tokens": audit_tokens / size} if audited else {}),
-        **({"judge_cost_usd": sum(costs) / size} if costs else {}),
-        **({"judge_read_from_probabilities": float(results[0].read_from_probabilities)} if readout != "json" else {}),
-        **audit_metrics,
-    }
-    judged = []
-    for trajectory, score, explanation in zip(group.trajectories, scores_G, explanations):
-        judged.append(
-            trajectory.model_copy(
-                deep=True,
-                update={
-                    "reward": score,
-                    "metrics": {
-                        **trajectory.metrics,
-                        "independent_reward": trajectory.reward,
-                        "ruler_score": score,
-                        **step_metrics,
-                    },
-                    "logs": [*trajectory.logs, f"{EXPLANATION_LOG}{explanation}"],
-                },
-            )
-        )
-    return group.with_results(judged)

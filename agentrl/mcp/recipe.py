@@ -18,7 +18,7 @@ from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError
 from agentrl.files import write_text_atomic
 from agentrl.gather import gather_trajectories, gather_trajectory_groups
-from agentrl.judges.ruler import ruler_score_group
+from agentrl.judges.ruler_group import ruler_score_group
 from agentrl.mcp.agent import run_agent
 from agentrl.mcp.servers import MCPToolbox, ServerSpec
 from agentrl.mcp.tasks import MCPTask, generate_tasks, tasks_to_jsonl
