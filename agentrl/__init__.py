@@ -4,7 +4,7 @@ from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
 from agentrl.backend.remote.client import RemoteBackend
-from agentrl.backend.training.rank_hosts import JoinPoint
+from agentrl.backend.training.ranks.rank_hosts import JoinPoint
 from agentrl.backend_protocol import TrainResult
 from agentrl.call_helpers import limit_concurrency, retry
 from agentrl.capture import capture_trajectory, current_trajectory, no_capture

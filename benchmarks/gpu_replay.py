@@ -25,7 +25,7 @@ import torch
 
 import agentrl
 from agentrl.backend.training.placement import TrainerPlacement, start_trainer
-from agentrl.backend.training.replay import replay_step
+from agentrl.backend.training.replay.replay import replay_step
 from agentrl.backend.training.step_input import StepInput, write_step_input
 from agentrl.base_models import resolve_base_model
 from agentrl.files import write_json_atomic
@@ -84,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit(
-            "benchmarks.gpu_replay needs a CUDA GPU; on a CPU, tests/backend/training/test_replay.py replays steps"
+            "benchmarks.gpu_replay needs a CUDA GPU; on a CPU, tests/backend/training/replay/test_replay.py replays steps"
         )
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     packaged = args.packaged or resolve_base_model("smollm2-135m-instruct")

@@ -131,8 +131,8 @@ def measure_ranks(setup: str, steps: int) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from agentrl.backend.processes import free_port
-    from agentrl.backend.training.rank_hosts import JoinPoint
-    from agentrl.backend.training.ranks import TrainerRanks
+    from agentrl.backend.training.ranks.rank_hosts import JoinPoint
+    from agentrl.backend.training.ranks.ranks import TrainerRanks
     from agentrl.backend.training.trainer import Trainer
     from agentrl.base_models import resolve_base_model
     from tests.helpers import join_from_another_host, synthetic_groups

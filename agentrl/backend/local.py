@@ -27,7 +27,7 @@ from agentrl.backend.session import ModelSession, TrainerThread, open_session
 from agentrl.backend.steps import grpo_step, updating
 from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome, train_sft
 from agentrl.backend.training.placement import TrainerPlacement
-from agentrl.backend.training.rank_hosts import JoinPoint
+from agentrl.backend.training.ranks.rank_hosts import JoinPoint
 from agentrl.backend.training.step_input import StepInput
 from agentrl.backend_protocol import TrainResult
 from agentrl.config import SFTConfig, TrainConfig

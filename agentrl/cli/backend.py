@@ -85,7 +85,7 @@ def backend_serve(
             f"cores the server needs; unset it or set it to {BOUNDED_SPIN_TURNS} (agentrl.openmp_spin)"
         )
     from agentrl.backend.remote.service import OperatorPolicy, serve_backend
-    from agentrl.backend.training.rank_hosts import launcher_join_address, rank_join_point
+    from agentrl.backend.training.ranks.rank_hosts import launcher_join_address, rank_join_point
     from agentrl.config import ServerConfig
 
     try:
@@ -150,8 +150,8 @@ def backend_rank(
 
     import torch
 
-    from agentrl.backend.training.rank_hosts import launcher_join_address
-    from agentrl.backend.training.rank_joiner import join_as_rank
+    from agentrl.backend.training.ranks.rank_hosts import launcher_join_address
+    from agentrl.backend.training.ranks.rank_joiner import join_as_rank
     from agentrl.errors import TrainingError
 
     token = required_join_token()

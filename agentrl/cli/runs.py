@@ -89,7 +89,7 @@ def replay(
     base_path: str = typer.Option(DEFAULT_BASE_PATH),
 ) -> None:
     """Train a recorded step again and compare the result with its checkpoint, byte for byte."""
-    from agentrl.backend.training.replay import replay_step
+    from agentrl.backend.training.replay.replay import replay_step
 
     info = resolve_run_option(run, base_path)
     try:
@@ -205,7 +205,7 @@ def whatif(
     base_path: str = typer.Option(DEFAULT_BASE_PATH),
 ) -> None:
     """Train recorded steps again under another TrainConfig, without sampling or judging, into a new run."""
-    from agentrl.backend.training.whatif import what_if
+    from agentrl.backend.training.replay.whatif import what_if
 
     info = resolve_run_option(run, base_path)
     changes = parse_settings(settings or []) | ({"loss": loss} if loss else {})

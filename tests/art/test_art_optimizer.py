@@ -11,7 +11,7 @@ import torch
 
 import agentrl
 from agentrl.art.training import agentrl_train_config, merged_keys
-from agentrl.backend.training.logprobs import token_logprobs
+from agentrl.backend.training.step.logprobs import token_logprobs
 from agentrl.rl.engine_context import tokenize_groups
 from agentrl.rl.micro_batches import collate
 from tests.helpers import synthetic_groups

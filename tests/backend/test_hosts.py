@@ -66,7 +66,7 @@ async def test_a_sharded_run_across_two_hosts_loses_one_and_resumes_from_its_che
 def _join_in_background(join, ranks: list[int], timeout_s: float):
     from concurrent.futures import ThreadPoolExecutor
 
-    from agentrl.backend.training.rank_hosts import accept_ranks
+    from agentrl.backend.training.ranks.rank_hosts import accept_ranks
 
     pool = ThreadPoolExecutor(1)
     return pool.submit(accept_ranks, join, ranks, 2, "tcp://head:1", {"seed": 1}, timeout_s)

@@ -459,7 +459,7 @@ def test_the_vllm_process_gets_no_secret_of_this_environment(monkeypatch):
 
 
 def test_rank_sockets_stay_on_loopback_unless_the_user_chose(monkeypatch):
-    from agentrl.backend.training.rank_process import keep_rank_sockets_on_loopback
+    from agentrl.backend.training.ranks.rank_process import keep_rank_sockets_on_loopback
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth7")

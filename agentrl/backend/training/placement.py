@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agentrl.backend.training.rank_hosts import JoinPoint
-from agentrl.backend.training.ranks import TrainerRanks
+from agentrl.backend.training.ranks.rank_hosts import JoinPoint
+from agentrl.backend.training.ranks.ranks import TrainerRanks
 from agentrl.backend.training.step_input import use_deterministic_kernels
 from agentrl.backend.training.trainer import Trainer
 from agentrl.errors import ConfigurationError

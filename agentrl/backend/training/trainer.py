@@ -21,9 +21,9 @@ from typing import TypeVar
 import torch
 from tqdm.auto import tqdm
 
-from agentrl.backend.training.adapter_host import AdapterHost
 from agentrl.backend.training.adapter_trainer import StepOutcome
-from agentrl.backend.training.gradients import (
+from agentrl.backend.training.adapters.adapter_host import AdapterHost
+from agentrl.backend.training.step.gradients import (
     Adapter,
     apply_gradients,
     most_across_ranks,
@@ -31,9 +31,9 @@ from agentrl.backend.training.gradients import (
     set_optimizer,
     sum_across_ranks,
 )
-from agentrl.backend.training.grpo_loss import MAX_NAMES, GRPOLoss, loss_metrics
-from agentrl.backend.training.logprobs import takes_tree_mask, token_logprobs
-from agentrl.backend.training.memory import within_memory
+from agentrl.backend.training.step.grpo_loss import MAX_NAMES, GRPOLoss, loss_metrics
+from agentrl.backend.training.step.logprobs import takes_tree_mask, token_logprobs
+from agentrl.backend.training.step.memory import within_memory
 from agentrl.backend.training.step_input import TrainingConditions
 from agentrl.config import TrainConfig
 from agentrl.errors import ConfigurationError

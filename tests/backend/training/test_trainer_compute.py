@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import agentrl
-from agentrl.backend.training.attention import SHORT_SEQUENCE
-from agentrl.backend.training.logprobs import SelectedLogprobs, token_logprobs
+from agentrl.backend.training.step.attention import SHORT_SEQUENCE
+from agentrl.backend.training.step.logprobs import SelectedLogprobs, token_logprobs
 from agentrl.rl.micro_batches import collate
 from agentrl.rl.tokenize import TokenizedSequence
 
@@ -132,7 +132,7 @@ def test_the_trainer_creates_every_tensor_on_the_models_device(base_model_path, 
     import torch.fx.experimental._config as fx_config
     import transformers.masking_utils
 
-    from agentrl.backend.training.logprobs import token_logprobs
+    from agentrl.backend.training.step.logprobs import token_logprobs
     from agentrl.backend.training.trainer import Trainer
     from agentrl.rl.micro_batches import collate
     from agentrl.rl.tokenize import TokenizedSequence
@@ -176,8 +176,8 @@ def test_a_micro_batch_that_runs_out_of_gpu_memory_is_halved_and_the_step_is_the
     size gives; with a size the config set it raises, naming the setting, and leaves no gradients."""
     import copy
 
-    from agentrl.backend.training import memory
     from agentrl.backend.training import trainer as trainer_module
+    from agentrl.backend.training.step import memory
     from agentrl.errors import TrainingError
     from tests.helpers import synthetic_groups
 
@@ -223,7 +223,7 @@ def test_a_step_reports_the_sampler_trainer_gap_and_the_tokens_each_mismatch_mas
     """Sampler logprobs set to the trainer's own plus planted offsets: the step's mismatch metrics are
     those offsets' mean, largest and share over the threshold, and each mask leaves out the tokens and
     sequences its bounds name (IcePop (0.5, 2.0): |offset| > ln 2; sequences: mean offset beyond ln 1.1)."""
-    from agentrl.backend.training.grpo_loss import MISMATCH_THRESHOLD
+    from agentrl.backend.training.step.grpo_loss import MISMATCH_THRESHOLD
     from agentrl.backend.training.trainer import Trainer
     from agentrl.rl.engine_context import tokenize_groups
     from tests.helpers import make_choice, synthetic_groups
@@ -321,7 +321,7 @@ def test_a_checkpoint_as_the_kl_reference_is_measured_against_and_leaves_the_tra
     """ART's `kl_penalty_reference_step` / `kl_ref_adapter_path` (agentrl's `kl_reference`): the reference pass
     runs the given adapter. Measured against a copy of the adapter being trained, the KL is zero; against the base
     it is not; either way the trained adapter still gets its gradients and only it is saved."""
-    from agentrl.backend.training.kl_reference import REFERENCE_ADAPTER
+    from agentrl.backend.training.step.kl_reference import REFERENCE_ADAPTER
     from agentrl.backend.training.trainer import Trainer
     from tests.helpers import synthetic_groups
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import agentrl
-from agentrl.backend.training.replay import replay_step
+from agentrl.backend.training.replay.replay import replay_step
 from agentrl.backend.training.step_input import read_step_input
 from agentrl.backend.training.trainer import Trainer
 from agentrl.cli import app
@@ -138,7 +138,7 @@ async def test_a_supervised_call_records_its_demonstrations_and_replays_to_the_s
 async def test_whatif_with_the_same_config_repeats_the_steps_and_with_another_loss_differs(
     tiny_model_path, tokenizer, tmp_path
 ):
-    from agentrl.backend.training.whatif import what_if
+    from agentrl.backend.training.replay.whatif import what_if
     from agentrl.records.tracking import read_metrics
 
     model = trainable_on_tiny_model(tiny_model_path, tmp_path)

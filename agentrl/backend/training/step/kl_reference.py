@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from agentrl.backend.training.lora_forward import fuse_lora_layers
+from agentrl.backend.training.step.lora_forward import fuse_lora_layers
 from agentrl.errors import ConfigurationError
 
 REFERENCE_ADAPTER = "agentrl_kl_reference"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from agentrl.backend.training.sharding import clip_sharded_gradients, is_sharded
+from agentrl.backend.training.step.sharding import clip_sharded_gradients, is_sharded
 from agentrl.errors import TrainingError
 
 if TYPE_CHECKING:

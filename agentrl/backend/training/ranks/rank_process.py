@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from agentrl.backend.training.rank_hosts import BeatingConnection, is_loopback, run_shipped
+from agentrl.backend.training.ranks.rank_hosts import BeatingConnection, is_loopback, run_shipped
 from agentrl.errors import TrainingError
 from agentrl.timeline import recorder
 

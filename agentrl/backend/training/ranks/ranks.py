@@ -4,11 +4,11 @@ Each rank is a spawned process holding a full `Trainer` (the frozen base and eve
 process group (gloo on CPU, NCCL on GPUs). The backend sends every call to all ranks at once; in a
 step each rank trains on its token-balanced share of the sequences and the ranks sum gradients, so
 every rank applies the same update and holds the same weights. Sharded (`sharded=True`, FSDP2, see
-`agentrl.backend.training.sharding`), each rank holds 1/M of the decoder layers instead, and calls that touch
+`agentrl.backend.training.step.sharding`), each rank holds 1/M of the decoder layers instead, and calls that touch
 the layers run on every rank together. Rank 0 alone writes checkpoints; every rank loads one on
 resume. A rank that dies stops them all and says which, with its exit code: the run resumes from
 its last checkpoint by registering the model again. Ranks may also join from other hosts
-(`agentrl.backend.training.rank_hosts`): the backend then drives them the same way.
+(`agentrl.backend.training.ranks.rank_hosts`): the backend then drives them the same way.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ import torch
 
 from agentrl.backend.processes import free_port, split_contiguous
 from agentrl.backend.training.adapter_trainer import StepOutcome
-from agentrl.backend.training.rank_hosts import (
+from agentrl.backend.training.ranks.rank_hosts import (
     JoinPoint,
     ShippedFolder,
     accept_ranks,
     send_by_value,
 )
-from agentrl.backend.training.rank_links import LocalRank, RemoteRank
-from agentrl.backend.training.rank_process import serve_rank
+from agentrl.backend.training.ranks.rank_links import LocalRank, RemoteRank
+from agentrl.backend.training.ranks.rank_process import serve_rank
 from agentrl.config import LoRAConfig, TrainConfig
 from agentrl.errors import ConfigurationError, TrainingError
 from agentrl.timeline import recorder

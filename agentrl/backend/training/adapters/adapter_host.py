@@ -12,12 +12,12 @@ import torch
 import torch.distributed as dist
 
 from agentrl.backend.precision import bf16_is_native
-from agentrl.backend.training import sharding
-from agentrl.backend.training.adapter_state import load_adapter, parameters_by_key, save_adapter, whole_weights
-from agentrl.backend.training.attention import use_cpu_attention
-from agentrl.backend.training.gradients import Adapter
-from agentrl.backend.training.kl_reference import KLReference
-from agentrl.backend.training.lora_forward import fuse_lora_layers
+from agentrl.backend.training.adapters.adapter_state import load_adapter, parameters_by_key, save_adapter, whole_weights
+from agentrl.backend.training.step import sharding
+from agentrl.backend.training.step.attention import use_cpu_attention
+from agentrl.backend.training.step.gradients import Adapter
+from agentrl.backend.training.step.kl_reference import KLReference
+from agentrl.backend.training.step.lora_forward import fuse_lora_layers
 from agentrl.config import LoRAConfig
 from agentrl.errors import ConfigurationError
 from agentrl.rl.micro_batches import default_micro_batch_tokens
@@ -29,7 +29,7 @@ class AdapterHost:
     Several models of one base share its weights in memory: each is a named peft adapter, made
     active for the call that trains, saves or loads it. Made inside an initialised
     `torch.distributed` process group, it is one rank of several: it trains on its share of each
-    step's sequences and sums gradients with the other ranks (`agentrl.backend.training.ranks` runs them).
+    step's sequences and sums gradients with the other ranks (`agentrl.backend.training.ranks.ranks` runs them).
     `Trainer` adds the steps that update the adapters.
     """
 
@@ -44,7 +44,7 @@ class AdapterHost:
         if sharded and self.world_size == 1:
             raise ConfigurationError("a sharded trainer needs 2 or more ranks (LocalBackend(trainer_ranks=...))")
         self.sharded = sharded
-        """FSDP2: the decoder layers sharded over the ranks (see `agentrl.backend.training.sharding`), once the
+        """FSDP2: the decoder layers sharded over the ranks (see `agentrl.backend.training.step.sharding`), once the
         first adapter exists; the base stays on the CPU until then."""
         self.tokenizer: Any = AutoTokenizer.from_pretrained(model_path)  # a ChatTokenizer, and pad/eos ids
         self.bf16 = bf16_is_native(self.device.type)

@@ -11,9 +11,13 @@ from typing import Any
 
 import torch
 
-from agentrl.backend.training import sharding
-from agentrl.backend.training.adapter_files import read_adapter_weights, read_optimizer_state, write_adapter_files
-from agentrl.backend.training.gradients import Adapter
+from agentrl.backend.training.adapters.adapter_files import (
+    read_adapter_weights,
+    read_optimizer_state,
+    write_adapter_files,
+)
+from agentrl.backend.training.step import sharding
+from agentrl.backend.training.step.gradients import Adapter
 
 
 def whole_weights(model: Any, name: str) -> dict[str, torch.Tensor]:

@@ -17,9 +17,9 @@ import torch
 
 import agentrl
 from agentrl.backend.processes import free_port
-from agentrl.backend.training.rank_hosts import JoinPoint, accept_ranks, parse_address
-from agentrl.backend.training.rank_joiner import join_as_rank
-from agentrl.backend.training.ranks import TrainerRanks, rank_cpus, rank_devices
+from agentrl.backend.training.ranks.rank_hosts import JoinPoint, accept_ranks, parse_address
+from agentrl.backend.training.ranks.rank_joiner import join_as_rank
+from agentrl.backend.training.ranks.ranks import TrainerRanks, rank_cpus, rank_devices
 from agentrl.backend.training.trainer import Trainer
 from agentrl.cli import app
 from agentrl.rl.micro_batches import split_by_tokens

@@ -11,8 +11,8 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
 from pathlib import Path
 
-from agentrl.backend.training.rank_hosts import BeatingConnection, parse_address
-from agentrl.backend.training.rank_process import serve_rank
+from agentrl.backend.training.ranks.rank_hosts import BeatingConnection, parse_address
+from agentrl.backend.training.ranks.rank_process import serve_rank
 from agentrl.errors import ConfigurationError, TrainingError
 
 logger = logging.getLogger(__name__)

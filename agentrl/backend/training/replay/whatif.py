@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from agentrl.backend.training.replay import (
+from agentrl.backend.training.replay.replay import (
     REPLAY_ADAPTER,
     checked_steps,
     checkpoint_state,

@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Any
 
-from agentrl.backend.training.rank_links import SILENCE_S, RemoteRank
+from agentrl.backend.training.ranks.rank_links import SILENCE_S, RemoteRank
 from agentrl.errors import ConfigurationError, TrainingError
 from agentrl.secret_tokens import check_token_strength
 

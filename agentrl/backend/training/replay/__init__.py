@@ -1,0 +1,1 @@
+"""A committed step's recorded input trained again: replay, and what-if variations of it."""
