@@ -2,6 +2,7 @@
 it learns from, and on the real server a judge adapter trained beside the policy, checked on held-out
 labels before and after, then judging a policy step."""
 
+import asyncio
 import json
 
 import pytest
@@ -182,7 +183,9 @@ async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_an
 
     async def right_answers_score() -> float:
         """The mean score the judge gives the right answer of a held-out question (its pair's other half: 1 - it)."""
-        judged = [await agentrl.ruler_score_group(g, judge, readout="probabilities", audit=None) for g in held_out]
+        judged = await asyncio.gather(
+            *(agentrl.ruler_score_group(g, judge, readout="probabilities", audit=None) for g in held_out)
+        )  # at once, as a step's groups are judged: the server batches them
         right = [t.reward for g in judged for t in g.trajectories if t.metrics["independent_reward"] == 1.0]
         assert all(t.metrics["judge_read_from_probabilities"] == 1.0 for g in judged for t in g.trajectories)
         return sum(right) / len(right)
@@ -210,7 +213,8 @@ async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_an
     # Each held-out question's two answers are scored p and 1 - p from both orders. A greedy readout repeats itself
     # only to about 0.01 (the server's batching); 64 SFT steps (the first teach the judge to answer A or B at all,
     # mass the readout normalises away) turn a judge near chance into one that prefers the right answer well beyond
-    # that (benchmarks/judge_training.py follows a full epoch on the sampled answers).
+    # that (benchmarks/judge_training.py follows a full epoch on the sampled answers). Half the questions (32 steps, at
+    # lr 2e-3 or 4e-3) moved nothing on 2026-12-06 (the right answer's score 0.50 -> 0.51), so the size stays.
     accuracy_before, accuracy = checked_before.pairwise_accuracy.value, report.pairwise_accuracy.value
     assert accuracy >= 0.75 and accuracy > accuracy_before  # seen: 0.62 -> 0.81, the right answer's score 0.50 -> 0.85
     assert after > before + 0.1
