@@ -241,7 +241,7 @@ def capture_counts(answer: dict[str, Any], model_name: str | None, every_endpoin
     """Whether an answer is recorded: agentrl's gateway answered it from a trained adapter (the base model
     and other endpoints stay out; with `every_endpoint` any answer with choices), of `model_name` when given."""
     choices = answer.get("choices") or []
-    gateway = any(SampledRecord.of(c).from_gateway for c in choices)
+    gateway = any(SampledRecord.naming(c).from_gateway for c in choices)
     if not (gateway or (every_endpoint and choices)):
         return False
     return model_name is None or served_by(answer.get("model"), model_name)

@@ -52,27 +52,39 @@ class SampledRecord(BaseModel):
     def of(cls, choice: Any) -> SampledRecord:
         """The record a Choice (an openai model, or its JSON as a dict) carries; fields it lacks are None.
         `TokenizationError` when its ids are not lists of whole numbers (a hand-written or corrupted turn)."""
-        extra = choice if isinstance(choice, Mapping) else (getattr(choice, "model_extra", None) or {})
+        extra = _extra_fields(choice)
+        return cls.naming(choice).model_copy(
+            update={
+                "token_ids": _whole_numbers(extra.get("token_ids"), "token_ids"),
+                "prompt_token_ids": _whole_numbers(extra.get("prompt_token_ids"), "prompt_token_ids"),
+            }
+        )
+
+    @classmethod
+    def naming(cls, choice: Any) -> SampledRecord:
+        """Its id and step alone, what names a choice where its tokens travel elsewhere (the store, a later
+        chunk) or are not needed: its ids are not read."""
+        extra = _extra_fields(choice)
         completion_id, policy_step = extra.get("completion_id"), extra.get("policy_step")
         return cls.model_construct(
             completion_id=str(completion_id) if completion_id else None,
             policy_step=policy_step if type(policy_step) is int else None,
-            token_ids=_whole_numbers(extra.get("token_ids"), "token_ids"),
-            prompt_token_ids=_whole_numbers(extra.get("prompt_token_ids"), "prompt_token_ids"),
+            token_ids=None,
+            prompt_token_ids=None,
         )
 
     def stamps(self) -> dict[str, Any]:
         """The fields it has, as the extra fields of a Choice (or a Responses/Messages answer) in JSON."""
         return {key: value for key, value in self.__dict__.items() if value is not None}
 
-    def without_tokens(self) -> SampledRecord:
-        """Its id and step alone: what names a choice where its tokens travel elsewhere (the store, a later chunk)."""
-        return self.model_copy(update={"token_ids": None, "prompt_token_ids": None})
-
     @property
     def from_gateway(self) -> bool:
         """Stamped by agentrl's gateway from a trained adapter (not the base model, not another endpoint)."""
         return self.completion_id is not None and self.policy_step is not None
+
+
+def _extra_fields(choice: Any) -> Mapping[str, Any]:
+    return choice if isinstance(choice, Mapping) else (getattr(choice, "model_extra", None) or {})
 
 
 def _whole_numbers(ids: object, field: str) -> list[int] | None:

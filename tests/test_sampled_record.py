@@ -23,7 +23,7 @@ def test_a_record_reads_a_choice_or_its_json_and_writes_the_same_stamps_back():
     choice = Choice.model_validate({**as_json, **record.stamps()})
     assert SampledRecord.of(choice) == record == SampledRecord.of({**as_json, **record.stamps()})
     assert record.from_gateway and not SampledRecord(completion_id="x").from_gateway
-    assert record.without_tokens().stamps() == {"completion_id": "chatcmpl-1", "policy_step": 3}
+    assert SampledRecord.naming(choice).stamps() == {"completion_id": "chatcmpl-1", "policy_step": 3}
     assert SampledRecord.of(Choice.model_validate(as_json)) == SampledRecord()
     # A step that is not a whole number is no step; ids that are not whole numbers are an error naming the field.
     assert SampledRecord.of({"policy_step": "3"}).policy_step is None

@@ -26,7 +26,8 @@ def fill_sampled_tokens(groups: list[TrajectoryGroup], store: SampledStore) -> l
 
 
 def _filled_group(group: TrajectoryGroup, store: SampledStore) -> TrajectoryGroup:
-    if not any(_needs_lookup(c) for t in group.trajectories for h in t.histories() for c in h.choices()):
+    choices = (c for t in group.trajectories for h in t.histories() for c in h.choices())
+    if not any(_needs_lookup(SampledRecord.of(c)) for c in choices):
         return group
     trajectories = []
     for trajectory in group.trajectories:
@@ -41,17 +42,15 @@ def _filled_group(group: TrajectoryGroup, store: SampledStore) -> TrajectoryGrou
     return group.with_results(trajectories)
 
 
-def _needs_lookup(choice: Choice) -> bool:
+def _needs_lookup(record: SampledRecord) -> bool:
     # Without `token_ids` a Choice may still hold logprobs whose tokens are text (litellm keeps those):
     # only the ids the server sampled are exact, so the store's copy wins.
-    record = SampledRecord.of(choice)
     return record.completion_id is not None and (record.token_ids is None or record.prompt_token_ids is None)
 
 
 def _filled(item: Any, store: SampledStore) -> Any:
-    if not isinstance(item, Choice) or not _needs_lookup(item):
+    if not isinstance(item, Choice) or not _needs_lookup(record := SampledRecord.of(item)):
         return item
-    record = SampledRecord.of(item)
     completion_id = str(record.completion_id)
     if record.token_ids is not None:
         return _with_prompt(item, record, store)

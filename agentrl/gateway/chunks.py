@@ -53,7 +53,7 @@ class StreamedAnswer(ServerSentEvents):
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue  # the first choice is the one a trajectory keeps, as for a whole answer
-            self.choice.update(SampledRecord.of(choice).without_tokens().stamps())
+            self.choice.update(SampledRecord.naming(choice).stamps())
             if choice.get("finish_reason") is not None:
                 self.choice["finish_reason"] = choice["finish_reason"]
             delta = choice.get("delta") or {}

@@ -22,4 +22,4 @@ def chat_choice(
     if tool_calls:
         message["tool_calls"] = tool_calls
     fields: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "message": message}
-    return {**fields, **SampledRecord.of(answer).without_tokens().stamps()}
+    return {**fields, **SampledRecord.naming(answer).stamps()}

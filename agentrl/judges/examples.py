@@ -4,8 +4,9 @@ to check a RULER judge), and `VerdictExample`, one rubric's verdict on one respo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -16,6 +17,8 @@ from agentrl.judges.rubric import verdict_prompt
 from agentrl.judges.ruler import DEFAULT_RUBRIC
 from agentrl.trajectory import Trajectory
 from agentrl.trajectory_group import TrajectoryGroup
+
+_Example = TypeVar("_Example", bound=BaseModel)
 
 
 class JudgeExample(BaseModel):
@@ -69,23 +72,13 @@ def examples_from_groups(
 
 
 def write_examples(path: str | Path, examples: list[JudgeExample]) -> Path:
-    """Write examples as JSONL, atomically."""
-    path = Path(path)
-    write_text_atomic(path, "".join(e.model_dump_json() + "\n" for e in examples))
-    return path
+    """Write judge examples as JSONL, atomically."""
+    return _write_jsonl(path, examples)
 
 
 def load_examples(path: str | Path) -> list[JudgeExample]:
-    """Read a JSONL of examples; a bad line raises `ValueError` naming its file and line number."""
-    examples = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            examples.append(JudgeExample.model_validate_json(line))
-        except ValidationError as error:
-            raise ConfigurationError(f"{path}:{number}: not a judge example: {error}") from error
-    return examples
+    """Read a JSONL of judge examples; a bad line raises `ConfigurationError` naming its file and line number."""
+    return _load_jsonl(path, JudgeExample, "a judge example")
 
 
 class VerdictExample(BaseModel):
@@ -106,18 +99,26 @@ class VerdictExample(BaseModel):
 
 def write_verdict_examples(path: str | Path, examples: list[VerdictExample]) -> Path:
     """Write verdict examples as JSONL, atomically."""
+    return _write_jsonl(path, examples)
+
+
+def load_verdict_examples(path: str | Path) -> list[VerdictExample]:
+    """Read a JSONL of verdict examples; a bad line raises `ConfigurationError` naming its file and line."""
+    return _load_jsonl(path, VerdictExample, "a verdict example")
+
+
+def _write_jsonl(path: str | Path, examples: Sequence[BaseModel]) -> Path:
     path = Path(path)
     write_text_atomic(path, "".join(e.model_dump_json() + "\n" for e in examples))
     return path
 
 
-def load_verdict_examples(path: str | Path) -> list[VerdictExample]:
-    """Read a JSONL of verdict examples; a bad line raises `ConfigurationError` naming its file and line."""
+def _load_jsonl(path: str | Path, kind: type[_Example], what: str) -> list[_Example]:
     examples = []
     for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
         if line.strip():
             try:
-                examples.append(VerdictExample.model_validate_json(line))
+                examples.append(kind.model_validate_json(line))
             except ValidationError as error:
-                raise ConfigurationError(f"{path}:{number}: not a verdict example: {error}") from error
+                raise ConfigurationError(f"{path}:{number}: not {what}: {error}") from error
     return examples
