@@ -68,7 +68,7 @@ async def scorings(
             for position, original in enumerate(order):
                 aligned[original] = scores[position]
             scores = aligned
-        judged.append((scores, sum(t.metrics["judge_tokens"] for t in result.trajectories)))
+        judged.append((scores, result.metrics["judge_tokens"]))
     (first, tokens_a), (second, tokens_b) = judged
     return first, second, tokens_a + tokens_b
 

@@ -14,6 +14,7 @@ from agentrl.cli.app import app, base_model_server, fmt, resolve_run_option
 from agentrl.errors import CheckpointError, ConfigurationError
 from agentrl.files import check_safe_name
 from agentrl.records.checkpoints import CheckpointStore
+from agentrl.records.judge_warning import judge_figures
 from agentrl.records.run_folder import DEFAULT_BASE_PATH
 from agentrl.records.runs import COMPARED, RunInfo, find_runs
 from agentrl.records.step_record import unrecorded_steps
@@ -55,16 +56,17 @@ def show(
             "the model again (or resuming with `agentrl train`) writes their records again from the checkpoints",
             err=True,
         )
-    audited = any("judge_flip_rate" in m for m in info.metrics)  # the judge audit's columns, when it ran
+    judged = [judge_figures(m) for m in info.metrics]
+    audited = any("judge_flip_rate" in j for j in judged)  # the judge audit's columns, when it ran
     judge_header = f" {'flips':>6} {'1st':>5} {'tau':>6}" if audited else ""
     typer.echo(
         f"{'step':>5} {'split':<6} {'reward':>8} {'std':>7} {'tokens':>7} {'seconds':>8} {'exact ctx':>9}{judge_header}"
     )
-    for m in info.metrics:
+    for m, j in zip(info.metrics, judged):
         seconds = sum(v for k, v in m.items() if k.endswith("_s") and isinstance(v, float))
         judge = (
-            f" {fmt(m.get('judge_flip_rate')):>6} {fmt(m.get('judge_first_position_rate')):>5} "
-            f"{fmt(m.get('judge_independent_tau')):>6}"
+            f" {fmt(j.get('judge_flip_rate')):>6} {fmt(j.get('judge_first_position_rate')):>5} "
+            f"{fmt(j.get('judge_independent_tau')):>6}"
             if audited
             else ""
         )

@@ -1,6 +1,10 @@
 """RULER on a `TrajectoryGroup`: the orders it is judged in (debiased, audited), the judgements (`ruler`), the
 audit's figures, and a copy of the group whose rewards are the judge's scores, the old ones kept as
-`metrics["independent_reward"]`. Each job is a function of its own; `ruler_score_group` runs them in turn."""
+`metrics["independent_reward"]`. Each job is a function of its own; `ruler_score_group` runs them in turn.
+
+What belongs to one trajectory (its score, its independent reward) goes in its metrics; what belongs to the
+judgement of the whole group (latency, tokens, cost, the audit) goes in the group's, once (a step line shows
+each group figure's mean over its groups as "group/{name}")."""
 
 from __future__ import annotations
 
@@ -96,17 +100,17 @@ async def audit_group(
     return AuditFigures(metrics, tokens, audited=True)
 
 
-def judge_figures(results: list[RulerResult], size: int, audit: AuditFigures, readout: Readout) -> dict[str, float]:
-    """The judgements' latency, attempts, tokens and cost (a share per trajectory: a step's mean times its
-    trajectories is the total), whether probabilities were read, and the audit's metrics."""
+def judge_figures(results: list[RulerResult], audit: AuditFigures, readout: Readout) -> dict[str, float]:
+    """The group's judgements: latency, attempts, tokens and cost (the group's whole), whether probabilities
+    were read, and the audit's metrics."""
     tokens = sum(r.prompt_tokens + r.completion_tokens for r in results)
     costs = [r.cost_usd for r in results if r.cost_usd is not None]
     return {
         "ruler_latency_s": results[0].latency_s,
         "ruler_attempts": float(results[0].attempts),
-        "judge_tokens": tokens / size,
-        **({"judge_audit_tokens": audit.tokens / size} if audit.audited else {}),
-        **({"judge_cost_usd": sum(costs) / size} if costs else {}),
+        "judge_tokens": float(tokens),
+        **({"judge_audit_tokens": float(audit.tokens)} if audit.audited else {}),
+        **({"judge_cost_usd": sum(costs)} if costs else {}),
         **({"judge_read_from_probabilities": float(results[0].read_from_probabilities)} if readout != "json" else {}),
         **audit.metrics,
     }
@@ -115,7 +119,8 @@ def judge_figures(results: list[RulerResult], size: int, audit: AuditFigures, re
 def scored_group(
     group: TrajectoryGroup, scores_G: list[float], explanations: list[str], figures: dict[str, float]
 ) -> TrajectoryGroup:
-    """A copy of `group` rewarded with the judge's scores, each old reward kept as `independent_reward`."""
+    """A copy of `group` rewarded with the judge's scores, each old reward kept as `independent_reward`, the
+    judgement's `figures` in the group's metrics."""
     judged = [
         trajectory.model_copy(
             deep=True,
@@ -125,14 +130,15 @@ def scored_group(
                     **trajectory.metrics,
                     "independent_reward": trajectory.reward,
                     "ruler_score": score,
-                    **figures,
                 },
                 "logs": [*trajectory.logs, f"{EXPLANATION_LOG}{explanation}"],
             },
         )
         for trajectory, score, explanation in zip(group.trajectories, scores_G, explanations)
     ]
-    return group.with_results(judged)
+    scored = group.with_results(judged)
+    scored.metrics = {**group.metrics, **figures}
+    return scored
 
 
 async def ruler_score_group(
@@ -153,14 +159,14 @@ async def ruler_score_group(
 
     `readout="probabilities"` reads the judge's decisions from its next-token probabilities, every pair in
     both orders (`ruler`); its audit metrics (flip rate and first-position rate over the pairs) then come
-    with every group at no extra call, and `metrics["judge_read_from_probabilities"]` says whether the
-    judge returned logprobs (1) or was read from JSON (0).
+    with every group at no extra call, and the group's `metrics["judge_read_from_probabilities"]` says
+    whether the judge returned logprobs (1) or was read from JSON (0).
 
     `permutations` > 1 is debiased RULER: the group is judged in that many orders (its own and shuffled
     ones) and each trajectory's reward is its mean score, so a judge's position bias falls on no one.
     `audit` (a quarter of groups by default; None for none) judges a sampled group once more in a
     shuffled order, or compares two of the debiased orders, and puts the judge's flip rate, position
-    bias, self-consistency and agreement with `independent_reward` in the trajectories' metrics
+    bias, self-consistency and agreement with `independent_reward` in the group's metrics
     (`agentrl.judges.audit`); the rewards never depend on it.
 
     With `swallow_exceptions=True` a failed judgement returns the group emptied of trajectories,
@@ -200,4 +206,4 @@ async def ruler_score_group(
     independent_G = [t.metrics.get("independent_reward", t.reward) for t in group.trajectories]
     figures = await audit_group(plan, results, scores_G, independent_G, judged_in, audit)
     explanations = results[0].explanations
-    return scored_group(group, scores_G, explanations, judge_figures(results, len(message_lists), figures, readout))
+    return scored_group(group, scores_G, explanations, judge_figures(results, figures, readout))

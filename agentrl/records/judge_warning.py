@@ -3,12 +3,31 @@ than chance (`agentrl.judges.audit` measures; this reads what it measured, as an
 
 from __future__ import annotations
 
+from typing import Any
+
 CHANCE_FLIP_RATE = 0.4
 """A step whose audited flip rate reaches this is warned about: the judge's order is mostly noise."""
 
+GROUP_PREFIX = "group/"
+"""A step line's key for a group metric's mean over the groups (`records.step_metrics.summarize_groups`)."""
 
-def audit_warning(metrics: dict[str, float]) -> str | None:
-    """What is wrong with the judge, from a step's averaged audit metrics, or None when nothing shows."""
+
+def judge_figures(line: dict[str, Any]) -> dict[str, Any]:
+    """A step line's judge figures ("judge_*", "ruler_*") by their own names, wherever the judge put them: on
+    each group (RULER judges a group at once: "group/judge_flip_rate") or on each trajectory (the rubric judge
+    judges one at a time); a group's figure wins where a step holds both."""
+    own = {k: v for k, v in line.items() if k.startswith(("judge_", "ruler_"))}
+    grouped = {
+        k.removeprefix(GROUP_PREFIX): v
+        for k, v in line.items()
+        if k.startswith(GROUP_PREFIX) and k.removeprefix(GROUP_PREFIX).startswith(("judge_", "ruler_"))
+    }
+    return {**own, **grouped}
+
+
+def audit_warning(line: dict[str, float]) -> str | None:
+    """What is wrong with the judge, from a step line's averaged audit metrics, or None when nothing shows."""
+    metrics = judge_figures(line)
     if "judge_audited" not in metrics:
         return None
     problems = []

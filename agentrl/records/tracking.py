@@ -25,7 +25,7 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 
 from agentrl.files import append_line, read_lines, write_text_atomic, write_text_new
-from agentrl.records.judge_warning import audit_warning
+from agentrl.records.judge_warning import audit_warning, judge_figures
 from agentrl.records.run_folder import RunFolder, parse_record_stem
 from agentrl.tool_calls import assistant_content, tool_call_parse_failures, unparsed_tool_calls
 from agentrl.trajectory import Trajectory, reward_stats
@@ -217,7 +217,8 @@ def reward_hacking_trend(records: list[dict[str, Any]], split: str = "val") -> b
 def plot_judge_audit(run_dir: Path) -> Path | None:
     """Draw judge.png from metrics.jsonl: the judge audit's statistics per train step (and the chance level
     of the first-position rate); None, and nothing drawn, for a run with no audited step."""
-    records = [r for r in read_metrics(run_dir) if r.get("split") == "train" and "judge_audited" in r]
+    lines = [r for r in read_metrics(run_dir) if r.get("split") == "train"]
+    records = [{"step": r.get("step", 0), **f} for r in lines if "judge_audited" in (f := judge_figures(r))]
     if not records:
         return None
     import matplotlib

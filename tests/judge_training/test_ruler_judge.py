@@ -187,7 +187,7 @@ async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_an
             *(agentrl.ruler_score_group(g, judge, readout="probabilities", audit=None) for g in held_out)
         )  # at once, as a step's groups are judged: the server batches them
         right = [t.reward for g in judged for t in g.trajectories if t.metrics["independent_reward"] == 1.0]
-        assert all(t.metrics["judge_read_from_probabilities"] == 1.0 for g in judged for t in g.trajectories)
+        assert all(g.metrics["judge_read_from_probabilities"] == 1.0 for g in judged)
         return sum(right) / len(right)
 
     before = await right_answers_score()
@@ -239,6 +239,6 @@ async def test_a_judge_trained_on_its_decision_changes_its_held_out_agreement_an
         show_progress=False,
     )
     assert await judge.get_step() == trained_step, "the judge's adapter stays where it was trained while it judges"
-    assert all(t.metrics["judge_read_from_probabilities"] == 1.0 for g in groups for t in g.trajectories)
+    assert all(g.metrics["judge_read_from_probabilities"] == 1.0 for g in groups)
     step = await policy.train(groups, agentrl.TrainConfig(learning_rate=1e-5))
     assert not step.skipped and step.step == 1

@@ -10,6 +10,8 @@ import agentrl
 from agentrl.judges import ruler_score_group
 from agentrl.judges.agreement import rank_flip_rate
 from agentrl.judges.audit import JudgeAudit, audit_judgements
+from agentrl.records.judge_warning import judge_figures
+from agentrl.records.step_metrics import step_line
 
 GROUP_SIZE = 4
 
@@ -30,7 +32,8 @@ def graded_group(index: int) -> agentrl.TrajectoryGroup:
 
 
 def audit_means(groups: list[agentrl.TrajectoryGroup]) -> dict[str, float]:
-    audited = [g.trajectories[0].metrics for g in groups if "judge_audited" in g.trajectories[0].metrics]
+    audited = [g.metrics for g in groups if "judge_audited" in g.metrics]  # a group's judgement: the group's figures
+    assert not any(k.startswith("judge_") for g in groups for t in g.trajectories for k in t.metrics)
     assert audited, "no group was audited"
     return {key: statistics.fmean(m[key] for m in audited) for key in audited[0] if key.startswith("judge_")}
 
@@ -63,8 +66,11 @@ async def test_a_position_biased_judge_is_caught_and_the_rewards_are_not_changed
     assert means["judge_flip_rate"] == pytest.approx(expected_flips) and means["judge_flip_rate"] > 0.3
     assert means["judge_first_position_rate"] == 1.0 and means["judge_first_position_chance"] == 0.25
     assert means["judge_independent_tau"] == -1.0  # it ranks by position, the reverse of the true order here
-    assert all(t.metrics["judge_audit_tokens"] > 0 for g in judged for t in g.trajectories)
+    assert all(g.metrics["judge_audit_tokens"] > 0 for g in judged)
     assert len(fake.requests) == 2 * len(groups) + len(groups)
+    line = step_line({}, judged, skipped=None)  # each group's figures once, their mean over the step's groups
+    assert line["group/judge_flip_rate"] == pytest.approx(expected_flips) and "judge_flip_rate" not in line
+    assert judge_figures(line)["judge_tokens"] == statistics.fmean(g.metrics["judge_tokens"] for g in judged)
 
 
 async def test_a_judge_reversed_a_quarter_of_the_time_shows_that_noise(fake, judge):
@@ -83,11 +89,11 @@ async def test_only_a_fraction_of_groups_is_audited_and_at_its_cost(fake, judge)
     fake.score_mode = "oracle"
     groups = [graded_group(i) for i in range(40)]
     judged = [await ruler_score_group(g, judge, audit=JudgeAudit(fraction=0.25, seed=3)) for g in groups]
-    audited = sum("judge_audited" in g.trajectories[0].metrics for g in judged)
+    audited = sum("judge_audited" in g.metrics for g in judged)
     assert 3 <= audited <= 18 and len(fake.requests) == len(groups) + audited
     means = audit_means(judged)
     assert means["judge_flip_rate"] == 0.0 and means["judge_independent_tau"] == 1.0
-    assert all(g.trajectories[0].metrics["judge_tokens"] > 0 for g in judged)
+    assert all(g.metrics["judge_tokens"] > 0 for g in judged)
 
 
 async def test_debiased_ruler_spreads_a_position_bias_over_the_group(fake, judge):
@@ -128,7 +134,8 @@ async def test_a_rubric_judge_that_answers_by_position_flips_its_verdicts_when_t
     assert await audit_rubrics("x", "y", steady, judge, JudgeAudit(fraction=0.0)) == {}
 
 
-def test_an_audited_run_warns_about_a_judge_at_chance_plots_it_and_show_prints_it(tmp_path, caplog):
+@pytest.mark.parametrize("level", ["group/", ""], ids=["ruler-per-group", "rubric-per-trajectory"])
+def test_an_audited_run_warns_about_a_judge_at_chance_plots_it_and_show_prints_it(tmp_path, caplog, level):
     from typer.testing import CliRunner
 
     from agentrl.cli import app
@@ -138,13 +145,14 @@ def test_an_audited_run_warns_about_a_judge_at_chance_plots_it_and_show_prints_i
     fair = {"judge_flip_rate": 0.05, "judge_first_position_rate": 0.25, "judge_first_position_chance": 0.25,
             "judge_self_consistency": 0.9, "judge_independent_tau": 0.6}  # fmt: skip
     noisy = {**fair, "judge_flip_rate": 0.55, "judge_first_position_rate": 0.9, "judge_independent_tau": -0.1}
+    line = lambda figures: {f"{level}{k}": v for k, v in {"judge_audited": 1.0, **figures}.items()}  # noqa: E731
     with caplog.at_level("WARNING", logger="agentrl.records.tracking"):
-        record_step(run, 1, "train", [], {"reward_mean": 0.5, "judge_audited": 1.0, **fair})
-        record_step(run, 2, "train", [], {"reward_mean": 0.6, "judge_audited": 1.0, **noisy})
+        record_step(run, 1, "train", [], {"reward_mean": 0.5, **line(fair)})
+        record_step(run, 2, "train", [], {"reward_mean": 0.6, **line(noisy)})
     warned = [r.message for r in caplog.records if r.name == "agentrl.records.tracking"]
     assert len(warned) == 1 and warned[0].startswith("step 2: the judge looks no better than chance")
     assert "55% of pairs" in warned[0] and "shown first wins 90%" in warned[0] and "tau -0.10" in warned[0]
-    assert [r["judge_flip_rate"] for r in read_metrics(run)] == [0.05, 0.55]
+    assert [r[f"{level}judge_flip_rate"] for r in read_metrics(run)] == [0.05, 0.55]
     png = (run / "judge.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     shown = CliRunner().invoke(app, ["show", "demo/judged", "--base-path", str(tmp_path)])

@@ -69,7 +69,7 @@ async def test_a_planted_first_position_bias_is_cancelled_and_measured(fake, jud
     # Preference of the better of a pair: (0.9 + (1 - 0.7)) / 2 = 0.6; a score is the mean over the other three.
     by_rank = {0.1: 0.4, 0.4: (0.6 + 0.4 + 0.4) / 3, 0.7: (0.6 + 0.6 + 0.4) / 3, 0.9: 0.6}
     assert judged.rewards == pytest.approx([by_rank[q] for q in qualities])
-    metrics = judged.trajectories[0].metrics
+    metrics = judged.metrics
     assert (
         metrics["judge_first_position_rate"] == 1.0
         and metrics["judge_pair_flip_rate"] == 1.0
@@ -95,7 +95,7 @@ async def test_a_judge_without_logprobs_is_read_from_json_and_says_so_once(fake,
     assert len(warnings) == 1 and "read from sampled JSON" in warnings[0]
     group = agentrl.TrajectoryGroup(agentrl.Trajectory(reward=q, messages_and_choices=attempt(q)) for q in (0.1, 0.9))
     judged = await agentrl.ruler_score_group(group, judge, readout="probabilities", audit=None)
-    assert judged.trajectories[0].metrics["judge_read_from_probabilities"] == 0.0
+    assert judged.metrics["judge_read_from_probabilities"] == 0.0
     # Providers that take no logprobs are known before any call (litellm's own parameter check).
     assert not probabilities_supported("anthropic/claude-3-5-sonnet-20240620")
     assert not probabilities_supported("openai/o4-mini")
