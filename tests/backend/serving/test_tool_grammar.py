@@ -122,7 +122,11 @@ def valid(call) -> bool:
     return call.function.name in names and schema_fits
 
 
-async def test_a_required_call_parses_and_is_valid_in_100_of_100_samples(served_model):
+async def test_a_required_call_parses_and_is_valid_in_every_sample_that_ends(served_model):
+    """The grammar makes every call parse and fit its schema; it does not bound how many calls a sample makes
+    (parallel calls are allowed), so a sample that chains calls past `max_tokens` is cut inside one and parses
+    as text, as on vLLM anywhere (seen 2026-12-06: 1 of 400 at 96 tokens, three calls and a half). That is the
+    caller's budget, not the grammar's failure: every sample that ends on its own must be valid."""
     client = served_model.openai_client()
     requests = [
         client.chat.completions.create(
@@ -130,7 +134,7 @@ async def test_a_required_call_parses_and_is_valid_in_100_of_100_samples(served_
             messages=CALL_PROMPT,
             tools=TOOLS,
             tool_choice="required",
-            max_tokens=96,
+            max_tokens=160,  # room for five calls of about 25 tokens
             temperature=1.0,
             n=25,
             seed=seed,
@@ -139,9 +143,11 @@ async def test_a_required_call_parses_and_is_valid_in_100_of_100_samples(served_
     ]
     replies = await asyncio.gather(*requests)
     choices = [choice for reply in replies for choice in reply.choices]
-    calls = [choice.message.tool_calls for choice in choices]
     assert len(choices) == 100
-    assert sum(bool(c) and all(valid(call) for call in c) for c in calls) == 100, [c.message for c in choices]
+    ended = [choice for choice in choices if choice.finish_reason != "length"]
+    assert len(ended) >= 98, [c.message for c in choices if c.finish_reason == "length"]
+    calls = [choice.message.tool_calls for choice in ended]
+    assert all(bool(c) and all(valid(call) for call in c) for c in calls), [c.message for c in ended]
 
 
 async def test_in_auto_the_model_may_still_answer_in_text(served_model):
