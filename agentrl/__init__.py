@@ -5,10 +5,17 @@ from typing import TYPE_CHECKING
 
 from agentrl.backend.remote.client import RemoteBackend
 from agentrl.backend.training.ranks.rank_hosts import JoinPoint
-from agentrl.backend_protocol import TrainResult
-from agentrl.call_helpers import limit_concurrency, retry
-from agentrl.capture import capture_trajectory, current_trajectory, no_capture
-from agentrl.config import (
+from agentrl.client.backend_protocol import TrainResult
+from agentrl.client.capture import capture_trajectory, current_trajectory, no_capture
+from agentrl.client.dataset import DatasetBatch, iterate_dataset
+from agentrl.client.gather import AfterEach, ExceptionBudget, gather_trajectories, gather_trajectory_groups
+from agentrl.client.model import Backend, JudgeModel, Model, TrainableModel
+from agentrl.client.pipeline import train_pipelined
+from agentrl.client.weave_tracing import disable_weave, enable_weave, traced
+from agentrl.data.trajectory import History, Trajectory
+from agentrl.data.trajectory_group import RolloutException, TrajectoryGroup
+from agentrl.foundation.call_helpers import limit_concurrency, retry
+from agentrl.foundation.config import (
     CISPOLoss,
     DROLoss,
     GSPOLoss,
@@ -19,9 +26,8 @@ from agentrl.config import (
     SFTConfig,
     TrainConfig,
 )
-from agentrl.dataset import DatasetBatch, iterate_dataset
-from agentrl.distribution import DISTRIBUTION as _DISTRIBUTION
-from agentrl.errors import (
+from agentrl.foundation.distribution import DISTRIBUTION as _DISTRIBUTION
+from agentrl.foundation.errors import (
     AgentRLError,
     BackendBrokenError,
     CheckpointError,
@@ -38,16 +44,10 @@ from agentrl.errors import (
     TokenizationError,
     TrainingError,
 )
+from agentrl.foundation.plugins import EnvironmentCommands
+from agentrl.foundation.stop_signals import handle_stop_signals
 from agentrl.gateway.limits import GatewayLimits
-from agentrl.gather import AfterEach, ExceptionBudget, gather_trajectories, gather_trajectory_groups
-from agentrl.model import Backend, JudgeModel, Model, TrainableModel
-from agentrl.pipeline import train_pipelined
-from agentrl.plugins import EnvironmentCommands
 from agentrl.records.run_folder import DEFAULT_BASE_PATH, RunFolder
-from agentrl.stop_signals import handle_stop_signals
-from agentrl.trajectory import History, Trajectory
-from agentrl.trajectory_group import RolloutException, TrajectoryGroup
-from agentrl.weave_tracing import disable_weave, enable_weave, traced
 
 if TYPE_CHECKING:  # the names `_LAZY` loads on first use, for type checkers (explicitly re-exported)
     from agentrl.backend.local import LocalBackend as LocalBackend

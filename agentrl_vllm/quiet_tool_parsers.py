@@ -3,7 +3,7 @@
 vLLM's tool parsers log `logger.exception(...)` for every reply whose call text they cannot parse (a small
 model's malformed JSON, a call cut off by `max_tokens`), so logs/vllm.log filled with tracebacks that say nothing
 the reply itself does not. The reply still comes back as text without `tool_calls`; agentrl counts it in the
-step's `tool_call_parse_failures` and marks it in the step's transcript (agentrl.tool_calls). Here each such
+step's `tool_call_parse_failures` and marks it in the step's transcript (agentrl.data.tool_calls). Here each such
 record keeps its message and the exception's one-line summary, as a warning without the traceback.
 
 Loaded by vLLM through the `vllm.general_plugins` entry point, active where the environment sets

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.backend.precision import cpu_has_native_bf16
-from agentrl.base_models import resolve_base_model
-from agentrl.files import write_json_atomic
+from agentrl.foundation.base_models import resolve_base_model
+from agentrl.foundation.files import write_json_atomic
 from agentrl_environments.larger_number.task import Scenario, reward, rollout, scenarios
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import cpu_name, load_results_by_machine, machine_key, precision_label

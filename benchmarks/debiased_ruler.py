@@ -27,7 +27,7 @@ import tempfile
 from typing import Any
 
 import agentrl
-from agentrl.files import write_json_atomic
+from agentrl.foundation.files import write_json_atomic
 from agentrl.judges.agreement import pair_counts, pairwise_accuracy, rank_flip_rate
 from agentrl.judges.audit import JudgeAudit
 from agentrl.judges.examples import load_examples

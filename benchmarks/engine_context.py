@@ -32,8 +32,8 @@ import torch
 
 import agentrl
 from agentrl.backend.training.trainer import Trainer
-from agentrl.base_models import resolve_base_model
-from agentrl.files import write_json_atomic
+from agentrl.foundation.base_models import resolve_base_model
+from agentrl.foundation.files import write_json_atomic
 from agentrl.rl.engine_context import history_sequences
 from agentrl.rl.packing import pack_rows
 from agentrl.rl.tokenize import served_tool_order

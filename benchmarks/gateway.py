@@ -22,7 +22,7 @@ import time
 import httpx
 
 import agentrl
-from agentrl.files import write_json_atomic
+from agentrl.foundation.files import write_json_atomic
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, machine_label
 

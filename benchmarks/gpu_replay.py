@@ -27,8 +27,8 @@ import agentrl
 from agentrl.backend.training.placement import TrainerPlacement, start_trainer
 from agentrl.backend.training.replay.replay import replay_step
 from agentrl.backend.training.step_input import StepInput, write_step_input
-from agentrl.base_models import resolve_base_model
-from agentrl.files import write_json_atomic
+from agentrl.foundation.base_models import resolve_base_model
+from agentrl.foundation.files import write_json_atomic
 from agentrl.records.checkpoints import STEP_INPUT_FILE, CheckpointStore
 from benchmarks.gpu_train import GPU_RESULTS, agent_groups, build_model
 

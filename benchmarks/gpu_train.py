@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 import agentrl
-from agentrl.base_models import resolve_base_model
-from agentrl.files import write_json_atomic
+from agentrl.foundation.base_models import resolve_base_model
+from agentrl.foundation.files import write_json_atomic
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS
 

@@ -17,7 +17,7 @@ import tempfile
 from typing import Any
 
 import agentrl
-from agentrl.files import write_json_atomic
+from agentrl.foundation.files import write_json_atomic
 from agentrl.judges import JudgeLimiter
 from agentrl.judges.readout import READOUTS
 from agentrl.judges.ruler import ruler

@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 import agentrl
-from agentrl.files import write_json_atomic
+from agentrl.foundation.files import write_json_atomic
 from agentrl.judge_training import train_judge, train_judge_rl
 from agentrl.judges.examples import JudgeExample, load_examples
 from agentrl.judges.readout import READOUTS, Readout

@@ -31,9 +31,9 @@ import time
 from typing import Any
 
 import agentrl
-from agentrl.dataset import content_ids
-from agentrl.files import write_json_atomic
-from agentrl.openmp_spin import with_spin_bounded
+from agentrl.client.dataset import content_ids
+from agentrl.foundation.files import write_json_atomic
+from agentrl.foundation.openmp_spin import with_spin_bounded
 from agentrl_environments.larger_number.task import rollout, scenarios
 from benchmarks.step_breakdown import RESULTS, cpu_name, precision_label
 
@@ -114,7 +114,7 @@ def records_complete(run_dir: str) -> dict[str, Any]:
 
 def attempt(base_path: str, mode: str, count: int, kill_after_s: float | None) -> dict[str, Any]:
     """Run the child once; with `kill_after_s`, SIGKILL it that long after it resumed (if still running)."""
-    # A pipelined child's server samples while its trainer steps: OpenMP's spin bounded (agentrl.openmp_spin).
+    # A pipelined child's server samples while its trainer steps: OpenMP's spin bounded (agentrl.foundation.openmp_spin).
     env = with_spin_bounded(os.environ) if mode == "pipelined" else None
     started = time.monotonic()
     process = subprocess.Popen(

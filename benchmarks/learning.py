@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.backend.precision import cpu_has_native_bf16
-from agentrl.base_models import cache_dir
-from agentrl.files import write_json_atomic
-from agentrl.plugins import load_environment
+from agentrl.data.trajectory import Trajectory
+from agentrl.foundation.base_models import cache_dir
+from agentrl.foundation.files import write_json_atomic
+from agentrl.foundation.plugins import load_environment
 from agentrl.records.run_folder import RunFolder, parse_record_stem
 from agentrl.records.tracking import load_trajectories, read_metrics
-from agentrl.trajectory import Trajectory
 from benchmarks import rubric_signal
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, cpu_name

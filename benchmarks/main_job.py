@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.files import write_json_atomic
+from agentrl.foundation.files import write_json_atomic
 from benchmarks.readme import ROOT, replace_section
 from benchmarks.step_breakdown import cpu_name, precision_label
 

@@ -17,7 +17,7 @@ truncated importance sampling, held-out reward at the start and the end only (it
 not comparable: use the main mode for those). Writes benchmarks/results/pipeline_spread.json.
 
 Every mode runs in one process, so all run with OpenMP's spin bounded (GOMP_SPINCOUNT=2000, set here before
-torch loads unless given), as a pipelined CPU run must (agentrl.openmp_spin); the synchronous loop alone
+torch loads unless given), as a pipelined CPU run must (agentrl.foundation.openmp_spin); the synchronous loop alone
 runs faster without the bound.
 """
 
@@ -31,12 +31,12 @@ import tempfile
 import time
 from typing import Any
 
-from agentrl.openmp_spin import bound_openmp_spinning
+from agentrl.foundation.openmp_spin import bound_openmp_spinning
 
 bound_openmp_spinning()  # before anything loads torch: the pipelined modes share the cores with the server
 
 import agentrl  # noqa: E402 - after the spin bound
-from agentrl.files import write_json_atomic  # noqa: E402
+from agentrl.foundation.files import write_json_atomic  # noqa: E402
 from agentrl.records.step_metrics import summarize  # noqa: E402
 from agentrl_environments.larger_number.task import evaluate, rollout, scenarios  # noqa: E402
 from agentrl_environments.larger_number.train import GROUP_SIZE, GROUPS_PER_STEP, LEARNING_RATE  # noqa: E402

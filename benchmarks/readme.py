@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrl.files import write_text_atomic
+from agentrl.foundation.files import write_text_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -19,11 +19,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from agentrl.data.trajectory import Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
 from agentrl.judges.agreement import pair_counts
 from agentrl.records.run_folder import RunFolder, parse_record_stem
 from agentrl.records.tracking import load_trajectories
-from agentrl.trajectory import Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
 from agentrl_environments.rubric.env import load_tasks
 from agentrl_environments.rubric.tasks import InstructionTask, passes, words
 

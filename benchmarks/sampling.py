@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 import agentrl
-from agentrl.files import write_json_atomic
+from agentrl.foundation.files import write_json_atomic
 from agentrl_environments.larger_number.task import scenarios
 from benchmarks.gateway import timed_completions
 from benchmarks.readme import replace_section

@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 
 import agentrl
-from agentrl.files import write_json_atomic
+from agentrl.foundation.files import write_json_atomic
 from benchmarks.gateway import timed_completions
 from benchmarks.readme import replace_section
 from benchmarks.step_breakdown import RESULTS, machine_label
@@ -134,7 +134,7 @@ def measure_ranks(setup: str, steps: int) -> dict[str, Any]:
     from agentrl.backend.training.ranks.rank_hosts import JoinPoint
     from agentrl.backend.training.ranks.ranks import TrainerRanks
     from agentrl.backend.training.trainer import Trainer
-    from agentrl.base_models import resolve_base_model
+    from agentrl.foundation.base_models import resolve_base_model
     from tests.helpers import join_from_another_host, synthetic_groups
 
     ranks, sharded = RANK_SETUPS.get(setup, (2, False))

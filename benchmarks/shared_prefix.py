@@ -27,8 +27,8 @@ import torch
 
 import agentrl
 from agentrl.backend.training.trainer import Trainer
-from agentrl.base_models import resolve_base_model
-from agentrl.files import write_json_atomic
+from agentrl.foundation.base_models import resolve_base_model
+from agentrl.foundation.files import write_json_atomic
 from agentrl.rl.advantages import compute_group_advantages
 from agentrl.rl.engine_context import tokenize_groups
 from agentrl.rl.tokenize import demonstrated_tokens

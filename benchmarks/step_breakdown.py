@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 
 import agentrl
-from agentrl.files import write_json_atomic
+from agentrl.foundation.files import write_json_atomic
 from agentrl_environments.larger_number.task import rollout, scenarios
 from benchmarks.readme import replace_section
 

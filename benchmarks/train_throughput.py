@@ -75,7 +75,7 @@ def measure(steps: int) -> dict[str, Any]:
 
         Trainer = trainer_module.Trainer
         default_micro_batch_tokens = getattr(trainer_module, "default_micro_batch_tokens", lambda _: 4096)
-    from agentrl.base_models import resolve_base_model
+    from agentrl.foundation.base_models import resolve_base_model
     from tests.helpers import synthetic_groups
 
     trainer = Trainer(resolve_base_model("smollm2-135m-instruct"), seed=0)
@@ -129,7 +129,7 @@ def main() -> None:
         sys.path.insert(0, str(Path(args.tree).resolve()))
     torch.manual_seed(0)
     result = measure(args.steps)
-    from agentrl.files import write_json_atomic
+    from agentrl.foundation.files import write_json_atomic
     from benchmarks.readme import replace_section
     from benchmarks.step_breakdown import machine_label
 

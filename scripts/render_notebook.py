@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agentrl.files import write_json_atomic, write_text_atomic  # noqa: E402
+from agentrl.foundation.files import write_json_atomic, write_text_atomic  # noqa: E402
 from benchmarks.step_breakdown import cpu_name, precision_label  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "notebooks.json"

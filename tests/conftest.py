@@ -26,7 +26,7 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def base_model_path() -> str:
-    from agentrl.base_models import resolve_base_model
+    from agentrl.foundation.base_models import resolve_base_model
 
     return resolve_base_model("smollm2-135m-instruct")
 

@@ -1,5 +1,5 @@
 """Run by test_closed_loop.py in its own process, with OpenMP's spin bounded as a pipelined CPU run must be
-(agentrl.openmp_spin): a fresh adapter on its own LocalBackend trains `steps` steps with `train_pipelined`
+(agentrl.foundation.openmp_spin): a fresh adapter on its own LocalBackend trains `steps` steps with `train_pipelined`
 (rollouts one step ahead of the trainer, the default loss) and prints, as one JSON line, the held-out reward
 before and after and what each step trained on, for the test to judge."""
 

@@ -1,5 +1,5 @@
 """An agent program that knows only a base URL (OPENAI_BASE_URL, OPENAI_API_KEY): two turns, the
-second streamed. Run by tests/test_capture.py as a separate process on a rollout session."""
+second streamed. Run by tests/client/test_capture.py as a separate process on a rollout session."""
 
 import sys
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import agentrl
-from agentrl.endpoint import InferenceEndpoint
+from agentrl.foundation.endpoint import InferenceEndpoint
 
 PACKAGE = Path(agentrl.__file__).parent
 
@@ -71,39 +71,28 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_agentrl_has_no_import_cycle_not_even_through_type_checking_imports():
     graph = import_graph(type_checking=True)
-    assert "agentrl.model" in graph and "agentrl.backend.local" in graph
-    assert "agentrl.model" in graph["agentrl.backend.local"]  # the backend depends on the model ...
-    assert not any(m.startswith("agentrl.backend.") for m in graph["agentrl.model"] - {"agentrl.endpoint"})
-    assert "agentrl.trajectory" in graph["agentrl.capture"] and "agentrl.model" not in graph["agentrl.capture"]
+    assert "agentrl.client.model" in graph and "agentrl.backend.local" in graph
+    assert "agentrl.client.model" in graph["agentrl.backend.local"]  # the backend depends on the model ...
+    assert not any(
+        m.startswith("agentrl.backend.") for m in graph["agentrl.client.model"] - {"agentrl.foundation.endpoint"}
+    )
+    assert (
+        "agentrl.data.trajectory" in graph["agentrl.client.capture"]
+        and "agentrl.client.model" not in graph["agentrl.client.capture"]
+    )
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     assert (
-        import_graph()["agentrl.rollout_session"] < graph["agentrl.rollout_session"]
+        import_graph()["agentrl.client.rollout_session"] < graph["agentrl.client.rollout_session"]
     )  # TYPE_CHECKING imports count here only
 
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    (
-        "foundation",
-        tuple(
-            f"agentrl.{name}"
-            for name in (
-                "errors", "distribution", "files", "config", "endpoint", "rollout_id", "timeline", "secret_tokens", "base_models",
-                "call_helpers", "litellm_loader", "openmp_spin", "stop_signals", "plugins", "sampled_record",
-            )
-        ),
-    ),
+    ("foundation", ("agentrl.foundation",)),
     ("gateway", ("agentrl.gateway",)),
-    ("data", ("agentrl.messages", "agentrl.trajectory", "agentrl.trajectory_group", "agentrl.tool_calls")),
+    ("data", ("agentrl.data",)),
     ("pure RL", ("agentrl.rl",)),
     ("records", ("agentrl.records",)),
-    (
-        "client",
-        tuple(
-            f"agentrl.{name}"
-            for name in ("model", "backend_protocol", "http_client", "capture", "rollout_session", "gather", "pipeline",
-                         "dataset", "weave_tracing", "judges")
-        ),
-    ),
+    ("client", ("agentrl.client", "agentrl.judges")),
     ("backend", ("agentrl.backend",)),
     (
         "on top",
@@ -135,7 +124,7 @@ def test_every_import_points_down_the_layers_type_checking_imports_included():
         if layer_of(imported) > layer_of(module)
     )
     assert upward == []
-    assert layer_of("agentrl.gateway.app") < layer_of("agentrl.trajectory") < layer_of("agentrl.records.tracking")
+    assert layer_of("agentrl.gateway.app") < layer_of("agentrl.data.trajectory") < layer_of("agentrl.records.tracking")
     assert layer_of("agentrl") == len(LAYERS) - 1 and layer_of("agentrl.backend.training.trainer") == 6
 
 
@@ -149,7 +138,7 @@ def test_the_backends_rooms_import_downward_and_the_remote_client_needs_no_local
         if room in ("training", "serving"):  # the engine's parts use each other's room or shared helpers only
             assert all(m.startswith(f"agentrl.backend.{room}") or m in shared for m in backend_imports), module
         if module == "agentrl.backend.remote.client" or module == "agentrl.backend.remote.wire":
-            assert backend_imports <= {"agentrl.backend.remote.wire", "agentrl.endpoint"}, module
+            assert backend_imports <= {"agentrl.backend.remote.wire", "agentrl.foundation.endpoint"}, module
     assert rooms <= {m.split(".")[2] for m in graph if m.count(".") >= 3 and m.startswith("agentrl.backend.")}
 
 
@@ -210,7 +199,7 @@ def test_the_wheel_lists_every_package_and_installs_the_environments_under_their
 
 
 def test_the_shipped_environments_are_found_through_entry_points():
-    from agentrl.plugins import environment_names, load_environment
+    from agentrl.foundation.plugins import environment_names, load_environment
 
     assert {"2048", "email", "larger-number"} <= set(environment_names())
     assert load_environment("email").rewards == ("match", "judge", "ruler")
@@ -348,7 +337,7 @@ def test_one_training_loop_steps_a_model():
     """Only the training loop (`pipeline.py`) steps a model: the environments, MCP-RL and judge RL run on it, not on a
     loop of their own. The model hands its step to the backend, a backend service to its backend, and ART's API is
     ART's own calls mapped onto agentrl's."""
-    allowed = {"agentrl.pipeline", "agentrl.model", "agentrl.backend.remote.service"}
+    allowed = {"agentrl.client.pipeline", "agentrl.client.model", "agentrl.backend.remote.service"}
     callers = set()
     for path in [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "environments").rglob("*.py")]:
         name = module_name(path) if path.is_relative_to(PACKAGE) else f"environments.{path.stem}"

@@ -312,8 +312,8 @@ def our_and_declared_names() -> set[str]:
     """Ours, every requirement pyproject.toml declares, and the packaged models' distributions."""
     import tomllib
 
-    from agentrl.base_models import PACKAGED_MODELS
-    from agentrl.distribution import DISTRIBUTION
+    from agentrl.foundation.base_models import PACKAGED_MODELS
+    from agentrl.foundation.distribution import DISTRIBUTION
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     requirements = [
@@ -334,7 +334,7 @@ def test_the_install_command_check_finds_the_other_projects_names():
 
 def test_every_install_command_installs_this_project_or_a_declared_dependency():
     """`agentrl` on the package index is another project, `agentrl-*` another framework's: every install command
-    a user can read names `agent-grpo` (agentrl.distribution), a path, or a package pyproject.toml declares."""
+    a user can read names `agent-grpo` (agentrl.foundation.distribution), a path, or a package pyproject.toml declares."""
     allowed = our_and_declared_names()
     assert not {"agentrl"} & allowed
     foreign = [

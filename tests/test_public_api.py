@@ -155,7 +155,7 @@ def test_the_client_imports_without_the_training_backend_and_a_backend_piece_nam
     import sys
 
     code = WITHOUT_THE_BACKEND + (
-        "import agentrl, agentrl.art, agentrl.judges, agentrl.backend.remote.client, agentrl.capture, agentrl.cli\n"
+        "import agentrl, agentrl.art, agentrl.judges, agentrl.backend.remote.client, agentrl.client.capture, agentrl.cli\n"
         "assert not {'torch', 'transformers', 'peft', 'vllm'} & set(sys.modules), sorted(sys.modules)\n"
         "agentrl.RemoteBackend('http://127.0.0.1:9', token='t'); agentrl.TrainableModel(name='m', project='p')\n"
         "from agentrl.backend.extras import BackendNotInstalledError\n"
@@ -187,7 +187,7 @@ def test_the_command_line_without_the_training_backend_names_the_extra_and_docto
 
 def test_import_agentrl_leaves_openmp_spinning_to_libgomp_and_servers_get_a_users_setting():
     """Where the server and the trainer take turns (the synchronous loop), libgomp's own spin is faster:
-    `import agentrl` sets nothing, and a server it starts gets what the user set (agentrl.openmp_spin)."""
+    `import agentrl` sets nothing, and a server it starts gets what the user set (agentrl.foundation.openmp_spin)."""
     import os
     import subprocess
     import sys
@@ -197,7 +197,7 @@ import os, sys
 import agentrl
 assert "torch" not in sys.modules
 from agentrl.backend.serving.server import server_env
-from agentrl.config import ServerConfig
+from agentrl.foundation.config import ServerConfig
 print(os.environ.get("GOMP_SPINCOUNT", "-"), server_env(ServerConfig(), gpu=False, api_key="k").get("GOMP_SPINCOUNT", "-"))
 """
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
@@ -224,7 +224,7 @@ print(os.environ.get("GOMP_SPINCOUNT", "-"), server_env(ServerConfig(), gpu=Fals
 def test_a_pipelined_run_on_the_cpu_is_warned_when_openmp_would_spin_on_the_servers_cores(
     environment, bounded, monkeypatch, caplog
 ):
-    from agentrl.openmp_spin import spin_fix_beside, warn_spinning_beside_the_server
+    from agentrl.foundation.openmp_spin import spin_fix_beside, warn_spinning_beside_the_server
 
     for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
         monkeypatch.delenv(name, raising=False)
@@ -248,13 +248,13 @@ import agentrl
 import agentrl.cli.train as cli_train
 from typer.testing import CliRunner
 from agentrl.cli.app import app
-from agentrl.plugins import EnvironmentCommands
+from agentrl.foundation.plugins import EnvironmentCommands
 if sys.argv[1] == "torch-first":  # else "agentrl-first"
     import torch
 seen = []
 async def run(*args, **kwargs):  # the environment's run: what its trainer (here) and its server would get
     from agentrl.backend.serving.server import server_env
-    from agentrl.config import ServerConfig
+    from agentrl.foundation.config import ServerConfig
     server = server_env(ServerConfig(), gpu=False, api_key="k")
     seen.extend([os.environ.get("GOMP_SPINCOUNT", "-"), server.get("GOMP_SPINCOUNT", "-")])
 cli_train.load_environment = lambda name: EnvironmentCommands(run=run, evaluate_run=run, default_name="x")

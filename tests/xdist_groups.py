@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.files import write_json_atomic
+from agentrl.foundation.files import write_json_atomic
 
 GROUPS_ENV = "AGENTRL_TEST_GROUPS"
 """The folder where workers write their tests' groups: set by the controller, inherited by its workers."""

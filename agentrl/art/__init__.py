@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentrl.backend_protocol import TrainResult
-from agentrl.model import Backend
-from agentrl.trajectory import History
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.client.backend_protocol import TrainResult
+from agentrl.client.model import Backend
+from agentrl.data.trajectory import History
+from agentrl.data.trajectory_group import TrajectoryGroup
 
 from . import dev
 from .gather import (

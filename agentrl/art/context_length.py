@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import agentrl
-from agentrl.base_models import resolve_base_model
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.base_models import resolve_base_model
+from agentrl.foundation.errors import ConfigurationError
 
 
 def sets_context(server: Any, internal: Any) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
 import agentrl
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 
 class TrainConfig(TypedDict, total=False):

@@ -16,12 +16,12 @@ from typing import Any
 from tqdm.auto import tqdm
 
 import agentrl
-from agentrl.capture import capture_trajectory, current_trajectory
-from agentrl.errors import ConfigurationError, RolloutError
-from agentrl.gather import ExceptionBudget
+from agentrl.client.capture import capture_trajectory, current_trajectory
+from agentrl.client.gather import ExceptionBudget
+from agentrl.data.trajectory import Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import ConfigurationError, RolloutError
 from agentrl.rl.ledger import choice_tokens
-from agentrl.trajectory import Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
 
 
 def _budget(max_exceptions: int | float) -> dict[str, Any]:

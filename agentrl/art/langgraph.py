@@ -12,9 +12,9 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agentrl.capture import capture_trajectory
-from agentrl.errors import ConfigurationError
-from agentrl.trajectory import Trajectory
+from agentrl.client.capture import capture_trajectory
+from agentrl.data.trajectory import Trajectory
+from agentrl.foundation.errors import ConfigurationError
 
 _model: contextvars.ContextVar[Any] = contextvars.ContextVar("agentrl_art_langgraph_model", default=None)
 

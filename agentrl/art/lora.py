@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import agentrl
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 LORA_NAMES = {"rank": "rank", "r": "rank", "alpha": "alpha", "lora_alpha": "alpha", "dropout": "dropout",
               "lora_dropout": "dropout", "target_modules": "target_modules"}  # fmt: skip

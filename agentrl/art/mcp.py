@@ -10,10 +10,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from agentrl.client.model import JudgeModel, Model
 from agentrl.mcp.agent import COMPLETE_TASK_TOOL
 from agentrl.mcp.servers import openai_tool
 from agentrl.mcp.tasks import generate_tasks
-from agentrl.model import JudgeModel, Model
 
 complete_task_tool = COMPLETE_TASK_TOOL
 """The tool an agent calls to end its attempt (OpenAI tool schema)."""

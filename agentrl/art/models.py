@@ -14,15 +14,15 @@ from typing import Any
 from pydantic import PrivateAttr, model_validator
 
 import agentrl
-from agentrl.errors import ConfigurationError
-from agentrl.files import check_safe_name
-from agentrl.model import Backend
+from agentrl.client.model import Backend
+from agentrl.data.trajectory import Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.files import check_safe_name
+from agentrl.foundation.sampled_record import served_name
 from agentrl.records.run_folder import RunFolder
 from agentrl.records.step_metrics import ART_METRIC_NAMES
 from agentrl.records.tracking import append_metrics, read_metrics
-from agentrl.sampled_record import served_name
-from agentrl.trajectory import Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
 
 from .context_length import context_length, sets_context
 from .dev import internal_config_settings

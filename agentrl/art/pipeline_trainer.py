@@ -24,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tqdm.auto import tqdm
 
 import agentrl
-from agentrl.dataset import content_digest, repeated_id
-from agentrl.errors import ConfigurationError
-from agentrl.pipeline import train_pipelined
+from agentrl.client.dataset import content_digest, repeated_id
+from agentrl.client.pipeline import train_pipelined
+from agentrl.data.trajectory import Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.records.scenario_record import scenario_key
-from agentrl.trajectory import Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
 
 from .training import agentrl_train_config
 

@@ -9,15 +9,15 @@ from typing import Any
 from pydantic import PrivateAttr, ValidationError, model_validator
 
 import agentrl
-from agentrl.errors import ConfigurationError
-from agentrl.files import check_safe_name
-from agentrl.litellm_loader import load_litellm
-from agentrl.model import Backend
+from agentrl.client.model import Backend
+from agentrl.data.trajectory import Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.files import check_safe_name
+from agentrl.foundation.litellm_loader import load_litellm
+from agentrl.foundation.sampled_record import served_name
 from agentrl.records.step_metrics import summarize_groups
 from agentrl.records.tracking import append_metrics
-from agentrl.sampled_record import served_name
-from agentrl.trajectory import Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
 
 from .state import RunState
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentrl.files import write_json_atomic
+from agentrl.foundation.files import write_json_atomic
 
 
 def art_model_dir(base_path: str | Path, project: str, name: str) -> Path:

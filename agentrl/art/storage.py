@@ -25,8 +25,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agentrl.distribution import install_extra
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.distribution import install_extra
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.records.checkpoints import CHECKPOINT_FILES, INFO_FILE, CheckpointStore
 
 from .state import run_name_of

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.base_models import resolve_base_model
+from agentrl.foundation.base_models import resolve_base_model
 
 
 def get_tokenizer(base_model: str, *, revision: str | None = None, **kwargs: Any) -> Any:

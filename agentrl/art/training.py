@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import agentrl
-from agentrl.config import CISPOLoss, PPOLoss
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.config import CISPOLoss, PPOLoss
+from agentrl.foundation.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 

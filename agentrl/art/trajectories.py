@@ -24,11 +24,11 @@ from typing import Any
 from pydantic import PrivateAttr
 
 import agentrl
-from agentrl.capture import capture_trajectory
-from agentrl.capture import no_capture as _no_recording
-from agentrl.errors import ConfigurationError
-from agentrl.trajectory import History
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.client.capture import capture_trajectory
+from agentrl.client.capture import no_capture as _no_recording
+from agentrl.data.trajectory import History
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import ConfigurationError
 
 LegacyHistory = History
 """ART 0.5.20+'s name for an additional history (`messages_and_choices`, `tools`): agentrl's `History`."""

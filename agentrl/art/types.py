@@ -8,7 +8,7 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field
 
 import agentrl
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 from .dev import LoRAConfig
 from .training import TrainConfig

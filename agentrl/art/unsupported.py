@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from agentrl.errors import ConfigurationError, ServerError
+from agentrl.foundation.errors import ConfigurationError, ServerError
 
 LocalServingUnavailableError = ServerError
 """ART 0.5.20+'s error for managed inference that cannot be reached: agentrl's `ServerError` (its server failed to

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 
 from agentrl.backend.serving.replicas import ServerReplicas
 from agentrl.backend.training.placement import TrainerPlacement, start_trainer
-from agentrl.base_models import resolve_base_model
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.base_models import resolve_base_model
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.records.run_folder import RunFolder
 
 if TYPE_CHECKING:
     from agentrl.backend.session import TrainerThread
     from agentrl.backend.training.adapter_trainer import AdapterTrainer
-    from agentrl.model import TrainableModel
+    from agentrl.client.model import TrainableModel
 
 
 @dataclass

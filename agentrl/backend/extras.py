@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from agentrl.distribution import install_extra
+from agentrl.foundation.distribution import install_extra
 
 BACKEND_PACKAGES = frozenset({"torch", "transformers", "peft", "gguf", "vllm"})
 """What the `cpu` / `gpu` extras add to a client install (types, gather, judges, RemoteBackend)."""

@@ -29,24 +29,24 @@ from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome
 from agentrl.backend.training.placement import TrainerPlacement
 from agentrl.backend.training.ranks.rank_hosts import JoinPoint
 from agentrl.backend.training.step_input import StepInput
-from agentrl.backend_protocol import TrainResult
-from agentrl.config import SFTConfig, TrainConfig
-from agentrl.endpoint import InferenceEndpoint
-from agentrl.errors import AgentRLError, BackendBrokenError, ConfigurationError
-from agentrl.files import check_safe_name
+from agentrl.client.backend_protocol import TrainResult
+from agentrl.client.model import Model
+from agentrl.foundation.config import SFTConfig, TrainConfig
+from agentrl.foundation.endpoint import InferenceEndpoint
+from agentrl.foundation.errors import AgentRLError, BackendBrokenError, ConfigurationError
+from agentrl.foundation.files import check_safe_name
+from agentrl.foundation.openmp_spin import spin_fix_beside
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
-from agentrl.model import Model
-from agentrl.openmp_spin import spin_fix_beside
 from agentrl.records.step_metrics import step_line
 from agentrl.rl.tokenize import check_token_ids
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
-    from agentrl.model import TrainableModel
-    from agentrl.trajectory import History
-    from agentrl.trajectory_group import TrajectoryGroup
+    from agentrl.client.model import TrainableModel
+    from agentrl.data.trajectory import History
+    from agentrl.data.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

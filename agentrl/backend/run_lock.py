@@ -11,8 +11,8 @@ import fcntl
 import os
 from pathlib import Path
 
-from agentrl.errors import ConfigurationError, RunLockedError
-from agentrl.files import make_private_dir
+from agentrl.foundation.errors import ConfigurationError, RunLockedError
+from agentrl.foundation.files import make_private_dir
 
 LOCK_FILE = ".lock"
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.errors import TokenizationError
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import TokenizationError
+from agentrl.foundation.sampled_record import SampledRecord
 from agentrl.gateway.store import SampledStore
-from agentrl.sampled_record import SampledRecord
-from agentrl.trajectory_group import TrajectoryGroup
 
 
 def fill_sampled_tokens(groups: list[TrajectoryGroup], store: SampledStore) -> list[TrajectoryGroup]:

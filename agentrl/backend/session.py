@@ -14,24 +14,24 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from agentrl.backend.training.step_input import StepInput, write_step_input
-from agentrl.backend_protocol import TrainResult
-from agentrl.errors import BackendBrokenError, CheckpointError, ConfigurationError, ServerError
+from agentrl.client.backend_protocol import TrainResult
+from agentrl.foundation.errors import BackendBrokenError, CheckpointError, ConfigurationError, ServerError
+from agentrl.foundation.sampled_record import served_name
+from agentrl.foundation.timeline import append_timeline, recorder, span
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.step_metrics import step_line
 from agentrl.records.step_record import backfill_records, write_step_record
 from agentrl.records.tracking import DEFAULT_BEST_BY, best_step, record_step
 from agentrl.records.wandb_metrics import WandbMetrics, wandb_requested
-from agentrl.sampled_record import served_name
-from agentrl.timeline import append_timeline, recorder, span
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from agentrl.backend.run_lock import RunLock
     from agentrl.backend.training.adapter_trainer import AdapterTrainer, StepOutcome
-    from agentrl.config import TrainConfig
-    from agentrl.model import TrainableModel
-    from agentrl.trajectory_group import TrajectoryGroup
+    from agentrl.client.model import TrainableModel
+    from agentrl.data.trajectory_group import TrajectoryGroup
+    from agentrl.foundation.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -16,14 +16,14 @@ from agentrl.backend.serving.replicas import ServerReplicas
 from agentrl.backend.session import ModelSession
 from agentrl.backend.training.adapter_trainer import StepOutcome
 from agentrl.backend.training.step_input import StepInput
-from agentrl.backend_protocol import TrainResult
-from agentrl.config import TrainConfig
-from agentrl.errors import AgentRLError
+from agentrl.client.backend_protocol import TrainResult
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.config import TrainConfig
+from agentrl.foundation.errors import AgentRLError
 from agentrl.gateway.store import SampledStore
 from agentrl.rl.ledger import step_ledger
 from agentrl.rl.screen import judge_failure_error, screen_groups, skip_reason
 from agentrl.rl.tokenize import check_token_ids, labelled_histories
-from agentrl.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.stop_signals import handle_stop_signals
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.runs import RunInfo, resolve_run
-from agentrl.stop_signals import handle_stop_signals
 
 if TYPE_CHECKING:
     from agentrl.backend.serving.server import VLLMServer
@@ -62,7 +62,7 @@ def fmt(value: float | None) -> str:
 def base_model_server(info: RunInfo, step: int, log_path: Path) -> VLLMServer:
     """A (not yet started) vLLM server of the base model that checkpoint `step` was trained on, able to load it."""
     from agentrl.backend.serving.server import VLLMServer
-    from agentrl.config import ServerConfig
+    from agentrl.foundation.config import ServerConfig
 
     adapter = CheckpointStore(info.path).adapter_config(step)
     return VLLMServer(adapter["base_model_name_or_path"], log_path, ServerConfig(), max_lora_rank=int(adapter["r"]))

@@ -9,10 +9,10 @@ from pathlib import Path
 import typer
 
 from agentrl.cli.app import app
-from agentrl.errors import ConfigurationError
-from agentrl.openmp_spin import BOUNDED_SPIN_TURNS, SPIN_VARIABLE, bound_openmp_spinning, spin_is_bounded
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.openmp_spin import BOUNDED_SPIN_TURNS, SPIN_VARIABLE, bound_openmp_spinning, spin_is_bounded
+from agentrl.foundation.secret_tokens import check_token_strength
 from agentrl.records.run_folder import DEFAULT_BASE_PATH
-from agentrl.secret_tokens import check_token_strength
 
 backend_app = typer.Typer(no_args_is_help=True, help="Run a backend service that RemoteBackend trains on.")
 app.add_typer(backend_app, name="backend")
@@ -82,11 +82,11 @@ def backend_serve(
     if pipelined and not (bound_openmp_spinning() or spin_is_bounded()):  # before the imports below load torch
         raise typer.BadParameter(
             f"--pipelined: {SPIN_VARIABLE}={os.environ.get(SPIN_VARIABLE)} in the environment lets OpenMP spin on the "
-            f"cores the server needs; unset it or set it to {BOUNDED_SPIN_TURNS} (agentrl.openmp_spin)"
+            f"cores the server needs; unset it or set it to {BOUNDED_SPIN_TURNS} (agentrl.foundation.openmp_spin)"
         )
     from agentrl.backend.remote.service import OperatorPolicy, serve_backend
     from agentrl.backend.training.ranks.rank_hosts import launcher_join_address, rank_join_point
-    from agentrl.config import ServerConfig
+    from agentrl.foundation.config import ServerConfig
 
     try:
         address = rank_join or (launcher_join_address(os.environ) if remote_ranks else "")
@@ -152,7 +152,7 @@ def backend_rank(
 
     from agentrl.backend.training.ranks.rank_hosts import launcher_join_address
     from agentrl.backend.training.ranks.rank_joiner import join_as_rank
-    from agentrl.errors import TrainingError
+    from agentrl.foundation.errors import TrainingError
 
     token = required_join_token()
     join = join or launcher_join_address(os.environ)
@@ -192,7 +192,7 @@ def backend_replica(
     import logging
 
     from agentrl.backend.serving.replica_agent import serve_replica
-    from agentrl.errors import ServerError
+    from agentrl.foundation.errors import ServerError
 
     token = required_join_token()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

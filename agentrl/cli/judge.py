@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from agentrl.cli.app import app, base_model_server, resolve_run_option
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.sampled_record import served_name
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.run_folder import DEFAULT_BASE_PATH
 from agentrl.records.runs import RunInfo
-from agentrl.sampled_record import served_name
 
 if TYPE_CHECKING:
+    from agentrl.data.trajectory_group import TrajectoryGroup
     from agentrl.judges.check import JudgeCheckReport
-    from agentrl.trajectory_group import TrajectoryGroup
 
 
 judge_app = typer.Typer(no_args_is_help=True, help="Check an LLM judge before its scores become rewards; train one.")
@@ -107,8 +107,8 @@ async def _check_judges(
         for name in judges:
             judge: Any = name
             if name == BASE_JUDGE or name.startswith(RUN_PREFIX):
-                from agentrl.base_models import cache_dir
-                from agentrl.model import Model
+                from agentrl.client.model import Model
+                from agentrl.foundation.base_models import cache_dir
 
                 if server is None:
                     server = base_model_server(info, info.steps[-1], cache_dir() / "judge-check.log")

@@ -11,16 +11,16 @@ from typing import Any
 import typer
 
 from agentrl.cli.app import app, base_model_server, fmt, resolve_run_option
-from agentrl.errors import CheckpointError, ConfigurationError
-from agentrl.files import check_safe_name
+from agentrl.foundation.errors import CheckpointError, ConfigurationError
+from agentrl.foundation.files import check_safe_name
+from agentrl.foundation.sampled_record import served_name
+from agentrl.foundation.timeline import TIMELINE_FILE, busy_seconds, plot_timeline, read_timeline
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.judge_warning import judge_figures
 from agentrl.records.run_folder import DEFAULT_BASE_PATH
 from agentrl.records.runs import COMPARED, RunInfo, find_runs
 from agentrl.records.step_record import unrecorded_steps
 from agentrl.rl.ledger import REASONS
-from agentrl.sampled_record import served_name
-from agentrl.timeline import TIMELINE_FILE, busy_seconds, plot_timeline, read_timeline
 
 
 @app.command()
@@ -231,7 +231,7 @@ def serve(
     base_path: str = typer.Option(DEFAULT_BASE_PATH),
 ) -> None:
     """Serve a checkpoint as an OpenAI-compatible endpoint (model name NAME@STEP) until Ctrl-C."""
-    from agentrl.base_models import cache_dir
+    from agentrl.foundation.base_models import cache_dir
 
     info = resolve_run_option(run, base_path)
     if not info.steps:

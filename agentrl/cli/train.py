@@ -9,9 +9,9 @@ from typing import Any
 import typer
 
 from agentrl.cli.app import app
-from agentrl.errors import ConfigurationError
-from agentrl.openmp_spin import bound_openmp_spinning
-from agentrl.plugins import EnvironmentCommands, environment_names, load_environment
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.openmp_spin import bound_openmp_spinning
+from agentrl.foundation.plugins import EnvironmentCommands, environment_names, load_environment
 from agentrl.records.run_folder import DEFAULT_BASE_PATH
 
 
@@ -66,7 +66,7 @@ def train(
             raise typer.BadParameter(f"no task file at {tasks}")
         choice["tasks"] = tasks
     if weave is not None:
-        from agentrl.weave_tracing import enable_weave
+        from agentrl.client.weave_tracing import enable_weave
 
         enable_weave(weave)
     choice.update(_pipelining(max_steps_off_policy))
@@ -106,7 +106,7 @@ def _judging(
 
 def _pipelining(max_steps_off_policy: int | None) -> dict[str, Any]:
     """The run's pipelining choice. A pipelined run's server samples while its trainer steps, so OpenMP's spin is
-    bounded first, before torch loads (agentrl.openmp_spin)."""
+    bounded first, before torch loads (agentrl.foundation.openmp_spin)."""
     if max_steps_off_policy is None:
         return {}
     if max_steps_off_policy > 0:

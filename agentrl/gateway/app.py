@@ -31,7 +31,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from agentrl.errors import TokenizationError
+from agentrl.foundation.errors import TokenizationError
+from agentrl.foundation.rollout_id import ROLLOUT_HEADER
+from agentrl.foundation.sampled_record import SampledRecord
 from agentrl.gateway import responses_api
 from agentrl.gateway.auth import TokenGuard
 from agentrl.gateway.client_apis import CHAT, MESSAGES, RESPONSES, ClientApi, api_for_path
@@ -50,8 +52,6 @@ from agentrl.gateway.upstream import (
     Upstream,
     conversation_key,
 )
-from agentrl.rollout_id import ROLLOUT_HEADER
-from agentrl.sampled_record import SampledRecord
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentrl.sampled_record import SampledRecord
+from agentrl.foundation.sampled_record import SampledRecord
 
 
 class ServerSentEvents:

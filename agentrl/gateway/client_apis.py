@@ -1,6 +1,6 @@
 """The client APIs agentrl samples for, in one table: OpenAI's Chat Completions (what vLLM speaks), and OpenAI's
 Responses and Anthropic's Messages, each translated into the chat completion the server samples and its answer
-told back in its own format. The gateway routes by this table and automatic capture (`agentrl.capture`) records
+told back in its own format. The gateway routes by this table and automatic capture (`agentrl.client.capture`) records
 by it, so an API is one row, never a string compared in several places."""
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from agentrl.foundation.sampled_record import SampledRecord
 from agentrl.gateway.chunks import StreamedAnswer
 from agentrl.gateway.store import SampledStore, StreamAccumulator
-from agentrl.sampled_record import SampledRecord
 
 if TYPE_CHECKING:
     from agentrl.gateway.messages_api import MessageEvents

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from agentrl.errors import AgentRLError
+from agentrl.foundation.errors import AgentRLError
 from agentrl.gateway.auth import JOIN_PREFIX
 from agentrl.gateway.error_answers import gateway_error
 from agentrl.gateway.upstream import ReplicaDoor, ReplicaOffer, Upstream

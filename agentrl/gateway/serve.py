@@ -16,13 +16,13 @@ from collections.abc import Sequence
 import uvicorn
 from starlette.routing import BaseRoute
 
-from agentrl.errors import ConfigurationError, ServerError
+from agentrl.foundation.errors import ConfigurationError, ServerError
+from agentrl.foundation.secret_tokens import check_token_strength
 from agentrl.gateway.app import create_gateway_app
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.sessions import SessionLog
 from agentrl.gateway.store import SampledStore
 from agentrl.gateway.upstream import Replica, ReplicaDoor, Upstream
-from agentrl.secret_tokens import check_token_strength
 
 
 def is_loopback(host: str) -> bool:

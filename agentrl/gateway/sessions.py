@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.errors import SessionOverflowError
+from agentrl.foundation.errors import SessionOverflowError
 
 logger = logging.getLogger(__name__)
 

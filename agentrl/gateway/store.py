@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentrl.errors import TokenizationError
-from agentrl.sampled_record import served_step
+from agentrl.foundation.errors import TokenizationError
+from agentrl.foundation.sampled_record import served_step
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.sampled_record import SampledRecord
+from agentrl.foundation.sampled_record import SampledRecord
 
 
 def stamped(answer: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any]:

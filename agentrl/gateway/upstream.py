@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import httpx
 from pydantic import BaseModel
 
+from agentrl.foundation.timeline import BusyClock
 from agentrl.gateway.limits import GatewayLimits, RequestRefused
-from agentrl.timeline import BusyClock
 
 UPSTREAM_HEADER = "x-agentrl-upstream"
 """Marks the gateway's own requests to vLLM, which trajectory capture leaves alone (the client's side records)."""

@@ -22,11 +22,11 @@ import httpx
 import openai
 
 from agentrl.backend.processes import free_port
-from agentrl.distribution import install_extra
-from agentrl.errors import ConfigurationError, ServerError
+from agentrl.client.model import Model
+from agentrl.data.trajectory import Trajectory
+from agentrl.foundation.distribution import install_extra
+from agentrl.foundation.errors import ConfigurationError, ServerError
 from agentrl.mcp.servers import openai_tool
-from agentrl.model import Model
-from agentrl.trajectory import Trajectory
 
 try:
     from openenv.core import GenericEnvClient, MCPToolClient

@@ -12,12 +12,12 @@ import asyncio
 import copy
 from typing import Any
 
-from agentrl.capture import capture_trajectory
-from agentrl.distribution import install_extra
-from agentrl.errors import ConfigurationError
-from agentrl.model import Model
-from agentrl.trajectory import Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.client.capture import capture_trajectory
+from agentrl.client.model import Model
+from agentrl.data.trajectory import Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.distribution import install_extra
+from agentrl.foundation.errors import ConfigurationError
 
 try:
     import verifiers as vf

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from agentrl.errors import ConfigurationError
+from agentrl.data.trajectory import History, Trajectory
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.judges.examples import JudgeExample
 from agentrl.judges.pairwise import ANSWERS, pair_prompt, split_context
-from agentrl.trajectory import History, Trajectory
 
 if TYPE_CHECKING:
     from openai.types.chat.chat_completion import Choice
 
-    from agentrl.model import TrainableModel
+    from agentrl.client.model import TrainableModel
 
 
 def ordered_pairs(example: JudgeExample) -> list[tuple[int, int]]:

@@ -29,9 +29,13 @@ import json
 import random
 from typing import Any, cast
 
-from agentrl.backend_protocol import TrainResult
-from agentrl.config import SFTConfig, TrainConfig
-from agentrl.errors import ConfigurationError
+from agentrl.client.backend_protocol import TrainResult
+from agentrl.client.model import TrainableModel
+from agentrl.client.pipeline import train_pipelined
+from agentrl.data.trajectory import History, Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.config import SFTConfig, TrainConfig
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.judge_training.decisions import decision_choices, decision_histories, decision_rollout, ordered_pairs
 from agentrl.judges.agreement import pair_counts
 from agentrl.judges.call import InvalidJudgeAnswer, parse_json_object, response_format
@@ -39,10 +43,6 @@ from agentrl.judges.examples import JudgeExample
 from agentrl.judges.readout import Readout, check_readout, refuse_json_settings
 from agentrl.judges.ruler import ruler_prompt, scores_schema
 from agentrl.judges.trained import record_readout
-from agentrl.model import TrainableModel
-from agentrl.pipeline import train_pipelined
-from agentrl.trajectory import History, Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
 
 
 def judgement_history(example: JudgeExample, order: list[int]) -> History:

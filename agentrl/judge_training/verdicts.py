@@ -12,16 +12,16 @@ import asyncio
 import random
 import statistics
 
-from agentrl.backend_protocol import TrainResult
-from agentrl.config import SFTConfig
-from agentrl.errors import ConfigurationError
+from agentrl.client.backend_protocol import TrainResult
+from agentrl.client.model import TrainableModel
+from agentrl.data.trajectory import History
+from agentrl.foundation.config import SFTConfig
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.judge_training.decisions import decision_choices
 from agentrl.judges.examples import VerdictExample
 from agentrl.judges.readout import decision_call
 from agentrl.judges.rubric import VERDICTS
 from agentrl.judges.trained import record_readout
-from agentrl.model import TrainableModel
-from agentrl.trajectory import History
 
 
 async def train_verdict_judge(

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from agentrl.errors import ConfigurationError, JudgeError
-from agentrl.litellm_loader import load_litellm
-from agentrl.model import JudgeModel
+from agentrl.client.model import JudgeModel
+from agentrl.foundation.errors import ConfigurationError, JudgeError
+from agentrl.foundation.litellm_loader import load_litellm
 
 logger = logging.getLogger(__name__)
 AnswerT = TypeVar("AnswerT", bound=BaseModel)

@@ -25,7 +25,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.errors import ConfigurationError, JudgeError
+from agentrl.client.model import JudgeModel
+from agentrl.data.trajectory import Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import ConfigurationError, JudgeError
 from agentrl.judges.agreement import (
     Estimate,
     kendall_tau_b,
@@ -37,9 +40,6 @@ from agentrl.judges.agreement import (
 from agentrl.judges.call import JudgeLimiter, litellm_params
 from agentrl.judges.readout import Readout, check_readout
 from agentrl.judges.ruler import DEFAULT_RUBRIC, RulerResult, ruler
-from agentrl.model import JudgeModel
-from agentrl.trajectory import Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
 
 
 class Interval(BaseModel):

@@ -8,12 +8,12 @@ import statistics
 import time
 from pathlib import Path
 
-from agentrl.errors import ConfigurationError
-from agentrl.files import write_text_atomic
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.files import write_text_atomic
 from agentrl.judges.check import JudgeCheckReport, reference_reward
 from agentrl.records.run_folder import RunFolder
 from agentrl.records.tracking import load_trajectories
-from agentrl.trajectory_group import TrajectoryGroup
 
 
 def recorded_groups(run_dir: Path, *, split: str = "train", max_groups: int = 8) -> tuple[list[TrajectoryGroup], int]:

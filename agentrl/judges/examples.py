@@ -10,13 +10,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentrl.errors import ConfigurationError
-from agentrl.files import write_text_atomic
+from agentrl.data.trajectory import Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.files import write_text_atomic
 from agentrl.judges.check import reference_reward
 from agentrl.judges.rubric import verdict_prompt
 from agentrl.judges.ruler import DEFAULT_RUBRIC
-from agentrl.trajectory import Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
 
 _Example = TypeVar("_Example", bound=BaseModel)
 

@@ -15,9 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.client.model import JudgeModel
 from agentrl.judges.call import JudgeLimiter
 from agentrl.judges.readout import DecisionCall, decision_call
-from agentrl.model import JudgeModel
 
 PAIR_INSTRUCTIONS = """\
 You are an impartial judge. Two AI agents attempted the same task: attempt A and attempt B.

@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from agentrl.errors import ConfigurationError
+from agentrl.client.model import JudgeModel
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.judges.call import (
     InvalidJudgeAnswer,
     JudgeLimiter,
@@ -30,7 +31,6 @@ from agentrl.judges.call import (
     litellm_refusal,
     retried_judge_call,
 )
-from agentrl.model import JudgeModel
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

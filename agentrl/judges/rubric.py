@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from agentrl.errors import ConfigurationError, JudgeError
+from agentrl.client.model import JudgeModel
+from agentrl.data.trajectory import Trajectory
+from agentrl.foundation.errors import ConfigurationError, JudgeError
 from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit
 from agentrl.judges.call import JudgeLimiter, structured_judge_call
 from agentrl.judges.readout import Readout, check_readout, decision_call, from_probabilities
-from agentrl.model import JudgeModel
-from agentrl.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentrl.model import Model
+    from agentrl.client.model import Model
 
 RUBRIC_INSTRUCTIONS = """\
 You are a strict grader. Read the task and the response, then decide for each rubric whether the

@@ -21,11 +21,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from agentrl.errors import ConfigurationError
+from agentrl.client.model import JudgeModel
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.judges.call import InvalidJudgeAnswer, JudgeLimiter, structured_judge_call
 from agentrl.judges.pairwise import common_prefix_length, judge_pairs
 from agentrl.judges.readout import Readout, check_readout, from_probabilities
-from agentrl.model import JudgeModel
 
 logger = logging.getLogger(__name__)
 EXPLANATION_LOG = "RULER: "

@@ -15,14 +15,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.errors import ConfigurationError, JudgeError
+from agentrl.client.model import JudgeModel
+from agentrl.data.trajectory_group import RolloutException, TrajectoryGroup
+from agentrl.foundation.errors import ConfigurationError, JudgeError
 from agentrl.judges.audit import DEFAULT_AUDIT, JudgeAudit, audit_judgements, debiased_scores, pair_audit_metrics
 from agentrl.judges.call import JudgeLimiter
 from agentrl.judges.readout import Readout, check_readout
 from agentrl.judges.ruler import DEFAULT_RUBRIC, EXPLANATION_LOG, RulerResult, ruler
-from agentrl.model import JudgeModel
 from agentrl.rl.ledger import group_tokens
-from agentrl.trajectory_group import RolloutException, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

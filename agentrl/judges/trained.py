@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from agentrl.errors import ConfigurationError
-from agentrl.files import write_text_atomic
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.files import write_text_atomic
 from agentrl.judges.readout import Readout, check_readout
 
 if TYPE_CHECKING:
-    from agentrl.model import TrainableModel
+    from agentrl.client.model import TrainableModel
     from agentrl.records.runs import RunInfo
 
 JUDGE_PROJECT = "judges"
@@ -111,8 +111,8 @@ def trained_judge(
     served at its latest checkpoint; nothing trains it there, so its judgements stay those it was checked at.
     Given `readout`, a judge trained to answer another way is refused (`check_same_readout`), and one trained
     for another `kind` of judgement always (`check_same_kind`)."""
-    from agentrl.config import LoRAConfig
-    from agentrl.model import TrainableModel
+    from agentrl.client.model import TrainableModel
+    from agentrl.foundation.config import LoRAConfig
 
     info, adapter = trained_judge_run(spec, base_path)
     check_same_base_model(info, adapter, base_model)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
+from agentrl.client.model import Model
+from agentrl.data.trajectory import Trajectory
 from agentrl.mcp.servers import MCPToolbox
-from agentrl.model import Model
-from agentrl.trajectory import Trajectory
 
 COMPLETE_TASK = "complete_task"
 COMPLETE_TASK_TOOL: dict[str, Any] = {

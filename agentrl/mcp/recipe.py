@@ -14,18 +14,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.config import TrainConfig
-from agentrl.errors import ConfigurationError
-from agentrl.files import write_text_atomic
-from agentrl.gather import gather_trajectories, gather_trajectory_groups
+from agentrl.client.gather import gather_trajectories, gather_trajectory_groups
+from agentrl.client.model import JudgeModel, TrainableModel
+from agentrl.client.pipeline import train_pipelined
+from agentrl.data.trajectory import Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.config import TrainConfig
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.files import write_text_atomic
 from agentrl.judges.ruler_group import ruler_score_group
 from agentrl.mcp.agent import run_agent
 from agentrl.mcp.servers import MCPToolbox, ServerSpec
 from agentrl.mcp.tasks import MCPTask, generate_tasks, tasks_to_jsonl
-from agentrl.model import JudgeModel, TrainableModel
-from agentrl.pipeline import train_pipelined
-from agentrl.trajectory import Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an assistant with tools. Use them to do the user's task, then call complete_task with a short "

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.distribution import install_extra
-from agentrl.errors import ConfigurationError, ToolServerError
+from agentrl.foundation.distribution import install_extra
+from agentrl.foundation.errors import ConfigurationError, ToolServerError
 
 try:
     import httpx2

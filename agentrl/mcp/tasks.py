@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from agentrl.errors import ConfigurationError, JudgeError
+from agentrl.client.model import JudgeModel
+from agentrl.foundation.errors import ConfigurationError, JudgeError
 from agentrl.judges.call import InvalidJudgeAnswer, structured_judge_call
-from agentrl.model import JudgeModel
 
 TASKS_PER_CALL = 6
 MAX_ROUNDS = 6

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import CheckpointError, ConfigurationError
-from agentrl.files import fsync_path, fsync_tree, write_json_atomic, write_text_atomic
+from agentrl.foundation.errors import CheckpointError, ConfigurationError
+from agentrl.foundation.files import fsync_path, fsync_tree, write_json_atomic, write_text_atomic
 
 INFO_FILE = "agentrl-checkpoint.json"
 ADAPTER_FILE = "adapter_model.safetensors"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.records.checkpoints import CheckpointStore
 
 _RECORD_NAME = re.compile(r"(?P<split>.+)-(?P<step>[0-9]{4,})(?:\.(?P<copy>[0-9]+))?")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.tracking import read_metrics
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from agentrl.files import append_line, read_lines
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.files import append_line, read_lines
 
 SCENARIO = "scenario"
 """The `TrajectoryGroup.metadata` key naming the group's scenario ("{epoch}:{id}")."""

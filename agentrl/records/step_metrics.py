@@ -3,9 +3,9 @@ std, each metric's mean), the groups' own metrics, tool-call parse failures, and
 
 from __future__ import annotations
 
-from agentrl.tool_calls import tool_call_parse_failures
-from agentrl.trajectory import Trajectory, reward_stats
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.data.tool_calls import tool_call_parse_failures
+from agentrl.data.trajectory import Trajectory, reward_stats
+from agentrl.data.trajectory_group import TrajectoryGroup
 
 
 def summarize(trajectories: list[Trajectory]) -> dict[str, float]:

@@ -14,12 +14,12 @@ import gzip
 import logging
 from pathlib import Path
 
-from agentrl.errors import CheckpointError
-from agentrl.files import gunzip_bounded
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import CheckpointError
+from agentrl.foundation.files import gunzip_bounded
 from agentrl.records.checkpoints import MAX_RECORD_BYTES, STEP_RECORD_FILE, CheckpointStore
 from agentrl.records.step_metrics import step_line
 from agentrl.records.tracking import groups_from_rows, read_metrics, record_step, trajectory_lines
-from agentrl.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

@@ -24,12 +24,12 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.files import append_line, read_lines, write_text_atomic, write_text_new
+from agentrl.data.tool_calls import assistant_content, tool_call_parse_failures, unparsed_tool_calls
+from agentrl.data.trajectory import Trajectory, reward_stats
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.files import append_line, read_lines, write_text_atomic, write_text_new
 from agentrl.records.judge_warning import audit_warning, judge_figures
 from agentrl.records.run_folder import RunFolder, parse_record_stem
-from agentrl.tool_calls import assistant_content, tool_call_parse_failures, unparsed_tool_calls
-from agentrl.trajectory import Trajectory, reward_stats
-from agentrl.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from agentrl.distribution import install_extra
-from agentrl.errors import AgentRLError
-from agentrl.files import write_text_atomic
+from agentrl.foundation.distribution import install_extra
+from agentrl.foundation.errors import AgentRLError
+from agentrl.foundation.files import write_text_atomic
 
 RUN_ID_FILE = "wandb_run_id"
 WANDB_SERVICE_ENV = "WANDB_SERVICE"  # where wandb.setup() leaves its service's token for child processes

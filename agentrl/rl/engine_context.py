@@ -25,11 +25,11 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentrl.errors import TokenizationError
+from agentrl.data.trajectory import History
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import TokenizationError
 from agentrl.rl.ledger import trajectory_tokens
 from agentrl.rl.tokenize import ChatTokenizer, SampledTokens, TokenizedSequence, sampled_tokens, tokenize_history
-from agentrl.trajectory import History
-from agentrl.trajectory_group import TrajectoryGroup
 
 
 @dataclass(frozen=True)

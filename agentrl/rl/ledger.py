@@ -6,7 +6,7 @@ loss) and closes exactly: `tokens_sampled` = `tokens_trained` + the sum of the `
 below, and `tokens_unaccounted` says by how much it does not (0 unless there is a bug). The reasons, in the order a token can be lost:
 
 - `failed_rollout`: sampled by a rollout that then raised. The gateway tallies each rollout's tokens
-  under the id `gather_trajectory_groups` gives it (`agentrl.rollout_id`: the header the backend's client sends);
+  under the id `gather_trajectory_groups` gives it (`agentrl.foundation.rollout_id`: the header the backend's client sends);
   a failed rollout whose tally is unknown (sampled with a client that does not send the header) is
   counted in `ledger_failed_rollouts_unknown`, its tokens in no row.
 - `judge_failure`: in a group RULER could not score (dropped whole), or a rollout whose rubric judge
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.errors import JudgeError
-from agentrl.sampled_record import SampledRecord
-from agentrl.trajectory import Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.data.trajectory import Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import JudgeError
+from agentrl.foundation.sampled_record import SampledRecord
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from agentrl.config import (
+from agentrl.foundation.config import (
     CISPOLoss,
     DROLoss,
     GSPOLoss,
@@ -88,7 +88,7 @@ def token_loss(
     mask_BT: torch.Tensor,
 ) -> TokenLoss:
     """The per-token policy loss the loss config `cfg` names: each loss function below registers for its
-    config type, so the configs in `agentrl.config.LossConfig` are the one list of losses."""
+    config type, so the configs in `agentrl.foundation.config.LossConfig` are the one list of losses."""
     raise TypeError(f"no policy loss is registered for {type(cfg).__name__}; register one with @token_loss.register")
 
 

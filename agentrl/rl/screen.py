@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentrl.errors import JudgeError
-from agentrl.trajectory import check_reward, reward_stats
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.data.trajectory import check_reward, reward_stats
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import JudgeError
 
 JUDGE_ERROR_TYPE = JudgeError.__name__
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentrl.config import TrainConfig
+    from agentrl.foundation.config import TrainConfig
     from agentrl.rl.tokenize import TokenizedSequence
 
 

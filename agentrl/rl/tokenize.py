@@ -23,10 +23,10 @@ from typing import Any, Protocol
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.errors import TokenizationError
-from agentrl.sampled_record import SampledRecord
-from agentrl.trajectory import History
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.data.trajectory import History
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import TokenizationError
+from agentrl.foundation.sampled_record import SampledRecord
 
 _PLACEHOLDER = "<<agentrl-sampled-turn-{}>>"
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import agentrl
 from agentrl import JudgeModel
-from agentrl.base_models import cache_dir
+from agentrl.foundation.base_models import cache_dir
 
 from .data import Dataset, Question, generate
 from .grading import RolloutStats, answer_is_correct, grade_answer, reward

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from agentrl.files import write_text_atomic
+from agentrl.foundation.files import write_text_atomic
 
 from .tasks import DATA, InstructionTask
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import agentrl
-from agentrl.tool_calls import unparsed_tool_calls
+from agentrl.data.tool_calls import unparsed_tool_calls
 
 from .task import TOOLS, Call, Question, episode_of, execute, format_number, shaped_reward, succeeded
 

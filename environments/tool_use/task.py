@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import agentrl
-from agentrl.tool_calls import unparsed_tool_calls
+from agentrl.data.tool_calls import unparsed_tool_calls
 
 Arguments = dict[str, Any]
 

@@ -16,7 +16,7 @@ def base_model(tmp_path_factory) -> str:
     ART's server, and so agentrl's, must ignore it, so a request without temperature samples at 1.0."""
     from pathlib import Path
 
-    from agentrl.base_models import resolve_base_model
+    from agentrl.foundation.base_models import resolve_base_model
 
     source = Path(resolve_base_model("smollm2-135m-instruct"))
     folder = tmp_path_factory.mktemp("models") / "smollm2-with-greedy-defaults"

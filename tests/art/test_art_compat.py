@@ -286,7 +286,7 @@ async def test_auto_trajectory_exists_only_inside_a_capture():
 
 async def test_pipeline_trainer_reads_scenarios_lazily_sync_and_async_and_passes_over_trained_ones():
     from agentrl.art.pipeline_trainer import _ScenarioSource
-    from agentrl.dataset import content_ids
+    from agentrl.client.dataset import content_ids
 
     read = []
 

@@ -31,7 +31,7 @@ from agentrl.art.local import LocalBackend  # was: from art.local import LocalBa
 from agentrl.art.rewards import ruler_score_group  # was: from art.rewards import ruler_score_group
 from agentrl.art.utils import iterate_dataset  # was: from art.utils import iterate_dataset
 from agentrl.art.utils.litellm import convert_litellm_choice_to_openai  # was: from art.utils.litellm import ...
-from agentrl.errors import ConfigurationError  # the test's own check, not a script's
+from agentrl.foundation.errors import ConfigurationError  # the test's own check, not a script's
 
 pytestmark = pytest.mark.slow
 
@@ -351,7 +351,7 @@ async def test_pipeline_trainer_trains_steps_evaluates_and_resumes(backend, base
     seen.clear()
     await resumed.train()
     assert seen == [2]  # resumed at the one scenario no committed step consumed (a skipped step consumes its own)
-    from agentrl.dataset import content_ids
+    from agentrl.client.dataset import content_ids
 
     assert sorted(model.trained_scenarios()) == sorted(f"0:{i}" for i in content_ids(scenarios))
     assert records(model, "val")

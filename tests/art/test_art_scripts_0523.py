@@ -19,7 +19,7 @@ import pytest
 # --- the import lines: the only lines an ART script changes ---
 import agentrl.art as art  # was: import art
 from agentrl.art.pipeline_trainer import PipelineTrainer  # was: from art.pipeline_trainer import PipelineTrainer
-from agentrl.errors import ConfigurationError  # the test's own check, not a script's
+from agentrl.foundation.errors import ConfigurationError  # the test's own check, not a script's
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ import wandb
 from safetensors.torch import load_file
 
 import agentrl
-from agentrl.dataset import content_ids
+from agentrl.client.dataset import content_ids
 from agentrl.records.wandb_metrics import RUN_ID_FILE, wandb_service_owner
 from agentrl_environments.larger_number.task import rollout, scenarios
 from tests.helpers import group_processes, wandb_history

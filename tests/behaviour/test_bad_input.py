@@ -31,9 +31,9 @@ import pytest
 import agentrl
 from agentrl.backend.processes import free_port
 from agentrl.backend.serving.server import VLLMServer
-from agentrl.config import ServerConfig
-from agentrl.endpoint import InferenceEndpoint
-from agentrl.http_client import endpoint_client
+from agentrl.client.http_client import endpoint_client
+from agentrl.foundation.config import ServerConfig
+from agentrl.foundation.endpoint import InferenceEndpoint
 from agentrl.records.checkpoints import CheckpointStore
 from agentrl.records.tracking import append_metrics, read_metrics
 from agentrl.rl.engine_context import tokenize_groups

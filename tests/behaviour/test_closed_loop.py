@@ -91,8 +91,8 @@ def test_held_out_reward_rises_clearly_after_pipelined_training(tmp_path):
     loss (PPO, the sampler's logprobs as the old policy), so the test covers the default loss and the
     pipelined loop at once; its trained groups must be at most one step stale by their recorded policy
     steps. It runs in its own process (tests/pipelined_learner.py) with GOMP_SPINCOUNT=2000 set before torch
-    loads, as a pipelined run on a CPU is told to (agentrl.openmp_spin), so it must not hear that warning.
-    (`max_steps_off_policy=0` is the synchronous loop, step for step: tests/test_pipeline.py. Measured
+    loads, as a pipelined run on a CPU is told to (agentrl.foundation.openmp_spin), so it must not hear that warning.
+    (`max_steps_off_policy=0` is the synchronous loop, step for step: tests/client/test_pipeline.py. Measured
     here, 2026-11-22, both loops at once: synchronous 0.227 -> 0.656, pipelined 0.242 -> 0.680 after 8
     steps, SE of the difference 0.056.)"""
     env = {**os.environ, "GOMP_SPINCOUNT": "2000"}

@@ -28,7 +28,7 @@ from openai.types.chat.chat_completion import Choice
 import agentrl
 from agentrl.backend.remote.service import BackendService, OperatorPolicy
 from agentrl.backend.remote.tokens import ServiceTokens, sampling_token_for
-from agentrl.config import ServerConfig
+from agentrl.foundation.config import ServerConfig
 from agentrl.gateway.limits import GatewayLimits
 from agentrl.gateway.serve import Gateway
 from agentrl.gateway.store import SampledChoice, SampledStore
@@ -146,7 +146,7 @@ def test_a_weak_chosen_token_is_refused_at_start(tmp_path, monkeypatch, variable
 
 
 def test_strong_tokens_of_every_usual_shape_pass():
-    from agentrl.secret_tokens import check_token_strength
+    from agentrl.foundation.secret_tokens import check_token_strength
 
     for _ in range(200):  # the usual generators at 128 bits and up, whatever characters they happened to draw
         for token in (secrets.token_urlsafe(16), secrets.token_hex(16), secrets.token_hex(16).upper(),
@@ -423,7 +423,7 @@ async def test_a_local_backends_gateway_always_has_a_token():
 
 
 def test_reprs_show_no_token():
-    from agentrl.endpoint import InferenceEndpoint
+    from agentrl.foundation.endpoint import InferenceEndpoint
 
     assert "s3cret" not in repr(InferenceEndpoint("http://h/v1", "s3cret"))
     assert "s3cret" not in repr(agentrl.RemoteBackend("http://h:8000", token="s3cret"))
@@ -468,7 +468,7 @@ def test_rank_sockets_stay_on_loopback_unless_the_user_chose(monkeypatch):
 
 
 def test_an_atomic_write_that_fails_leaves_no_temp_file_and_the_old_content(tmp_path, monkeypatch):
-    from agentrl import files
+    from agentrl.foundation import files
 
     path = tmp_path / "metrics.json"
     files.write_text_atomic(path, "old")

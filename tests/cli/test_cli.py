@@ -78,7 +78,7 @@ def test_version_is_the_installed_distributions():
     from importlib import metadata
 
     import agentrl
-    from agentrl.distribution import DISTRIBUTION
+    from agentrl.foundation.distribution import DISTRIBUTION
 
     assert agentrl.__version__ == metadata.version(DISTRIBUTION)
     result = runner.invoke(app, ["--version"])
@@ -171,7 +171,7 @@ async def test_serve_answers_as_the_checkpoint_until_interrupted(served_model):
 
 WAITS_FOR_A_SIGNAL = """
 import asyncio, sys
-from agentrl.stop_signals import handle_stop_signals
+from agentrl.foundation.stop_signals import handle_stop_signals
 
 async def main():
     from agentrl.gateway.serve import Gateway

@@ -11,7 +11,7 @@ import agentrl
 
 PUBLIC_MODULES = (
     "agentrl", "agentrl.judges", "agentrl.records", "agentrl.mcp", "agentrl.art", "agentrl.integrations",
-    "agentrl.files", "agentrl.tool_calls", "agentrl.base_models",
+    "agentrl.foundation.files", "agentrl.data.tool_calls", "agentrl.foundation.base_models",
 )  # fmt: skip
 """Where an environment may take agentrl's names from (docs/environments.md)."""
 ROOT = Path(__file__).resolve().parents[2] / "environments"

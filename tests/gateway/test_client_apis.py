@@ -10,7 +10,7 @@ import pytest
 from pydantic import TypeAdapter
 
 import agentrl
-from agentrl.capture import capture_trajectory
+from agentrl.client.capture import capture_trajectory
 from agentrl.gateway import messages_api, responses_api, responses_stream
 from agentrl.gateway.limits import RequestRefused
 from tests.helpers import assert_trains_on_exact_tokens

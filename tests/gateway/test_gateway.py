@@ -79,7 +79,7 @@ def clients(model: agentrl.TrainableModel) -> dict[str, Complete]:
         return completion.choices[0]
 
     async def with_litellm(messages):
-        from agentrl.litellm_loader import load_litellm  # with its bundled price list: no network at import
+        from agentrl.foundation.litellm_loader import load_litellm  # with its bundled price list: no network at import
 
         response = await load_litellm().acompletion(
             model=f"openai/{name}", api_base=gateway.base_url, api_key=gateway.token, messages=messages, **params

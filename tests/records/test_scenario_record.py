@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 import agentrl
-from agentrl.dataset import content_ids
+from agentrl.client.dataset import content_ids
 from agentrl.records.scenario_record import record_step, trained_scenarios, void_after
 from tests.helpers import AdapterSlots, model_on_a_server_seam, synthetic_groups
 

@@ -158,7 +158,7 @@ def test_records_are_never_replaced_on_a_file_system_without_hard_links(tmp_path
     import errno
     import os
 
-    from agentrl.files import write_text_new
+    from agentrl.foundation.files import write_text_new
 
     def no_links(*args, **kwargs):
         raise OSError(errno.EPERM, "hard links are not supported here")

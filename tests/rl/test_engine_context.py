@@ -220,7 +220,7 @@ async def _tool_conversation(model, tools, *, stream: bool) -> Trajectory:
     if not stream:
         trajectory.messages_and_choices.append((await client.chat.completions.create(**request)).choices[0])
         return trajectory
-    from agentrl.capture import capture_trajectory
+    from agentrl.client.capture import capture_trajectory
 
     with capture_trajectory() as captured:  # a stream's turn is joined back by capture, as agent frameworks need
         async for _ in await client.chat.completions.create(**request, stream=True):

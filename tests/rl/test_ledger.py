@@ -8,9 +8,9 @@ import pytest
 
 import agentrl
 from agentrl.cli.runs import ledger_line
+from agentrl.foundation.rollout_id import current_rollout
 from agentrl.gateway.store import SampledChoice, SampledStore
 from agentrl.rl.ledger import REASONS, StepCounts, close_ledger, step_ledger
-from agentrl.rollout_id import current_rollout
 from tests.helpers import make_choice
 
 

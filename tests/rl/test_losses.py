@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrl.config import CISPOLoss, DROLoss, GSPOLoss, ImportanceSamplingLoss, PPOLoss
+from agentrl.foundation.config import CISPOLoss, DROLoss, GSPOLoss, ImportanceSamplingLoss, PPOLoss
 from agentrl.rl.losses import KL_ESTIMATORS, KLAdvantage, loss_denominator, mismatch_masks, policy_loss
 
 RATIOS = [1.5, 0.5, 1.1, 0.7]
@@ -276,7 +276,7 @@ def test_sequence_mismatch_mask_by_hand_uses_the_geometric_mean_and_ignores_padd
 def test_mismatch_mask_bounds_must_straddle_one():
     from pydantic import ValidationError
 
-    from agentrl.config import TrainConfig
+    from agentrl.foundation.config import TrainConfig
 
     assert TrainConfig(mismatch_token_mask=(0.5, 2.0)).mismatch_token_mask == (0.5, 2.0)
     for bad in [(2.0, 0.5), (0.0, 2.0), (1.0, 2.0), (0.5, 1.0)]:
@@ -337,7 +337,7 @@ def test_at_ratio_one_ppo_cispo_and_is_agree_in_gradient(logps, advantage):
 
 def test_every_loss_config_names_a_registered_loss_and_a_name_selects_it():
     import agentrl
-    from agentrl.config import LOSS_CONFIGS
+    from agentrl.foundation.config import LOSS_CONFIGS
     from agentrl.rl.losses import token_loss
 
     assert set(LOSS_CONFIGS) == {"importance_sampling", "ppo", "cispo", "dro", "gspo"}

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import agentrl
-from agentrl.errors import ConfigurationError
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import ConfigurationError
 
 from ..storage import fork_checkpoint, pull_from_s3, push_to_s3
 from ..training import TRAIN_KEYS, agentrl_train_config, log_verbose, with_art_train_metrics

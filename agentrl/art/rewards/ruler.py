@@ -12,11 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentrl.errors import JudgeError
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import JudgeError
 from agentrl.judges import ruler as agentrl_ruler
 from agentrl.judges import ruler_score_group as agentrl_ruler_score_group
 from agentrl.judges.ruler import DEFAULT_RUBRIC, EXPLANATION_LOG
-from agentrl.trajectory_group import TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

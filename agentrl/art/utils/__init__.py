@@ -62,7 +62,7 @@ def format_message(message: Any) -> str:
     """A message dict or Choice as readable text: "role: content", then its tool calls."""
     from openai.types.chat.chat_completion import Choice
 
-    from agentrl.messages import choice_to_message
+    from agentrl.data.messages import choice_to_message
 
     data = choice_to_message(message) if isinstance(message, Choice) else dict(message)
     content = data.get("content")

@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.records.run_folder import RunFolder, parse_record_stem
 
 

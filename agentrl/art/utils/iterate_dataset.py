@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 import agentrl
-from agentrl.dataset import DatasetBatch
+from agentrl.client.dataset import DatasetBatch
 
 T = TypeVar("T")
 

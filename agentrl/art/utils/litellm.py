@@ -6,7 +6,7 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.messages import choice_from
+from agentrl.data.messages import choice_from
 
 
 def convert_litellm_choice_to_openai(choice: Any) -> Choice:

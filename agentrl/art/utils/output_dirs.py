@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 from ..state import run_name_of
 

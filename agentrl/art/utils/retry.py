@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from agentrl.distribution import install_extra
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.distribution import install_extra
+from agentrl.foundation.errors import ConfigurationError
 
 from ..state import art_model_dir
 from ..storage import pull_from_s3, push_to_s3

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import agentrl
-from agentrl.errors import ConfigurationError
-from agentrl.trajectory import Trajectory
+from agentrl.data.trajectory import Trajectory
+from agentrl.foundation.errors import ConfigurationError
 
 from ..types import TrainSFTConfig
 

@@ -6,8 +6,8 @@ from typing import Any, TypeVar
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.trajectory import History
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.data.trajectory import History
+from agentrl.data.trajectory_group import TrajectoryGroup
 
 T = TypeVar("T")
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from pydantic import BaseModel
 
-import agentrl.errors
+import agentrl.foundation.errors
 from agentrl.backend.remote.wire import (
     REGISTERED_FIELDS,
     SERVICE_HEADER,
@@ -35,16 +35,16 @@ from agentrl.backend.remote.wire import (
     SFTRequest,
     TrainRequest,
 )
-from agentrl.endpoint import InferenceEndpoint
-from agentrl.errors import AgentRLError, ConfigurationError, ServerError
-from agentrl.openmp_spin import BOUNDED_SPIN_TURNS, SPIN_VARIABLE
+from agentrl.foundation.endpoint import InferenceEndpoint
+from agentrl.foundation.errors import AgentRLError, ConfigurationError, ServerError
+from agentrl.foundation.openmp_spin import BOUNDED_SPIN_TURNS, SPIN_VARIABLE
 
 if TYPE_CHECKING:
-    from agentrl.backend_protocol import TrainResult
-    from agentrl.config import SFTConfig, TrainConfig
-    from agentrl.model import Model, TrainableModel
-    from agentrl.trajectory import History
-    from agentrl.trajectory_group import TrajectoryGroup
+    from agentrl.client.backend_protocol import TrainResult
+    from agentrl.client.model import Model, TrainableModel
+    from agentrl.data.trajectory import History
+    from agentrl.data.trajectory_group import TrajectoryGroup
+    from agentrl.foundation.config import SFTConfig, TrainConfig
 
 
 class RemoteBackend:
@@ -109,7 +109,7 @@ class RemoteBackend:
     async def _step_call(self, path: str, message: TrainRequest | SFTRequest) -> TrainResult:
         """A step request, named by a new id and the model's step as last seen, asked again (same id) when its
         answer is lost in transit: the service applies it once and answers every attempt with the same result."""
-        from agentrl.backend_protocol import TrainResult
+        from agentrl.client.backend_protocol import TrainResult
 
         key = (message.model.project, message.model.name)
         message = message.model_copy(update={"request_id": uuid.uuid4().hex, "from_step": self._steps.get(key)})
@@ -214,7 +214,7 @@ class RemoteBackend:
 
     def base_model(self) -> Model:
         """The untrained base model on the service's server ("base"), reached with the sampling token."""
-        from agentrl.model import Model
+        from agentrl.client.model import Model
 
         return Model(
             name="base", base_url=f"{self.url}/v1", api_key=self.sampling_token, litellm_provider="hosted_vllm"
@@ -239,7 +239,7 @@ def _error_from(response: httpx.Response, url: str) -> AgentRLError:
         return ServerError(f"the agentrl backend at {url} answered {response.status_code}: {response.text[:500]}")
     if reply.type == "ServiceRestarted":
         return ServerError(f"the agentrl backend at {url}: {reply.message}")
-    cls = getattr(agentrl.errors, reply.type, None)
+    cls = getattr(agentrl.foundation.errors, reply.type, None)
     if isinstance(cls, type) and issubclass(cls, AgentRLError):
         return cls(f"{reply.message} (from the agentrl backend at {url})")
     if reply.type == "ValidationError":

@@ -46,8 +46,9 @@ from agentrl.backend.remote.wire import (
     TrainRequest,
     _StepRequest,
 )
-from agentrl.config import ServerConfig
-from agentrl.errors import (
+from agentrl.client.model import TrainableModel
+from agentrl.foundation.config import ServerConfig
+from agentrl.foundation.errors import (
     AgentRLError,
     BackendBrokenError,
     ConfigurationError,
@@ -56,10 +57,9 @@ from agentrl.errors import (
     StepConflictError,
     TokenizationError,
 )
-from agentrl.files import make_private_dir
+from agentrl.foundation.files import make_private_dir
+from agentrl.foundation.sampled_record import served_name
 from agentrl.gateway.limits import GatewayLimits, RequestRefused, read_body
-from agentrl.model import TrainableModel
-from agentrl.sampled_record import served_name
 
 logger = logging.getLogger(__name__)
 REMEMBERED_STEP_REQUESTS = 1024

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentrl.backend.remote.wire import SAMPLING_TOKEN_ENV, TOKEN_ENV
-from agentrl.errors import ConfigurationError
-from agentrl.files import write_text_atomic
-from agentrl.secret_tokens import check_private_file, check_token_strength
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.files import write_text_atomic
+from agentrl.foundation.secret_tokens import check_private_file, check_token_strength
 
 TOKEN_FILE = "backend.token"
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentrl.config import SFTConfig, TrainConfig
-from agentrl.files import check_safe_name
-from agentrl.trajectory import History
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.data.trajectory import History
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.config import SFTConfig, TrainConfig
+from agentrl.foundation.files import check_safe_name
 
 SERVICE_HEADER = "x-agentrl-service"
 """Names the service instance: a request made for an earlier instance (before a restart) is refused."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from agentrl.errors import ServerError
+from agentrl.foundation.errors import ServerError
 from agentrl.gateway.upstream import Replica, ReplicaOffer
 
 logger = logging.getLogger(__name__)

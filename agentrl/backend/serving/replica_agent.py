@@ -29,8 +29,8 @@ from starlette.routing import Route
 
 from agentrl.backend.serving.remote_replica import HEARTBEAT_S, SILENCE_S, unpack_adapter
 from agentrl.backend.serving.server import VLLMServer
-from agentrl.config import ServerConfig
-from agentrl.errors import ConfigurationError, ServerError
+from agentrl.foundation.config import ServerConfig
+from agentrl.foundation.errors import ConfigurationError, ServerError
 from agentrl.gateway.upstream import ReplicaOffer
 from agentrl_vllm.server_guard import digest_matches, presented_digest
 

@@ -21,8 +21,8 @@ from typing import Any
 from agentrl.backend.processes import split_contiguous
 from agentrl.backend.serving.remote_replica import RemoteReplica
 from agentrl.backend.serving.server import VLLMServer, cuda_available
-from agentrl.config import ServerConfig
-from agentrl.errors import ConfigurationError, ServerError
+from agentrl.foundation.config import ServerConfig
+from agentrl.foundation.errors import ConfigurationError, ServerError
 from agentrl.gateway.upstream import Replica, ReplicaOffer
 
 logger = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ import httpx
 from agentrl.backend.precision import bf16_is_native
 from agentrl.backend.processes import die_with_parent, free_port
 from agentrl.backend.serving.zygote import ZygoteServer, fork_server, zygote_socket
-from agentrl.config import ServerConfig
-from agentrl.errors import ServerError
+from agentrl.foundation.config import ServerConfig
+from agentrl.foundation.errors import ServerError
 from agentrl_vllm.call_whitespace import ENV as CALL_WHITESPACE_ENV
 from agentrl_vllm.engine_fork import ENV as FORK_ENGINE_ENV
 from agentrl_vllm.grammar_logprobs import ENV as MODEL_LOGPROBS_ENV

@@ -19,10 +19,10 @@ if TYPE_CHECKING:
     import torch
 
     from agentrl.backend.training.step_input import TrainingConditions
-    from agentrl.config import LoRAConfig, SFTConfig, TrainConfig
+    from agentrl.data.trajectory import History
+    from agentrl.data.trajectory_group import TrajectoryGroup
+    from agentrl.foundation.config import LoRAConfig, SFTConfig, TrainConfig
     from agentrl.rl.tokenize import TokenizedSequence
-    from agentrl.trajectory import History
-    from agentrl.trajectory_group import TrajectoryGroup
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from agentrl.backend.training.ranks.rank_hosts import JoinPoint
 from agentrl.backend.training.ranks.ranks import TrainerRanks
 from agentrl.backend.training.step_input import use_deterministic_kernels
 from agentrl.backend.training.trainer import Trainer
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from agentrl.backend.training.adapter_trainer import AdapterTrainer

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import SFTConfig, TrainConfig
-from agentrl.errors import CheckpointError
-from agentrl.files import gunzip_bounded
+from agentrl.data.trajectory import History
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.config import SFTConfig, TrainConfig
+from agentrl.foundation.errors import CheckpointError
+from agentrl.foundation.files import gunzip_bounded
 from agentrl.records.checkpoints import MAX_RECORD_BYTES, STEP_INPUT_FILE
 from agentrl.records.tracking import groups_from_rows, trajectory_lines
-from agentrl.trajectory import History
-from agentrl.trajectory_group import TrajectoryGroup
 
 
 @dataclass(frozen=True)

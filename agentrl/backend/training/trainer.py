@@ -35,8 +35,11 @@ from agentrl.backend.training.step.grpo_loss import MAX_NAMES, GRPOLoss, loss_me
 from agentrl.backend.training.step.logprobs import takes_tree_mask, token_logprobs
 from agentrl.backend.training.step.memory import within_memory
 from agentrl.backend.training.step_input import TrainingConditions
-from agentrl.config import TrainConfig
-from agentrl.errors import ConfigurationError
+from agentrl.data.trajectory import History
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.config import TrainConfig
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.timeline import span
 from agentrl.rl.advantages import compute_group_advantages, scaled_by_mean_abs
 from agentrl.rl.engine_context import tokenize_groups
 from agentrl.rl.ledger import StepCounts, group_tokens
@@ -44,9 +47,6 @@ from agentrl.rl.losses import loss_denominator
 from agentrl.rl.micro_batches import MicroBatches, TokenBatch, collate, collate_rows, plan_step
 from agentrl.rl.sequence_weights import per_sequence_denominators
 from agentrl.rl.tokenize import TokenizedSequence, tokenize_history
-from agentrl.timeline import span
-from agentrl.trajectory import History
-from agentrl.trajectory_group import TrajectoryGroup
 
 _Passes = TypeVar("_Passes")
 

@@ -24,11 +24,11 @@ from agentrl.backend.serving.remote_replica import pack_adapter, unpack_adapter
 from agentrl.backend.serving.replicas import placements
 from agentrl.backend.serving.server import server_command
 from agentrl.cli import app
-from agentrl.errors import ServerError
+from agentrl.foundation.errors import ServerError
+from agentrl.foundation.timeline import TIMELINE_FILE, read_timeline, recorder
 from agentrl.gateway.serve import Gateway
 from agentrl.gateway.upstream import AFFINITY_SLACK, Replica, Upstream, conversation_key
 from agentrl.records.checkpoints import ADAPTER_FILE
-from agentrl.timeline import TIMELINE_FILE, read_timeline, recorder
 from tests.helpers import as_another_host, runner, spans_by_track
 
 

@@ -178,7 +178,7 @@ def test_a_micro_batch_that_runs_out_of_gpu_memory_is_halved_and_the_step_is_the
 
     from agentrl.backend.training import trainer as trainer_module
     from agentrl.backend.training.step import memory
-    from agentrl.errors import TrainingError
+    from agentrl.foundation.errors import TrainingError
     from tests.helpers import synthetic_groups
 
     trainer = trainer_module.Trainer(tiny_model_path, seed=0)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 from .wandb import WandbDeploymentConfig, deploy_wandb
 

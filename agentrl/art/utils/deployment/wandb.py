@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 
 class WandbDeploymentConfig(BaseModel):

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from agentrl.errors import CheckpointError
+from agentrl.foundation.errors import CheckpointError
 from agentrl.records.checkpoints import ADAPTER_FILE, OPTIMIZER_FILE
 
 

@@ -18,8 +18,8 @@ from agentrl.backend.training.step.attention import use_cpu_attention
 from agentrl.backend.training.step.gradients import Adapter
 from agentrl.backend.training.step.kl_reference import KLReference
 from agentrl.backend.training.step.lora_forward import fuse_lora_layers
-from agentrl.config import LoRAConfig
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.config import LoRAConfig
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.rl.micro_batches import default_micro_batch_tokens
 
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.backend.training.ranks.rank_links import SILENCE_S, RemoteRank
-from agentrl.errors import ConfigurationError, TrainingError
-from agentrl.secret_tokens import check_token_strength
+from agentrl.foundation.errors import ConfigurationError, TrainingError
+from agentrl.foundation.secret_tokens import check_token_strength
 
 logger = logging.getLogger(__name__)
 

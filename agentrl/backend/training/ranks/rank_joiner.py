@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agentrl.backend.training.ranks.rank_hosts import BeatingConnection, parse_address
 from agentrl.backend.training.ranks.rank_process import serve_rank
-from agentrl.errors import ConfigurationError, TrainingError
+from agentrl.foundation.errors import ConfigurationError, TrainingError
 
 logger = logging.getLogger(__name__)
 

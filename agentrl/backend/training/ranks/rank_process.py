@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from agentrl.backend.training.ranks.rank_hosts import BeatingConnection, is_loopback, run_shipped
-from agentrl.errors import TrainingError
-from agentrl.timeline import recorder
+from agentrl.foundation.errors import TrainingError
+from agentrl.foundation.timeline import recorder
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 """How long a rank waits in a collective for the others (a longer step than this would be cut off)."""

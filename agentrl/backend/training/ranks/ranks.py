@@ -39,11 +39,11 @@ from agentrl.backend.training.ranks.rank_hosts import (
 )
 from agentrl.backend.training.ranks.rank_links import LocalRank, RemoteRank
 from agentrl.backend.training.ranks.rank_process import serve_rank
-from agentrl.config import LoRAConfig, TrainConfig
-from agentrl.errors import ConfigurationError, TrainingError
-from agentrl.timeline import recorder
-from agentrl.trajectory import History
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.data.trajectory import History
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.config import LoRAConfig, TrainConfig
+from agentrl.foundation.errors import ConfigurationError, TrainingError
+from agentrl.foundation.timeline import recorder
 
 logger = logging.getLogger(__name__)
 

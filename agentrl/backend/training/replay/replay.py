@@ -28,8 +28,8 @@ from agentrl.backend.training.step_input import (
     read_step_input,
     use_deterministic_kernels,
 )
-from agentrl.config import LoRAConfig, SFTConfig, TrainConfig
-from agentrl.errors import CheckpointError
+from agentrl.foundation.config import LoRAConfig, SFTConfig, TrainConfig
+from agentrl.foundation.errors import CheckpointError
 from agentrl.records.checkpoints import ADAPTER_FILE, OPTIMIZER_FILE, CheckpointStore
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from agentrl.backend.training.replay.replay import (
     trainer_state,
 )
 from agentrl.backend.training.step_input import StepInput, write_step_input
-from agentrl.config import SFTConfig, TrainConfig
-from agentrl.errors import CheckpointError, ConfigurationError
+from agentrl.foundation.config import SFTConfig, TrainConfig
+from agentrl.foundation.errors import CheckpointError, ConfigurationError
 from agentrl.records.checkpoints import INFO_FILE, CheckpointStore
 from agentrl.records.runs import COMPARED
 from agentrl.records.tracking import append_metrics

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from agentrl.backend.training.step.sharding import clip_sharded_gradients, is_sharded
-from agentrl.errors import TrainingError
+from agentrl.foundation.errors import TrainingError
 
 if TYPE_CHECKING:
-    from agentrl.config import TrainConfig
+    from agentrl.foundation.config import TrainConfig
 
 
 @dataclass

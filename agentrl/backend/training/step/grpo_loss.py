@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentrl.config import TrainConfig
+from agentrl.foundation.config import TrainConfig
 from agentrl.rl.losses import KLAdvantage, policy_loss
 from agentrl.rl.micro_batches import TokenBatch
 

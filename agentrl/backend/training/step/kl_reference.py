@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from agentrl.backend.training.step.lora_forward import fuse_lora_layers
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 REFERENCE_ADAPTER = "agentrl_kl_reference"
 """The reference's peft adapter name: never trained, saved or served."""

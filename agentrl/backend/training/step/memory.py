@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import torch
 
-from agentrl.errors import TrainingError
+from agentrl.foundation.errors import TrainingError
 
 logger = logging.getLogger(__name__)
 Result = TypeVar("Result")

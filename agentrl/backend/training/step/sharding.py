@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from agentrl.backend.precision import bf16_is_native
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 
 def shard_decoder_layers(causal_lm: Any, device: torch.device, world_size: int) -> None:

@@ -11,7 +11,7 @@ from agentrl.backend.training.adapters.adapter_files import (
     read_optimizer_state,
     write_adapter_files,
 )
-from agentrl.errors import CheckpointError
+from agentrl.foundation.errors import CheckpointError
 from agentrl.records.checkpoints import ADAPTER_FILE, OPTIMIZER_FILE
 
 

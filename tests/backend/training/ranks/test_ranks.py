@@ -22,8 +22,8 @@ from agentrl.backend.training.ranks.rank_joiner import join_as_rank
 from agentrl.backend.training.ranks.ranks import TrainerRanks, rank_cpus, rank_devices
 from agentrl.backend.training.trainer import Trainer
 from agentrl.cli import app
+from agentrl.foundation.timeline import recorder
 from agentrl.rl.micro_batches import split_by_tokens
-from agentrl.timeline import recorder
 from tests.helpers import join_from_another_host, runner, synthetic_groups
 
 STRONG = secrets.token_urlsafe(32)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import agentrl
-from agentrl.openmp_spin import spin_is_bounded
-from agentrl.pipeline import oldest_policy_step
+from agentrl.client.pipeline import oldest_policy_step
+from agentrl.foundation.openmp_spin import spin_is_bounded
 from agentrl.records.tracking import load_trajectories
 
 PROMPT = [{"role": "user", "content": "Name a fruit."}]
@@ -231,7 +231,7 @@ def test_a_negative_bound_is_refused():
 
 
 def test_a_groups_oldest_step_counts_an_unstamped_turn_as_the_rollouts_start():
-    from agentrl.sampled_record import served_step
+    from agentrl.foundation.sampled_record import served_step
 
     def choice(**extra):
         return {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}, **extra}

@@ -7,7 +7,7 @@
   (any JSON), free-text logs, and `additional_histories` for agents that branch or summarise their
   context (every history of a trajectory is trained with the trajectory's advantage).
 
-`TrajectoryGroup` (`agentrl.trajectory_group`) holds the attempts at one scenario. All are pydantic models and round-trip through JSON, Choices included (token ids and
+`TrajectoryGroup` (`agentrl.data.trajectory_group`) holds the attempts at one scenario. All are pydantic models and round-trip through JSON, Choices included (token ids and
 logprobs survive).
 """
 
@@ -22,9 +22,9 @@ from typing import Annotated, Any
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, field_validator, model_validator
 
-from agentrl.errors import RewardError
-from agentrl.messages import CheckedList, MessageOrChoice, choice_to_message
-from agentrl.sampled_record import SampledRecord
+from agentrl.data.messages import CheckedList, MessageOrChoice, choice_to_message
+from agentrl.foundation.errors import RewardError
+from agentrl.foundation.sampled_record import SampledRecord
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 

@@ -21,22 +21,22 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import openai
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationInfo, field_validator
 
-from agentrl.backend_protocol import TrainResult
-from agentrl.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
-from agentrl.endpoint import InferenceEndpoint
-from agentrl.errors import AgentRLError, ConfigurationError
-from agentrl.files import check_safe_name
-from agentrl.http_client import endpoint_client, pooled_http_client
+from agentrl.client.backend_protocol import TrainResult
+from agentrl.client.http_client import endpoint_client, pooled_http_client
+from agentrl.data.trajectory import Trajectory
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.config import LoRAConfig, ServerConfig, SFTConfig, TrainConfig
+from agentrl.foundation.endpoint import InferenceEndpoint
+from agentrl.foundation.errors import AgentRLError, ConfigurationError
+from agentrl.foundation.files import check_safe_name
+from agentrl.foundation.sampled_record import served_name
 from agentrl.records.run_folder import DEFAULT_BASE_PATH, RunFolder
 from agentrl.records.scenario_record import group_scenarios, record_step, trained_scenarios, void_after
 from agentrl.records.tracking import DEFAULT_BEST_BY
-from agentrl.sampled_record import served_name
-from agentrl.trajectory import Trajectory
-from agentrl.trajectory_group import TrajectoryGroup
 
 if TYPE_CHECKING:
-    from agentrl.rollout_session import RolloutSession
-    from agentrl.trajectory import History
+    from agentrl.client.rollout_session import RolloutSession
+    from agentrl.data.trajectory import History
 
 
 class Model(BaseModel):
@@ -313,8 +313,8 @@ class TrainableModel(Model):
     def session(self) -> contextlib.AbstractAsyncContextManager[RolloutSession]:
         """A base URL for one rollout (`async with model.session() as session:`): point an agent program
         at `session.base_url` (key `session.api_key`, model `session.model`); its completions become
-        `session.trajectory` when the block ends. See `agentrl.rollout_session`."""
-        from agentrl.rollout_session import rollout_session
+        `session.trajectory` when the block ends. See `agentrl.client.rollout_session`."""
+        from agentrl.client.rollout_session import rollout_session
 
         backend = self._require_backend()
         if not isinstance(backend, OpensSessions):

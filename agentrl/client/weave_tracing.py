@@ -17,8 +17,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
-from agentrl.distribution import install_extra
-from agentrl.errors import AgentRLError
+from agentrl.foundation.distribution import install_extra
+from agentrl.foundation.errors import AgentRLError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -50,7 +50,7 @@ def disable_weave() -> None:
 
 def _traceable(value: Any) -> Any:
     """What Weave records for one input: models by their served name, small data as itself."""
-    from agentrl.model import Model
+    from agentrl.client.model import Model
 
     if isinstance(value, Model):
         return value.inference_name

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from openai.types.chat.chat_completion import Choice
 
+from agentrl.data.trajectory import History, Trajectory
+from agentrl.foundation.sampled_record import SampledRecord, served_by
 from agentrl.gateway.client_apis import ClientApi, api_for_path
 from agentrl.gateway.limits import RequestRefused
 from agentrl.gateway.upstream import UPSTREAM_HEADER
-from agentrl.sampled_record import SampledRecord, served_by
-from agentrl.trajectory import History, Trajectory
 
 if TYPE_CHECKING:
     pass

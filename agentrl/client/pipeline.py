@@ -24,14 +24,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from agentrl.backend_protocol import ReportsSpinning, TrainResult
-from agentrl.config import TrainConfig
-from agentrl.errors import ConfigurationError
-from agentrl.gather import AfterEach, ExceptionBudget, FailureTally, RolloutProgress, gather_counted
-from agentrl.model import TrainableModel
-from agentrl.openmp_spin import warn_spinning_beside_the_server
-from agentrl.timeline import sampling
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.client.backend_protocol import ReportsSpinning, TrainResult
+from agentrl.client.gather import AfterEach, ExceptionBudget, FailureTally, RolloutProgress, gather_counted
+from agentrl.client.model import TrainableModel
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.config import TrainConfig
+from agentrl.foundation.errors import ConfigurationError
+from agentrl.foundation.openmp_spin import warn_spinning_beside_the_server
+from agentrl.foundation.timeline import sampling
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ async def train_pipelined(
     group's `exceptions`. Each step's metrics.jsonl line adds `staleness_mean`/`staleness_max` (steps
     between a group's oldest turn and the step it trained), `num_groups_stale_dropped`, and over the cycle since the previous
     step began training: `trainer_idle_frac` (waiting for groups), `sampler_idle_frac` (no rollout
-    running: the gaps between the timeline's "rollouts" spans, from `agentrl.timeline.sampling`) and
+    running: the gaps between the timeline's "rollouts" spans, from `agentrl.foundation.timeline.sampling`) and
     `steps_per_hour`.
     """
     if isinstance(max_steps_off_policy, bool) or not isinstance(max_steps_off_policy, int) or max_steps_off_policy < 0:

@@ -13,7 +13,7 @@ libgomp reads GOMP_SPINCOUNT once, when torch loads it, so the bound must be cho
 trainer's process; the servers started later inherit it. `agentrl train --max-steps-off-policy` sets it
 (`bound_openmp_spinning`), as does `agentrl backend serve --pipelined` for a service's clients; a script of
 one's own sets GOMP_SPINCOUNT=2000 before it imports torch. `train_pipelined` warns when the backend says a
-run lacks it (`agentrl.model.ReportsSpinning`: a LocalBackend from this process, a RemoteBackend from the
+run lacks it (`agentrl.client.model.ReportsSpinning`: a LocalBackend from this process, a RemoteBackend from the
 service's, reported at register). A LocalBackend that lacks it (torch was loaded first: a notebook, ART's
 `PipelineTrainer`) computes its trainer on one thread while the run lasts, which takes most of the loss back:
 the pipelined learning test in-process took 73 s so, against 168 s on two threads and 58 s bounded (2-core

@@ -12,7 +12,7 @@ from typing import ParamSpec, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -1,6 +1,6 @@
 """A session URL for one rollout on a backend's gateway: every chat completion an agent sends under it (an agent in
 another process, or a program that only takes a base URL) becomes the rollout's trajectory, as
-`agentrl.capture` records it."""
+`agentrl.client.capture` records it."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentrl.capture import capture_counts, record_completion
-from agentrl.trajectory import Trajectory
+from agentrl.client.capture import capture_counts, record_completion
+from agentrl.data.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentrl.endpoint import InferenceEndpoint
+    from agentrl.foundation.endpoint import InferenceEndpoint
 
 
 @dataclass

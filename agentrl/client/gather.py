@@ -16,11 +16,11 @@ from typing import Protocol
 
 from tqdm.auto import tqdm
 
-from agentrl.errors import ConfigurationError, RolloutError
-from agentrl.rollout_id import current_rollout
-from agentrl.timeline import rollout_span, span
-from agentrl.trajectory import Trajectory, reward_stats
-from agentrl.trajectory_group import RolloutException, TrajectoryGroup, rollout_trajectories
+from agentrl.data.trajectory import Trajectory, reward_stats
+from agentrl.data.trajectory_group import RolloutException, TrajectoryGroup, rollout_trajectories
+from agentrl.foundation.errors import ConfigurationError, RolloutError
+from agentrl.foundation.rollout_id import current_rollout
+from agentrl.foundation.timeline import rollout_span, span
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What a backend gives back and may report without knowing any model: `TrainResult` (what a training call
 returns) and the optional `ReportsSpinning`. The `Backend` protocol itself, which names the models, is in
-`agentrl.model`."""
+`agentrl.client.model`."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class TrainResult:
 @runtime_checkable
 class ReportsSpinning(Protocol):
     """A backend that knows whether its trainer and a CPU server would spin on each other's cores in a
-    pipelined run (`agentrl.openmp_spin`), on whichever host trains: LocalBackend and RemoteBackend; optional
+    pipelined run (`agentrl.foundation.openmp_spin`), on whichever host trains: LocalBackend and RemoteBackend; optional
     for other backends."""
 
     def pipelined_spin_fix(self) -> str | None:

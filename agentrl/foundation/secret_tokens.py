@@ -14,7 +14,7 @@ import stat
 import string
 from pathlib import Path
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 MIN_TOKEN_BITS = 128
 MIN_DISTINCT = 8

@@ -20,9 +20,9 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 from tqdm.auto import tqdm
 
-from agentrl.errors import ConfigurationError
+from agentrl.data.trajectory_group import TrajectoryGroup
+from agentrl.foundation.errors import ConfigurationError
 from agentrl.records.scenario_record import SCENARIO, scenario_key
-from agentrl.trajectory_group import TrajectoryGroup
 
 T = TypeVar("T")
 

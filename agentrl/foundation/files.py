@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 __all__ = ["append_line", "check_safe_name", "read_lines", "write_json_atomic", "write_text_atomic"]
 """What environments and scripts may use: atomic writes, JSON-lines records, safe path components."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from agentrl.trajectory_group import TrajectoryGroup
+from agentrl.data.trajectory_group import TrajectoryGroup
 
 __all__ = ["tool_call_parse_failures", "unparsed_tool_calls"]
 """What environments may use: counting tool-call text the server could not parse."""

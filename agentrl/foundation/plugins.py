@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from agentrl.errors import ConfigurationError
+from agentrl.foundation.errors import ConfigurationError
 
 ENTRY_POINT_GROUP = "agentrl.environments"
 

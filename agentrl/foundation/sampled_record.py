@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.errors import TokenizationError
+from agentrl.foundation.errors import TokenizationError
 
 __all__ = ["SampledRecord", "served_name", "served_step", "served_by"]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from agentrl.errors import ModelNotFoundError
+from agentrl.foundation.errors import ModelNotFoundError
 
 __all__ = ["PACKAGED_MODELS", "cache_dir", "resolve_base_model"]
 """What environments may use: the packaged models, where agentrl caches data, a base model's folder."""

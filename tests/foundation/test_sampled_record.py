@@ -8,10 +8,10 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import agentrl
-from agentrl.errors import TokenizationError
-from agentrl.pipeline import oldest_policy_step
+from agentrl.client.pipeline import oldest_policy_step
+from agentrl.foundation.errors import TokenizationError
+from agentrl.foundation.sampled_record import SampledRecord, served_by, served_name, served_step
 from agentrl.rl.tokenize import choice_token_ids
-from agentrl.sampled_record import SampledRecord, served_by, served_name, served_step
 from tests.helpers import make_choice
 
 LIBRARY = Path(agentrl.__file__).parent
@@ -75,7 +75,7 @@ def test_no_module_but_the_records_own_spells_a_stamp_key_or_parses_a_served_nam
     # vLLM's own response fields are read where its answers are parsed (gateway/store.py), and its spelling of
     # ids as logprob tokens where a Choice from a bare vLLM endpoint is read (rl/tokenize.py); nowhere else.
     stamp_key = re.compile(r"""["'](completion_id|policy_step|token_ids|prompt_token_ids)["']|token_id:\{|@\(\\d""")
-    allowed = {"sampled_record.py", "gateway/store.py"}
+    allowed = {"foundation/sampled_record.py", "gateway/store.py"}
     spelled = [
         f"{path.relative_to(LIBRARY)}:{number}"
         for path in LIBRARY.rglob("*.py")

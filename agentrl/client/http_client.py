@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx2
 import openai
 
-from agentrl.endpoint import InferenceEndpoint
-from agentrl.rollout_id import ROLLOUT_HEADER, current_rollout
+from agentrl.foundation.endpoint import InferenceEndpoint
+from agentrl.foundation.rollout_id import ROLLOUT_HEADER, current_rollout
 
 
 class _BackendTransport(httpx2.AsyncBaseTransport):

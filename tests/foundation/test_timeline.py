@@ -5,7 +5,7 @@ import asyncio
 
 import agentrl
 from agentrl.cli import app
-from agentrl.timeline import (
+from agentrl.foundation.timeline import (
     TIMELINE_FILE,
     Span,
     append_timeline,

@@ -12,7 +12,7 @@ from agentrl import (
     gather_trajectories,
     gather_trajectory_groups,
 )
-from agentrl.gather import gather_counted
+from agentrl.client.gather import gather_counted
 
 
 async def rollout(reward: float, *, fail: bool = False, delay: float = 0.0) -> Trajectory:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, field_validator
 
-from agentrl.trajectory import FiniteFloat, Trajectory, check_reward
+from agentrl.data.trajectory import FiniteFloat, Trajectory, check_reward
 
 
 class RolloutException(BaseModel):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import agentrl
-from agentrl.capture import capture_trajectory, current_trajectory, record_completion
+from agentrl.client.capture import capture_trajectory, current_trajectory, record_completion
 from tests.helpers import assert_trains_on_exact_tokens
 
 
