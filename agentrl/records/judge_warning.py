@@ -5,24 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrl.records.step_metrics import GROUP_PREFIX
+
 CHANCE_FLIP_RATE = 0.4
 """A step whose audited flip rate reaches this is warned about: the judge's order is mostly noise."""
 
-GROUP_PREFIX = "group/"
-"""A step line's key for a group metric's mean over the groups (`records.step_metrics.summarize_groups`)."""
+JUDGE_KEYS = ("judge_", "ruler_")
+"""How a judge figure's name starts."""
 
 
 def judge_figures(line: dict[str, Any]) -> dict[str, Any]:
     """A step line's judge figures ("judge_*", "ruler_*") by their own names, wherever the judge put them: on
     each group (RULER judges a group at once: "group/judge_flip_rate") or on each trajectory (the rubric judge
     judges one at a time); a group's figure wins where a step holds both."""
-    own = {k: v for k, v in line.items() if k.startswith(("judge_", "ruler_"))}
-    grouped = {
-        k.removeprefix(GROUP_PREFIX): v
-        for k, v in line.items()
-        if k.startswith(GROUP_PREFIX) and k.removeprefix(GROUP_PREFIX).startswith(("judge_", "ruler_"))
-    }
-    return {**own, **grouped}
+    own = {k: v for k, v in line.items() if k.startswith(JUDGE_KEYS)}
+    grouped = {k.removeprefix(GROUP_PREFIX): v for k, v in line.items() if k.startswith(GROUP_PREFIX)}
+    return {**own, **{k: v for k, v in grouped.items() if k.startswith(JUDGE_KEYS)}}
 
 
 def audit_warning(line: dict[str, float]) -> str | None:

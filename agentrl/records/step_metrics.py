@@ -18,13 +18,17 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     return summary
 
 
+GROUP_PREFIX = "group/"
+"""A step line's key for a group metric's mean over the groups that hold it."""
+
+
 def summarize_groups(groups: list[TrajectoryGroup]) -> dict[str, float]:
     """`summarize` over the groups' trajectories, and each group metric's mean over the groups that hold it, as
     "group/{name}" (ART 0.5.20+'s key; a logger puts the split before it: "val/group/{name}")."""
     summary = summarize([t for g in groups for t in g.trajectories])
     for key in sorted({k for g in groups for k in g.metrics}):
         values = [g.metrics[key] for g in groups if key in g.metrics]
-        summary[f"group/{key}"] = sum(values) / len(values)
+        summary[f"{GROUP_PREFIX}{key}"] = sum(values) / len(values)
     return summary
 
 
