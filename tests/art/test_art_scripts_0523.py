@@ -78,7 +78,8 @@ async def test_a_0_5_23_loop_with_run_name_and_the_capture_api_trains(backend, b
     result = await backend.train(model, groups, learning_rate=1e-5)
     await model.log(groups, metrics=result.metrics, step=result.step, split="train")
     kept = [g for g in groups if len(set(g.rewards)) > 1]
-    assert not result.skipped and result.step == 1
+    answers = [(g.rewards, [[c.message.content for c in t.choices()] for t in g.trajectories]) for g in groups]
+    assert not result.skipped and result.step == 1, answers  # the sampled answers, where every reward was equal
     # One AdamW step per training sequence, as ART's LocalBackend: a trajectory is one sequence, or more where a turn's
     # prompt does not extend the tokens sampled before it (ART starts a new sequence there too).
     assert result.metrics["optimizer_steps"] == result.metrics["num_sequences"] >= 4 * len(kept)
