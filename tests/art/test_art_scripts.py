@@ -209,7 +209,9 @@ async def train_temporal_clue(backend: LocalBackend, base_model: str) -> tuple[a
             pbar_desc="train",
         )
         if batch.step == 0:  # RULER with a local judge on the first group; None when the judge failed
-            judged = await ruler_score_group(groups[0], backend.base_model(), extra_litellm_params={"max_tokens": 600},
+            # 256 tokens hold three scores with short explanations; the small judge's failed answers ramble to
+            # the limit, up to 3 attempts (at 600, one suite run spent 39 s on two of them)
+            judged = await ruler_score_group(groups[0], backend.base_model(), extra_litellm_params={"max_tokens": 256},
                                              swallow_exceptions=True)  # fmt: skip
             judged_none.append(judged is None)
             groups = ([judged] if judged is not None else []) + groups[1:]
