@@ -113,11 +113,13 @@ SERVER_FIXTURES = {"served_model"}
 def pytest_collection_modifyitems(config, items):
     """Every test on the shared server is slow: the fast tier (`-m "not slow"`) starts no server. Under
     `-n 2 --dist loadgroup` the slow tests share one worker (tests/xdist_groups.py)."""
+    from tests.xdist_groups import LATER_GROUP
+
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("slow"))
+            item.add_marker(pytest.mark.xdist_group(LATER_GROUP))
 
 
 def pytest_collection_finish(session):

@@ -1,11 +1,10 @@
-"""`-n 2 --dist loadgroup`: the slow tests all run on one pytest-xdist worker, the fast ones on the other.
+"""`-n 2 --dist loadgroup`: the fast tests run on both pytest-xdist workers first, then the slow tests all on one.
 
-One worker then holds the session's vLLM server and zygote (two workers each with their own left 0.2 GB of
-24 GB free), and the fast tier, which waits on subprocesses and sockets more than it computes, runs beside
-it on the other core. pytest-xdist's loadgroup reads a test's group from a suffix it writes onto the node
-id, which pytest 9.2 no longer takes (pytest-dev/pytest-xdist#1386: the groups are silently ignored), so
-each worker writes the groups it collected to a file and the controller's scheduler reads them there.
-conftest.py registers this module as a plugin."""
+One worker holds the session's vLLM server and zygote (two workers each with their own left 0.2 GB of 24 GB
+free), and the slow tests run alone (LATER_GROUP says why). pytest-xdist's loadgroup reads a test's group from
+a suffix it writes onto the node id, which pytest 9.2 no longer takes (pytest-dev/pytest-xdist#1386: the groups
+are silently ignored), so each worker writes the groups it collected to a file and the controller's scheduler
+reads them there. conftest.py registers this module as a plugin."""
 
 import json
 import os
@@ -19,6 +18,15 @@ from agentrl.foundation.files import write_json_atomic
 
 GROUPS_ENV = "AGENTRL_TEST_GROUPS"
 """The folder where workers write their tests' groups: set by the controller, inherited by its workers."""
+
+
+LATER_GROUP = "slow"
+"""Dealt out after every other test, so the fast tier runs on both workers first and the slow tests then run
+alone. Beside the fast tier, the slow tests' two-thread OpenMP teams (the vLLM server's, the trainer's) stall
+whenever another process takes one of their two cores: measured 2026-12-07 (bf16 AMD EPYC, 2 cores), the
+slow tests that ran beside it took 293 s against 194 s alone, and in a fresh clone's run a 16-token rollout
+took 8 s and a 256-token judge answer 40 s (0.9 s and ~4 s alone); a lower priority for the fast worker
+(niceness 10) did not help (304 s)."""
 
 
 def _loadgroup(config: pytest.Config) -> bool:
@@ -72,5 +80,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
                 for path in Path(os.environ[GROUPS_ENV]).glob("*.json"):
                     self._groups.update(json.loads(path.read_text()))
             return self._groups.get(nodeid, nodeid)
+
+        def _assign_work_unit(self, node):  # noqa: ANN001, ANN202 - xdist's types
+            # The slow group goes last, once the fast tier is dealt out (LATER_GROUP).
+            if LATER_GROUP in self.workqueue and len(self.workqueue) > 1:
+                self.workqueue.move_to_end(LATER_GROUP)
+            super()._assign_work_unit(node)
 
     return GroupsFromWorkers(config, log)
