@@ -44,7 +44,7 @@ async def play(model: art.TrainableModel, seed: int) -> None:
                 model=model.get_inference_name(), messages=[{"role": "user", "content": "Rate it."}], max_tokens=2
             )
     trajectory = art.current_trajectory(require=True)
-    trajectory.reward = moves + len(messages[-3]["content"]) / 100
+    trajectory.reward = moves + len(answer) / 100  # the last answer's length: rewards differ within a group
     trajectory.metadata["board"] = {"seed": seed, "moves": [moves]}  # any-type metadata (ART 0.5.20+)
 
 
