@@ -22,11 +22,8 @@ GROUPS_ENV = "AGENTRL_TEST_GROUPS"
 
 LATER_GROUP = "slow"
 """Dealt out after every other test, so the fast tier runs on both workers first and the slow tests then run
-alone. Beside the fast tier, the slow tests' two-thread OpenMP teams (the vLLM server's, the trainer's) stall
-whenever another process takes one of their two cores: measured 2026-12-07 (bf16 AMD EPYC, 2 cores), the
-slow tests that ran beside it took 293 s against 194 s alone, and in a fresh clone's run a 16-token rollout
-took 8 s and a 256-token judge answer 40 s (0.9 s and ~4 s alone); a lower priority for the fast worker
-(niceness 10) did not help (304 s)."""
+alone: beside other work their server's and trainer's two-thread OpenMP teams stall (docs/testing.md, Targets,
+has the measurements)."""
 
 
 def _loadgroup(config: pytest.Config) -> bool:
