@@ -64,3 +64,4 @@ grep -q "agentrl backend serving at" "$work/serve.log" || { tail -40 "$work/serv
 AGENTRL_TOKEN="$token" "$work/thin/bin/python" "$repo/tests/remote_client.py" "http://127.0.0.1:$port" thin 1 | tee "$work/client.log"
 grep -q "^STEP 1 " "$work/client.log"
 echo "[check_wheel] ok: agentrl $version as the thin client (no torch), one step trained through RemoteBackend"
+echo "[check_wheel] ended at $(date +%T)"  # CI runs it beside its set-up: did it end before the tests started?

@@ -43,8 +43,7 @@ def disable_weave() -> None:
     if _client is not None:
         import weave
 
-        _client.finish()  # sends what is still queued
-        weave.finish()
+        weave.finish()  # flushes the client `weave.init` made (what is still queued is sent), then stops
     _client = None
 
 

@@ -8,14 +8,14 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 # Every cell runs, each loop once, on the smallest inputs that still exercise it: one group of two
-# attempts (RULER still compares, GRPO still has a group), one held-out item, two demonstrations.
+# attempts (RULER still compares, GRPO still has a group), one held-out item, one demonstration.
 TINY = {
     "AGENTRL_NB_STEPS": "1",
     "AGENTRL_NB_GROUPS": "1",
     "AGENTRL_NB_GROUP_SIZE": "2",
     "AGENTRL_NB_MAX_MOVES": "2",
     "AGENTRL_NB_TEST": "1",
-    "AGENTRL_NB_SFT": "2",
+    "AGENTRL_NB_SFT": "1",
     "AGENTRL_NB_RULER_STEPS": "1",
     "AGENTRL_NB_MAX_TURNS": "2",
     "AGENTRL_NB_CHECK_GROUPS": "1",

@@ -51,7 +51,7 @@ async def test_email_rollouts_call_tools_against_sqlite_and_train_sft(served_mod
     # The warm start: supervised training on demonstrations makes a checkpoint that the server serves.
     step = await served_model.get_step()
     result = await served_model.train_sft(
-        [demonstration(q, env) for q in env.data.split("train")[:4]], agentrl.SFTConfig(epochs=1)
+        [demonstration(q, env) for q in env.data.split("train")[:2]], agentrl.SFTConfig(epochs=1)
     )
     assert (
         result.step == step + 1 and math.isfinite(result.metrics["sft_loss"]) and result.metrics["trained_tokens"] > 0

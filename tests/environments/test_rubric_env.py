@@ -149,10 +149,10 @@ async def test_rubric_environment_trains_on_judge_rewards_and_the_judge_is_check
     record = [r for r in read_metrics(served_model.run_dir) if r["split"] == "train"][-1]  # trained or skipped
     assert "independent_reward" in record  # beside the judge's reward, for reward.png's hacking flag
     held_out = await evaluate(
-        served_model, load_tasks(split="test")[:2], judge, replace(PRESETS["cpu"], test_samples=2)
+        served_model, load_tasks(split="test")[:1], judge, replace(PRESETS["cpu"], test_samples=2)
     )
     assert held_out and all("pass_rate" in t.metrics for t in held_out)
-    assert len(held_out) <= 4 and {t.metadata["task_id"] for t in held_out} <= {"tips-077", "reminder-289"}
+    assert len(held_out) <= 2 and {t.metadata["task_id"] for t in held_out} == {"tips-077"}
     report = await agentrl.check_judge(
         [judged_by_ruler], judge, permutations=1, repeats=1, extra_litellm_params={"max_tokens": 1024}
     )

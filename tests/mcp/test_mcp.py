@@ -209,7 +209,7 @@ async def test_mcp_rl_writes_tasks_and_trains_two_steps_on_the_email_inbox_over_
     step = await served_model.get_step()
     before = children()
     try:
-        report = await mcp_rl.run(served_model, config=config, judge=judge, warm_start_examples=2)
+        report = await mcp_rl.run(served_model, config=config, judge=judge, warm_start_examples=1)
     finally:
         fake.close()
     assert len(report.train_tasks) == 2 and all(t.task.strip() for t in report.train_tasks)
